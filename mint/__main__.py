@@ -1,0 +1,5 @@
+"""`python -m mint` is the `mint` command."""
+
+from mint.cli.main import main
+
+main()

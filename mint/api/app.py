@@ -1,0 +1,35 @@
+"""`create_app()`: the FastAPI application of an API replica.
+
+The API process holds nothing but connections: every request opens a database session,
+and long work goes to Celery. It never imports torch (a test checks it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI
+
+from mint import __version__
+from mint.api.errors import ERROR_RESPONSES, install_error_handlers
+from mint.api.metrics import record_request_metrics
+from mint.api.routes import api_keys, base_models, health, organization
+from mint.config import Settings, get_settings
+
+DESCRIPTION = """Mint: evaluate, fine-tune, re-evaluate and deploy LoRA adapters on your own base models.
+
+Authenticate with `Authorization: Bearer <key>` or `X-API-Key: <key>`. Errors share one body:
+`{"error": {"type", "message", "param"}}`."""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    logging.basicConfig(level=settings.log_level)
+    app = FastAPI(title="Mint", version=__version__, description=DESCRIPTION)
+    app.state.settings = settings
+    install_error_handlers(app)
+    app.middleware("http")(record_request_metrics)
+    app.include_router(health.router)
+    for module in (organization, api_keys, base_models):
+        app.include_router(module.router, responses=ERROR_RESPONSES)
+    return app

@@ -1,0 +1,74 @@
+"""Request dependencies as `Annotated` aliases: the settings, a database session, the caller.
+
+Authorization that holds for every route lives here, once: a viewer key can only read.
+Finer rules (admin-only operations) are checked by the services.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy.orm import Session
+
+from mint.config import Settings
+from mint.errors import PermissionDenied
+from mint.services.auth import Principal, authenticate
+from mint.storage.db import session_scope
+from mint.storage.tables import ApiKey, as_utc, utcnow
+
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+def get_app_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+
+
+def get_db(settings: SettingsDep) -> Iterator[Session]:
+    """A session committed when the route returns (before the response is sent)."""
+    with session_scope(settings.database) as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_db, scope="function")]
+
+
+def bearer_or_api_key(authorization: str | None, x_api_key: str | None) -> str | None:
+    """The presented secret: `Authorization: Bearer <key>` (OpenAI clients) or
+    `X-API-Key: <key>` (the Tinker SDK)."""
+    if authorization:
+        scheme, _, token = authorization.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else authorization.strip()
+    return x_api_key.strip() if x_api_key else None
+
+
+def get_principal(
+    request: Request,
+    session: SessionDep,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    x_api_key: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Principal:
+    principal = authenticate(session, bearer_or_api_key(authorization, x_api_key))
+    if principal.role == "viewer" and request.method not in READ_METHODS:
+        raise PermissionDenied("Viewer keys can only read; use a developer or admin key to make changes.")
+    _touch(session, principal)
+    return principal
+
+
+def _touch(session: Session, principal: Principal) -> None:
+    # One write per key per minute at most, not one per request.
+    key = session.get(ApiKey, principal.key_id)
+    now = utcnow()
+    if key is not None and (key.last_used_at is None or now - as_utc(key.last_used_at) > LAST_USED_RESOLUTION):
+        key.last_used_at = now
+
+
+
+CurrentPrincipal = Annotated[Principal, Depends(get_principal)]

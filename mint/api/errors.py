@@ -1,0 +1,103 @@
+"""One table from MintError to HTTP, and the one error body `{"error": {type, message, param}}`.
+
+Every error a client sees goes through here: Mint's own, request validation (422, naming
+the field), unknown routes and methods, and unexpected failures (500, logged, no detail
+leaked).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mint import errors
+from mint.schemas.common import ErrorBody, ErrorDetail
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_ERROR: dict[type[errors.MintError], int] = {
+    errors.InvalidRequest: 400,
+    errors.Unauthenticated: 401,
+    errors.PermissionDenied: 403,
+    errors.NotFound: 404,
+    errors.Conflict: 409,
+    errors.PayloadTooLarge: 413,
+    errors.RateLimited: 429,
+    errors.ServiceUnavailable: 503,
+    errors.ConfigurationError: 500,
+    errors.MintError: 500,
+}
+
+HTTP_ERROR_TYPES = {404: "not_found_error", 405: "method_not_allowed_error", 401: "authentication_error"}
+
+# Documented on every route, so the OpenAPI document shows the error body.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": description}
+    for code, description in {
+        400: "Invalid request",
+        401: "Missing, unknown, revoked or expired API key",
+        403: "The key's role does not allow this",
+        404: "Not found in this organization",
+        422: "The body or a parameter failed validation",
+    }.items()
+}
+
+
+def status_for(error: errors.MintError) -> int:
+    for cls in type(error).__mro__:
+        if cls in STATUS_BY_ERROR:
+            return STATUS_BY_ERROR[cls]
+    return 500
+
+
+def error_response(status: int, type_: str, message: str, param: str | None = None, **headers: str) -> JSONResponse:
+    body = ErrorBody(error=ErrorDetail(type=type_, message=message, param=param))
+    return JSONResponse(status_code=status, content=body.model_dump(), headers=headers or None)
+
+
+async def _mint_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, errors.MintError)
+    status = status_for(exc)
+    if status >= 500:
+        log.error("server error: %s", exc, exc_info=exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    return error_response(status, exc.type, exc.message, exc.param, **headers)
+
+
+def _field_path(location: tuple[Any, ...]) -> str:
+    parts = [str(part) for part in location if part not in ("body", "query", "path", "header")]
+    return ".".join(parts) or ".".join(str(part) for part in location)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = exc.errors()
+    first = problems[0] if problems else {"loc": (), "msg": "invalid request"}
+    param = _field_path(tuple(first.get("loc", ())))
+    details = "; ".join(f"{_field_path(tuple(p.get('loc', ())))}: {p.get('msg', '')}" for p in problems[:10])
+    return error_response(422, "invalid_request_error", f"Invalid request: {details}", param)
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    message = str(exc.detail) if exc.detail else "Error"
+    if exc.status_code == 404 and message == "Not Found":
+        message = "No such route. The API reference is at /docs."
+    return error_response(exc.status_code, HTTP_ERROR_TYPES.get(exc.status_code, "http_error"), message)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal_error", "Internal server error; the server log has the details.")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(errors.MintError, _mint_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)

@@ -1,0 +1,25 @@
+"""Query parameters and response shape of paged lists, shared by every list route."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Query
+from pydantic import BaseModel
+
+from mint.schemas.common import Page
+from mint.storage.queries import MAX_PAGE_SIZE, PageResult
+
+WireT = TypeVar("WireT", bound=BaseModel)
+
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="Page size.")]
+
+
+def page_of(result: PageResult[Any], wire: type[WireT]) -> Page[WireT]:
+    data = [wire.model_validate(row) for row in result.rows]
+    return Page[wire](  # type: ignore[valid-type]
+        data=data,
+        has_more=result.has_more,
+        first_id=result.rows[0].id if result.rows else None,
+        last_id=result.rows[-1].id if result.rows else None,
+    )

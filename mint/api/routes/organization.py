@@ -1,0 +1,56 @@
+"""The caller's organization, its audit log and its usage."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from sqlalchemy import select
+
+from mint.api.deps import CurrentPrincipal, SessionDep
+from mint.api.pagination import Limit, page_of
+from mint.schemas.auth import AuditEntryPublic, OrganizationPublic
+from mint.schemas.common import Page
+from mint.schemas.usage import UsageLine, UsageSummary
+from mint.storage.queries import owned_by, paginate
+from mint.storage.tables import AuditLog, Organization
+from mint.services.usage import usage_summary
+
+router = APIRouter(prefix="/v1", tags=["organization"])
+
+
+@router.get("/organization", response_model=OrganizationPublic)
+def get_organization(session: SessionDep, principal: CurrentPrincipal) -> Organization:
+    """The organization that owns the calling key."""
+    org = session.execute(select(Organization).where(Organization.id == principal.organization_id)).scalar_one()
+    return org
+
+
+@router.get("/audit_log", response_model=Page[AuditEntryPublic])
+def list_audit_log(
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    after: Annotated[str | None, Query(max_length=100)] = None,
+    limit: Limit = 20,
+) -> Page[AuditEntryPublic]:
+    """Changes to keys, deployments and other audited resources, newest first (admin keys)."""
+    principal.require("admin")
+    result = paginate(session, owned_by(AuditLog, principal.organization_id), AuditLog, after=after, limit=limit)
+    return page_of(result, AuditEntryPublic)
+
+
+@router.get("/usage", response_model=UsageSummary)
+def get_usage(
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> UsageSummary:
+    """Tokens trained, sampled and served by this organization, by kind and base model."""
+    lines = usage_summary(session, principal.organization_id, since=since, until=until)
+    return UsageSummary(
+        since=since,
+        until=until,
+        data=[UsageLine(kind=k, base_model=b, tokens=t, records=n) for k, b, t, n in lines],  # type: ignore[arg-type]
+    )

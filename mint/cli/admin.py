@@ -1,0 +1,166 @@
+"""`mint admin ...`: operator commands. They act on the database directly, so they need
+the same settings as the servers (MINT_DATABASE_URL or MINT_HOME), not an API key."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from mint.cli.output import console, emit, emit_one
+from mint.config import get_settings
+from mint.services import auth
+from mint.services.setup import initialize, prepare_database
+from mint.services.workers import list_workers
+from mint.storage import migrate
+from mint.storage.db import session_scope
+
+admin = typer.Typer(help="Operator commands: set-up, organizations, keys, models, workers.", no_args_is_help=True)
+orgs = typer.Typer(help="Organizations (tenants).", no_args_is_help=True)
+keys = typer.Typer(help="API keys of an organization.", no_args_is_help=True)
+models = typer.Typer(help="Base models of the registry (configs/models).", no_args_is_help=True)
+workers = typer.Typer(help="Live Celery workers.", no_args_is_help=True)
+admin.add_typer(orgs, name="orgs")
+admin.add_typer(keys, name="keys")
+admin.add_typer(models, name="models")
+admin.add_typer(workers, name="workers")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+OrgOpt = Annotated[str, typer.Option("--org", help="Organization name or id.")]
+
+KEY_COLUMNS = ["id", "name", "prefix", "role", "created_at", "expires_at", "revoked_at", "last_used_at"]
+
+
+def _key_row(key: Any) -> dict[str, Any]:
+    return {column: getattr(key, column) for column in KEY_COLUMNS}
+
+
+@admin.command("migrate")
+def migrate_command() -> None:
+    """Upgrade the database schema to the latest migration and sync the base registry."""
+    settings = get_settings()
+    bases = prepare_database(settings)
+    console.print(f"database at revision {migrate.current_revision(settings.database)}; bases: {', '.join(bases)}")
+
+
+@admin.command("init")
+def init_command(
+    org: Annotated[str, typer.Option("--org", help="Name of the first organization.")] = "default",
+    as_json: JsonOpt = False,
+) -> None:
+    """Migrate, then create the first organization and its first admin key (printed once)."""
+    result = initialize(get_settings(), organization_name=org)
+    if as_json:
+        emit_one(
+            {"organization_id": result.organization_id, "organization": result.organization_name, "key": result.admin_key},
+            as_json=True,
+        )
+        return
+    if result.admin_key is None:
+        console.print(
+            f"Already initialized (organization {result.organization_name!r}). "
+            "Create more keys with `mint admin keys create --org NAME`."
+        )
+        return
+    console.print(f"Organization [bold]{result.organization_name}[/bold] ({result.organization_id}) created.")
+    console.print("Admin API key (shown once, store it now):")
+    print(result.admin_key)
+
+
+@orgs.command("create")
+def orgs_create(name: str, as_json: JsonOpt = False) -> None:
+    """Create an organization (then give it a key with `mint admin keys create`)."""
+    with session_scope(get_settings().database) as session:
+        org = auth.create_organization(session, name=name)
+        emit_one({"id": org.id, "name": org.name, "created_at": org.created_at}, as_json=as_json)
+
+
+@orgs.command("list")
+def orgs_list(as_json: JsonOpt = False) -> None:
+    with session_scope(get_settings().database) as session:
+        rows = [{"id": o.id, "name": o.name, "created_at": o.created_at} for o in auth.list_organizations(session)]
+    emit(rows, ["id", "name", "created_at"], as_json=as_json, title="organizations")
+
+
+@keys.command("create")
+def keys_create(
+    org: OrgOpt,
+    name: Annotated[str, typer.Option(help="A label, e.g. `ci`.")] = "cli",
+    role: Annotated[str, typer.Option(help="admin | developer | viewer.")] = "developer",
+    expires_in_days: Annotated[int | None, typer.Option(help="Days until it expires.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a key; the secret is printed once (Mint stores only its hash)."""
+    with session_scope(get_settings().database) as session:
+        organization = auth.find_organization(session, org)
+        key, secret = auth.create_api_key(
+            session, auth.operator(organization.id), name=name, role=role, expires_in_days=expires_in_days
+        )
+        row = {**_key_row(key), "organization": organization.name, "key": secret}
+    if as_json:
+        emit_one(row, as_json=True)
+    else:
+        console.print(f"Key {row['id']} ({role}) for {organization.name}; shown once:")
+        print(secret)
+
+
+@keys.command("list")
+def keys_list(org: OrgOpt, as_json: JsonOpt = False) -> None:
+    with session_scope(get_settings().database) as session:
+        organization = auth.find_organization(session, org)
+        rows = [_key_row(key) for key in auth.list_api_keys(session, organization.id)]
+    emit(rows, KEY_COLUMNS, as_json=as_json, title=f"keys of {org}")
+
+
+@keys.command("revoke")
+def keys_revoke(key_id: str, org: OrgOpt, as_json: JsonOpt = False) -> None:
+    """Revoke a key at once."""
+    with session_scope(get_settings().database) as session:
+        organization = auth.find_organization(session, org)
+        key = auth.revoke_api_key(session, auth.operator(organization.id), key_id)
+        emit_one(_key_row(key), as_json=as_json)
+
+
+@models.command("list")
+def models_list(as_json: JsonOpt = False) -> None:
+    """Bases of the registry files."""
+    from mint.schemas.base_models import load_registry
+
+    specs = load_registry(get_settings().model_configs_dir)
+    rows = [
+        {"name": s.name, "architecture": s.architecture, "moe": s.moe, "enabled": s.enabled, "source": s.source.kind}
+        for s in specs.values()
+    ]
+    emit(rows, ["name", "architecture", "moe", "enabled", "source"], as_json=as_json, title="base models")
+
+
+@models.command("pull")
+def models_pull(name: str) -> None:
+    """Materialise a base's weights and tokenizer in the local cache (safetensors)."""
+    from mint.schemas.base_models import get_base_model_spec
+    from mint.trainer.models import pull_base_model  # torch: only on machines with the train extra
+
+    settings = get_settings()
+    spec = get_base_model_spec(name, settings.model_configs_dir)
+    with console.status(f"pulling {name} ..."):
+        folder = pull_base_model(spec, settings.models_cache_dir)
+    console.print(f"{name} ready at {folder}")
+
+
+@workers.command("list")
+def workers_list(as_json: JsonOpt = False) -> None:
+    """Workers that registered and are still heartbeating."""
+    with session_scope(get_settings().database) as session:
+        rows = [
+            {
+                "id": w.id,
+                "base_model": w.base_model,
+                "queues": w.queues,
+                "pid": w.pid,
+                "started_at": w.started_at,
+                "last_seen_at": w.last_seen_at,
+            }
+            for w in list_workers(session)
+        ]
+    emit(rows, ["id", "base_model", "queues", "pid", "started_at", "last_seen_at"], as_json=as_json, title="workers")
+

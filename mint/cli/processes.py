@@ -1,0 +1,146 @@
+"""`mint api | worker | beat | up`: the long-running processes of DESIGN.md section 2."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+
+from mint.cli.output import console
+from mint.config import Settings, get_settings
+from mint.worker.queues import EVALS_QUEUE, SERVING_QUEUE, SYSTEM_QUEUE, training_queue
+
+READY_WAIT_S = 120.0
+ADMIN_KEY_FILE = "admin.key"
+
+
+def api(
+    host: Annotated[str | None, typer.Option(help="Bind address (MINT_API_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (MINT_API_PORT).")] = None,
+) -> None:
+    """Run the HTTP API (uvicorn)."""
+    import uvicorn
+
+    settings = get_settings()
+    uvicorn.run(
+        "mint.api.app:create_app",
+        factory=True,
+        host=host or settings.api_host,
+        port=port or settings.api_port,
+        log_level=settings.log_level.lower(),
+    )
+
+
+def worker_queues(base: str | None, queues: str | None, all_bases: list[str]) -> list[str]:
+    """Queues a worker consumes: its base's training queue, or an explicit list, plus `system`."""
+    if queues:
+        chosen = [name.strip() for name in queues.split(",") if name.strip()]
+    elif base:
+        if base not in all_bases:
+            raise typer.BadParameter(f"unknown base {base!r}; known: {', '.join(all_bases)}", param_hint="--base")
+        chosen = [training_queue(base)]
+    else:
+        chosen = [*(training_queue(name) for name in all_bases), EVALS_QUEUE, SERVING_QUEUE]
+    return sorted({*chosen, SYSTEM_QUEUE})
+
+
+def worker(
+    base: Annotated[str | None, typer.Option(help="Base model to keep resident; consumes its training queue.")] = None,
+    queues: Annotated[str | None, typer.Option(help="Comma-separated queues, instead of --base.")] = None,
+    name: Annotated[str | None, typer.Option(help="Worker name (Celery -n); default from the queues.")] = None,
+    loglevel: str = "INFO",
+) -> None:
+    """Run a Celery worker. One process, one task at a time: it holds one resident base."""
+    from mint.schemas.base_models import load_registry
+    from mint.worker.app import celery_app
+
+    bases = sorted(load_registry(get_settings().model_configs_dir))
+    chosen = worker_queues(base, queues, bases)
+    node = name or (f"train-{base}@%h" if base else "mint@%h")
+    celery_app.worker_main(
+        ["worker", "-Q", ",".join(chosen), "-n", node, "--pool", "solo", "--loglevel", loglevel, "--without-gossip", "--without-mingle"]
+    )
+
+
+def beat(loglevel: str = "INFO") -> None:
+    """Run Celery beat: periodic upkeep (pruning dead workers, reconciling lost messages)."""
+    from mint.worker.app import celery_app
+
+    celery_app.start(["beat", "--loglevel", loglevel])
+
+
+def up(
+    org: Annotated[str, typer.Option("--org", help="First organization, on a new installation.")] = "default",
+) -> None:
+    """Run the API, a worker for every queue, and beat, on the current settings
+    (the embedded defaults under MINT_HOME unless set otherwise). Ctrl-C stops all."""
+    from mint.services.setup import initialize
+
+    settings = get_settings()
+    result = initialize(settings, organization_name=org)
+    key_file = settings.home / ADMIN_KEY_FILE
+    if result.admin_key is not None:
+        _write_secret(key_file, result.admin_key)
+    children = [
+        _spawn("api"),
+        _spawn("worker"),
+        _spawn("beat"),
+    ]
+    try:
+        _wait_ready(settings, children)
+        console.print(f"[bold green]Mint is up[/bold green] at {settings.api_url}  (API reference: {settings.api_url}/docs)")
+        if key_file.exists():
+            console.print(f"Admin API key of organization {result.organization_name!r}: {key_file}")
+        console.print("Ctrl-C stops the API, the worker and beat.")
+        while all(child.poll() is None for child in children):
+            time.sleep(1.0)
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _stop(children)
+
+
+def _spawn(command: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "mint", command], env=os.environ.copy())
+
+
+def _wait_ready(settings: Settings, children: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + READY_WAIT_S
+    with console.status("starting the API, a worker and beat ..."):
+        while time.monotonic() < deadline:
+            if any(child.poll() is not None for child in children):
+                raise typer.Exit(1)
+            try:
+                if httpx.get(f"{settings.api_url}/readyz", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+    console.print(f"[red]The API did not become ready within {READY_WAIT_S:.0f} s; see the logs above.[/red]")
+    raise typer.Exit(1)
+
+
+def _stop(children: list[subprocess.Popen[bytes]]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in children:
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+def _write_secret(path: Path, secret: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secret + "\n")

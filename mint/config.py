@@ -1,0 +1,91 @@
+"""Settings: one typed object, read from `MINT_*` environment variables (and `.env`).
+
+With no settings at all Mint runs on embedded defaults under `MINT_HOME` (default
+`~/.mint`): a SQLite database, a local object-store folder, and a Celery broker and result
+store on SQLite that need no server. PostgreSQL, Redis and S3 are chosen by settings alone:
+
+    MINT_DATABASE_URL=postgresql+psycopg://mint@db/mint
+    MINT_BROKER_URL=redis://redis:6379/0
+    MINT_OBJECT_STORE_URL=s3://mint-artifacts/prod
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    """Every knob of a Mint process. Derived defaults live in the `*_url` properties."""
+
+    model_config = SettingsConfigDict(env_prefix="MINT_", env_file=".env", extra="ignore")
+
+    home: Path = Field(default=Path("~/.mint"), description="Folder for the embedded defaults.")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; SQLite under home if unset.")
+    broker_url: str | None = Field(default=None, description="Celery broker; SQLite (kombu sqla) under home if unset.")
+    result_backend_url: str | None = Field(
+        default=None, description="Celery result store; follows the broker (Redis or SQLite) if unset."
+    )
+    object_store_url: str | None = Field(default=None, description="file:///path or s3://bucket/prefix.")
+    s3_endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint (MinIO, moto); AWS if unset.")
+    s3_region: str = "us-east-1"
+
+    # Celery: a message not acknowledged within this time is redelivered (Redis transport),
+    # so it must exceed the longest single task step; tasks are idempotent.
+    visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
+    model_configs_dir: Path = Field(default=PROJECT_ROOT / "configs" / "models")
+
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8000, ge=1, le=65535)
+    public_url: str | None = Field(default=None, description="URL that clients use to reach the API.")
+    max_upload_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
+    log_level: str = "INFO"
+
+    @field_validator("home", "model_configs_dir", mode="after")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @property
+    def database(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'mint.db'}"
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{self.home / 'broker.db'}"
+
+    @property
+    def result_backend(self) -> str:
+        if self.result_backend_url:
+            return self.result_backend_url
+        if self.broker.startswith(("redis://", "rediss://")):
+            return self.broker
+        return f"db+sqlite:///{self.home / 'results.db'}"
+
+    @property
+    def object_store(self) -> str:
+        return self.object_store_url or f"file://{self.home / 'objects'}"
+
+    @property
+    def models_cache_dir(self) -> Path:
+        """Where converted base weights (e.g. dequantized GGUF as safetensors) are cached."""
+        return self.home / "models"
+
+    @property
+    def api_url(self) -> str:
+        return self.public_url or f"http://{self.api_host}:{self.api_port}"
+
+    def ensure_home(self) -> None:
+        """Create the home folder; the embedded defaults keep their files there."""
+        self.home.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once. Tests call `get_settings.cache_clear()`."""
+    return Settings()

@@ -1,0 +1,92 @@
+"""Mint's one error hierarchy.
+
+Every failure that a user or an operator can act on is a `MintError`. The classes know
+nothing of HTTP: `mint.api.errors` maps each to a status code in one table. They are
+picklable (Celery carries them between processes), so every constructor argument is kept
+in `args` and restored by `__reduce__`.
+
+Messages say what was wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MintError(Exception):
+    """Base of every error Mint raises on purpose.
+
+    `type` is the machine-readable kind shown to clients; `param` names the offending
+    field or argument where there is one.
+    """
+
+    type = "mint_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.param))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[MintError], message: str, param: str | None) -> MintError:
+    return cls(message, param=param)
+
+
+class InvalidRequest(MintError):
+    """The request is malformed or asks for something impossible."""
+
+    type = "invalid_request_error"
+
+
+class Unauthenticated(MintError):
+    """No credentials, or credentials that are unknown, revoked or expired."""
+
+    type = "authentication_error"
+
+
+class PermissionDenied(MintError):
+    """The caller is known but its role does not allow the operation."""
+
+    type = "permission_error"
+
+
+class NotFound(MintError):
+    """The resource does not exist, or belongs to another organization."""
+
+    type = "not_found_error"
+
+
+class Conflict(MintError):
+    """The request conflicts with the current state (a duplicate name, an immutable object)."""
+
+    type = "conflict_error"
+
+
+class PayloadTooLarge(MintError):
+    """An upload is larger than the configured limit."""
+
+    type = "payload_too_large_error"
+
+
+class RateLimited(MintError):
+    """Too many requests for this key; retry after the given number of seconds."""
+
+    type = "rate_limit_error"
+
+
+class ServiceUnavailable(MintError):
+    """A backing service (database, broker, object store) cannot be reached."""
+
+    type = "service_unavailable_error"
+
+
+class ConfigurationError(MintError):
+    """Settings or a registry file are wrong; raised at start-up, never per request."""
+
+    type = "configuration_error"

@@ -1,0 +1,59 @@
+"""Wire types for organizations and API keys."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mint.schemas.common import WireModel
+
+Role = Literal["admin", "developer", "viewer"]
+
+
+class OrganizationPublic(WireModel):
+    id: str
+    name: str
+    created_at: datetime
+
+
+class ApiKeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200, description="A label for people, e.g. `ci-pipeline`.")
+    role: Role = Field(default="developer", description="admin | developer | viewer.")
+    expires_in_days: int | None = Field(
+        default=None, ge=1, le=3650, description="Days until the key stops working; never if omitted."
+    )
+
+
+class ApiKeyPublic(WireModel):
+    """An API key as lists show it: its prefix, never the secret."""
+
+    id: str
+    name: str
+    prefix: str
+    role: Role
+    organization_id: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+class ApiKeyCreated(ApiKeyPublic):
+    """The answer to a key creation: the only time the secret is shown."""
+
+    key: str = Field(description="The secret. Store it now: Mint keeps only its hash.")
+
+
+class AuditEntryPublic(WireModel):
+    id: str
+    actor: str
+    actor_key_id: str | None
+    action: str
+    resource_type: str
+    resource_id: str
+    data: dict[str, object]
+    created_at: datetime

@@ -1,0 +1,161 @@
+"""Organizations, API keys and the caller's identity (`Principal`).
+
+Keys are 256-bit random secrets shown once. Only their sha256 is stored: a key has the
+entropy of a token, so a slow password hash would add latency to every request and no
+safety. Keys start with `tml-` because the official Tinker SDK refuses any other prefix;
+the same key works for Mint's REST API, the SDK, the CLI and Tinker clients.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from mint.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, Unauthenticated
+from mint.services.audit import record_audit
+from mint.storage.queries import get_owned, owned_by
+from mint.storage.tables import ROLES, ApiKey, Organization, as_utc, new_id, utcnow
+
+KEY_PREFIX = "tml-"
+SHOWN_PREFIX_LENGTH = 12
+ROLE_RANK = {"viewer": 0, "developer": 1, "admin": 2}
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: one key of one organization, with its role."""
+
+    organization_id: str
+    key_id: str | None
+    role: str
+    name: str
+
+    def require(self, role: str) -> None:
+        """Raise PermissionDenied unless this principal's role is at least `role`."""
+        if ROLE_RANK[self.role] < ROLE_RANK[role]:
+            raise PermissionDenied(
+                f"This operation needs a {role} key; the key {self.name!r} has role {self.role}. "
+                f"Ask an admin of your organization for a {role} key."
+            )
+
+    @property
+    def actor(self) -> str:
+        return f"key:{self.key_id}" if self.key_id else self.name
+
+
+def operator(organization_id: str) -> Principal:
+    """The principal of an operator acting through `mint admin` with database access."""
+    return Principal(organization_id=organization_id, key_id=None, role="admin", name="operator")
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+# --- organizations ------------------------------------------------------------------------
+
+
+def create_organization(session: Session, *, name: str) -> Organization:
+    name = name.strip()
+    if not name:
+        raise InvalidRequest("An organization needs a non-empty name.", param="name")
+    if session.execute(select(Organization).where(Organization.name == name)).scalar_one_or_none():
+        raise Conflict(f"An organization named {name!r} already exists; choose another name.", param="name")
+    org = Organization(id=new_id("org"), name=name)
+    session.add(org)
+    session.flush()
+    record_audit(session, operator(org.id), "organization.create", "organization", org.id, {"name": name})
+    return org
+
+
+def list_organizations(session: Session) -> list[Organization]:
+    return list(session.execute(select(Organization).order_by(Organization.created_at)).scalars())
+
+
+def find_organization(session: Session, name_or_id: str) -> Organization:
+    row = session.get(Organization, name_or_id) or session.execute(
+        select(Organization).where(Organization.name == name_or_id)
+    ).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"No organization named or with id {name_or_id!r}; `mint admin orgs list` shows them.")
+    return row
+
+
+# --- keys ---------------------------------------------------------------------------------
+
+
+def create_api_key(
+    session: Session,
+    actor: Principal,
+    *,
+    name: str,
+    role: str,
+    expires_in_days: int | None = None,
+) -> tuple[ApiKey, str]:
+    """Create a key in the actor's organization; returns the row and the secret (shown once)."""
+    actor.require("admin")
+    if role not in ROLES:
+        raise InvalidRequest(f"Unknown role {role!r}; use one of {', '.join(ROLES)}.", param="role")
+    secret = generate_key()
+    expires_at = utcnow() + timedelta(days=expires_in_days) if expires_in_days else None
+    key = ApiKey(
+        id=new_id("key"),
+        organization_id=actor.organization_id,
+        name=name,
+        prefix=secret[:SHOWN_PREFIX_LENGTH],
+        key_hash=hash_key(secret),
+        role=role,
+        expires_at=expires_at,
+        created_by_key_id=actor.key_id,
+    )
+    session.add(key)
+    session.flush()
+    record_audit(session, actor, "api_key.create", "api_key", key.id, {"name": name, "role": role})
+    return key, secret
+
+
+def list_api_keys(session: Session, organization_id: str) -> list[ApiKey]:
+    query = owned_by(ApiKey, organization_id).order_by(ApiKey.created_at)
+    return list(session.execute(query).scalars())
+
+
+def get_api_key(session: Session, actor: Principal, key_id: str) -> ApiKey:
+    return get_owned(session, ApiKey, key_id, organization_id=actor.organization_id, noun="API key")
+
+
+def revoke_api_key(session: Session, actor: Principal, key_id: str) -> ApiKey:
+    """Revoke a key of the actor's organization; revoking twice keeps the first time."""
+    actor.require("admin")
+    key = get_api_key(session, actor, key_id)
+    if key.revoked_at is None:
+        key.revoked_at = utcnow()
+        record_audit(session, actor, "api_key.revoke", "api_key", key.id, {"name": key.name})
+    return key
+
+
+def authenticate(session: Session, secret: str | None, *, now: datetime | None = None) -> Principal:
+    """The principal for a presented key, or Unauthenticated saying why it was refused."""
+    if not secret:
+        raise Unauthenticated(
+            "No API key. Send it as `Authorization: Bearer <key>` or `X-API-Key: <key>`; "
+            "`mint admin keys create` makes one."
+        )
+    key = session.execute(select(ApiKey).where(ApiKey.key_hash == hash_key(secret))).scalar_one_or_none()
+    if key is None:
+        raise Unauthenticated("Unknown API key. Check for a typo, or create a key with `mint admin keys create`.")
+    now = now or utcnow()
+    if key.revoked_at is not None:
+        raise Unauthenticated(f"The API key {key.prefix}... was revoked; ask an admin for a new key.")
+    if key.expires_at is not None and as_utc(key.expires_at) <= now:
+        raise Unauthenticated(f"The API key {key.prefix}... expired at {key.expires_at:%Y-%m-%d %H:%M} UTC.")
+    return Principal(organization_id=key.organization_id, key_id=key.id, role=key.role, name=key.name)
+

@@ -1,0 +1,90 @@
+"""Database engine and sessions.
+
+One engine per process and database URL. SQLite (the embedded default) is shared by the
+API, the workers and beat, so it runs in WAL mode with a busy timeout and foreign keys on;
+PostgreSQL gets a pre-ping pool so that a restarted server costs one retry, not an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """A new engine for `url`, with the per-dialect settings Mint relies on."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        event.listen(engine, "connect", _on_sqlite_connect)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+_engines: dict[str, Engine] = {}
+_factories: dict[str, sessionmaker[Session]] = {}
+_lock = threading.Lock()
+
+
+def get_engine(url: str) -> Engine:
+    """The process-wide engine for `url` (one pool shared by every caller)."""
+    with _lock:
+        if url not in _engines:
+            _engines[url] = make_engine(url)
+            _factories[url] = sessionmaker(bind=_engines[url], expire_on_commit=False)
+        return _engines[url]
+
+
+def new_session(url: str) -> Session:
+    """A new ORM session on the engine for `url`; the caller commits and closes it."""
+    get_engine(url)
+    return _factories[url]()
+
+
+@contextmanager
+def session_scope(url: str) -> Iterator[Session]:
+    """A session that commits on success and rolls back on any exception."""
+    session = new_session(url)
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def ping(url: str) -> None:
+    """Run `SELECT 1`; raises the driver's error when the database cannot be reached."""
+    with get_engine(url).connect() as connection:
+        connection.execute(text("SELECT 1"))
+
+
+def dispose_engines() -> None:
+    """Close every pooled connection and forget the engines (after a fork, between tests)."""
+    with _lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+        _factories.clear()

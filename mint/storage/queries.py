@@ -1,0 +1,69 @@
+"""Query helpers that every service uses, so that tenancy and paging are written once.
+
+`get_owned` is the one way to load a tenant resource by id: a row of another
+organization is indistinguishable from a missing one (NotFound), so ids cannot be probed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy import Select, and_, or_, select
+from sqlalchemy.orm import Session
+
+from mint.errors import InvalidRequest, NotFound
+
+RowT = TypeVar("RowT")
+
+MAX_PAGE_SIZE = 100
+
+
+def get_owned(session: Session, model: type[RowT], resource_id: str, *, organization_id: str, noun: str) -> RowT:
+    """Load `model` by primary key if it belongs to `organization_id`; else NotFound."""
+    row = session.get(model, resource_id)
+    if row is None or getattr(row, "organization_id") != organization_id:
+        raise NotFound(f"No {noun} with id {resource_id!r} in this organization.", param="id")
+    return row
+
+
+@dataclass(frozen=True)
+class PageResult(Generic[RowT]):
+    rows: Sequence[RowT]
+    has_more: bool
+
+
+def paginate(
+    session: Session,
+    query: Select[tuple[RowT]],
+    model: Any,
+    *,
+    after: str | None,
+    limit: int,
+    newest_first: bool = True,
+) -> PageResult[RowT]:
+    """One page of `query` ordered by (created_at, id), starting after the row `after`.
+
+    `query` must already be filtered to the caller's organization; `after` is looked up
+    inside that same query, so a cursor from another organization is refused.
+    """
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE_SIZE}, got {limit}.", param="limit")
+    created, ident = model.created_at, model.id
+    if after is not None:
+        anchor = session.execute(query.where(ident == after)).scalar_one_or_none()
+        if anchor is None:
+            raise InvalidRequest(f"Unknown cursor {after!r}: pass the last id of the previous page.", param="after")
+        if newest_first:
+            query = query.where(or_(created < anchor.created_at, and_(created == anchor.created_at, ident < after)))
+        else:
+            query = query.where(or_(created > anchor.created_at, and_(created == anchor.created_at, ident > after)))
+    order = (created.desc(), ident.desc()) if newest_first else (created.asc(), ident.asc())
+    rows = list(session.execute(query.order_by(*order).limit(limit + 1)).scalars())
+    return PageResult(rows=rows[:limit], has_more=len(rows) > limit)
+
+
+def owned_by(model: Any, organization_id: str) -> Select[Any]:
+    """`SELECT model WHERE organization_id = ...`: the start of every tenant list query."""
+    return select(model).where(model.organization_id == organization_id)

@@ -1,0 +1,492 @@
+"""SQLAlchemy 2.0 tables: the whole data model of DESIGN.md section 4.
+
+Conventions:
+- Primary keys are short prefixed strings (`org_...`, `ftjob_...`) made by `new_id`, so ids
+  say what they name in logs and URLs, and never reveal counts.
+- Every tenant resource carries `organization_id`; queries filter on it (see
+  `mint.storage.queries`). A row of another organization is a 404, never a 403.
+- Timestamps are timezone-aware UTC.
+- Enumerations are stored as short strings with a CHECK constraint, so that adding a
+  value is a plain migration on SQLite and PostgreSQL alike.
+- Free-form but validated documents (specs, metrics, reports) are JSON columns.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ID_LENGTH = 40
+ROLES = ("admin", "developer", "viewer")
+DATASET_KINDS = ("chat", "preference", "prompts")
+DATASET_STATUSES = ("validating", "ready", "invalid")
+EVAL_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+JOB_METHODS = ("sft", "dpo", "rl")
+JOB_STATUSES = ("validating_files", "queued", "running", "succeeded", "failed", "cancelled")
+EVENT_LEVELS = ("info", "warning", "error")
+EVENT_TYPES = ("message", "metrics")
+ADAPTER_VERSION_STATUSES = ("ready", "withdrawn", "deleted")
+DEPLOYMENT_KINDS = ("single", "mixture")
+DEPLOYMENT_STATUSES = ("active", "withdrawn")
+REVISION_ACTIONS = ("create", "promote", "rollback", "withdraw", "update")
+SESSION_KINDS = ("training", "sampling")
+SESSION_STATUSES = ("active", "closed")
+FUTURE_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
+USAGE_KINDS = ("trained", "sampled", "served")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def as_utc(moment: datetime) -> datetime:
+    """`moment` as an aware UTC datetime: SQLite hands back naive values for aware columns."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def new_id(prefix: str) -> str:
+    """A random, URL-safe id that names its kind, e.g. `ftjob_3pX...`."""
+    return f"{prefix}_{secrets.token_urlsafe(16).replace('-', 'x').replace('_', 'z')}"
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> CheckConstraint:
+    allowed = ", ".join(f"'{v}'" for v in values)
+    return CheckConstraint(f"{column} IN ({allowed})", name=f"{column}_allowed")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+def _id() -> Mapped[str]:
+    return mapped_column(String(ID_LENGTH), primary_key=True)
+
+
+def _org() -> Mapped[str]:
+    return mapped_column(String(ID_LENGTH), ForeignKey("organizations.id"), index=True)
+
+
+def _created() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+# --- tenancy and access -------------------------------------------------------------------
+
+
+class Organization(Base):
+    __tablename__ = "organizations"
+
+    id: Mapped[str] = _id()
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[datetime] = _created()
+
+
+class ApiKey(Base):
+    """An API key. Only its sha256 is stored; `prefix` is what lists show."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (_one_of("role", ROLES),)
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    name: Mapped[str] = mapped_column(String(200))
+    prefix: Mapped[str] = mapped_column(String(32))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = _created()
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_by_key_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+
+
+class AuditLog(Base):
+    """Who did what to which resource: keys, deployments, rollbacks, admin actions."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    actor_key_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    actor: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(100))
+    resource_type: Mapped[str] = mapped_column(String(50))
+    resource_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = _created()
+
+
+class UsageRecord(Base):
+    """Tokens trained, sampled or served, per organization, for billing and quotas."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (_one_of("kind", USAGE_KINDS), Index("ix_usage_org_created", "organization_id", "created_at"))
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("organizations.id"))
+    kind: Mapped[str] = mapped_column(String(16))
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    base_model: Mapped[str] = mapped_column(String(100))
+    model_ref: Mapped[str] = mapped_column(String(300))
+    resource_type: Mapped[str | None] = mapped_column(String(50))
+    resource_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    created_at: Mapped[datetime] = _created()
+
+
+# --- platform-wide ------------------------------------------------------------------------
+
+
+class BaseModelRow(Base):
+    """A base model the platform can train and serve, synced from `configs/models/*.yaml`."""
+
+    __tablename__ = "base_models"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    architecture: Mapped[str] = mapped_column(String(100))
+    moe: Mapped[bool] = mapped_column(Boolean, default=False)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class Worker(Base):
+    """A live Celery worker process, as it last reported itself (broker-independent view)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    base_model: Mapped[str | None] = mapped_column(String(100))
+    queues: Mapped[list[Any]] = mapped_column(default=list)
+    started_at: Mapped[datetime] = _created()
+    last_seen_at: Mapped[datetime] = _created()
+
+
+# --- data ---------------------------------------------------------------------------------
+
+
+class Dataset(Base):
+    """An uploaded or mined JSONL dataset, validated row by row before it is `ready`."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (
+        _one_of("kind", DATASET_KINDS),
+        _one_of("status", DATASET_STATUSES),
+        UniqueConstraint("organization_id", "sha256", "kind"),
+    )
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    filename: Mapped[str] = mapped_column(String(300))
+    purpose: Mapped[str] = mapped_column(String(50), default="fine-tune")
+    kind: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default="validating")
+    object_key: Mapped[str | None] = mapped_column(String(1024))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    row_count: Mapped[int] = mapped_column(Integer, default=0)
+    validation_report: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # Provenance of a mined dataset. A plain id, not a foreign key: datasets -> eval_runs ->
+    # adapter_versions -> training_jobs -> datasets would be a cycle of constraints.
+    source_eval_run_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    created_at: Mapped[datetime] = _created()
+
+
+# --- evals --------------------------------------------------------------------------------
+
+
+class Benchmark(Base):
+    __tablename__ = "benchmarks"
+    __table_args__ = (UniqueConstraint("organization_id", "name"),)
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    name: Mapped[str] = mapped_column(String(200))
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = _created()
+
+
+class BenchmarkVersion(Base):
+    """An immutable set of tasks and a grader; `locked_at` is set by the first eval using it."""
+
+    __tablename__ = "benchmark_versions"
+    __table_args__ = (UniqueConstraint("benchmark_id", "version"),)
+
+    id: Mapped[str] = _id()
+    benchmark_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("benchmarks.id"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    object_key: Mapped[str] = mapped_column(String(1024))
+    sha256: Mapped[str] = mapped_column(String(64))
+    task_count: Mapped[int] = mapped_column(Integer)
+    splits: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    grader: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    locked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _created()
+
+
+class EvalRun(Base):
+    """One benchmark version evaluated against one model reference."""
+
+    __tablename__ = "eval_runs"
+    __table_args__ = (_one_of("status", EVAL_STATUSES),)
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    benchmark_version_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("benchmark_versions.id"), index=True
+    )
+    model_ref: Mapped[str] = mapped_column(String(300))
+    adapter_version_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("adapter_versions.id"))
+    split: Mapped[str | None] = mapped_column(String(50))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = _created()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Trajectory(Base):
+    """Everything one task did in one eval run: messages, tool calls, output and cost."""
+
+    __tablename__ = "trajectories"
+    __table_args__ = (UniqueConstraint("eval_run_id", "task_id"), Index("ix_trajectories_run_passed", "eval_run_id", "passed"))
+
+    id: Mapped[str] = _id()
+    eval_run_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("eval_runs.id"))
+    task_id: Mapped[str] = mapped_column(String(200))
+    messages: Mapped[list[Any]] = mapped_column(default=list)
+    output: Mapped[str] = mapped_column(Text, default="")
+    score: Mapped[float] = mapped_column(Float, default=0.0)
+    passed: Mapped[bool] = mapped_column(Boolean, default=False)
+    steps: Mapped[int] = mapped_column(Integer, default=0)
+    tokens_in: Mapped[int] = mapped_column(Integer, default=0)
+    tokens_out: Mapped[int] = mapped_column(Integer, default=0)
+    latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+
+
+# --- training -----------------------------------------------------------------------------
+
+
+class TrainingJob(Base):
+    """A fine-tuning job. `spec` is validated once at creation; the row is the truth."""
+
+    __tablename__ = "training_jobs"
+    __table_args__ = (
+        _one_of("method", JOB_METHODS),
+        _one_of("status", JOB_STATUSES),
+        UniqueConstraint("organization_id", "idempotency_key"),
+        Index("ix_training_jobs_status", "status"),
+    )
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    base_model: Mapped[str] = mapped_column(String(100), ForeignKey("base_models.name"))
+    method: Mapped[str] = mapped_column(String(16))
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(String(20), default="validating_files")
+    training_dataset_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("datasets.id"))
+    validation_dataset_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("datasets.id"))
+    suffix: Mapped[str | None] = mapped_column(String(64))
+    seed: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int] = mapped_column(Integer, default=0)
+    completed_steps: Mapped[int] = mapped_column(Integer, default=0)
+    trained_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    result_adapter_version_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _created()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class JobEvent(Base):
+    """A message or a metrics point of a job; the integer id orders them for `after` paging."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (_one_of("level", EVENT_LEVELS), _one_of("type", EVENT_TYPES))
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("training_jobs.id"), index=True)
+    level: Mapped[str] = mapped_column(String(16), default="info")
+    type: Mapped[str] = mapped_column(String(16), default="message")
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = _created()
+
+
+class Checkpoint(Base):
+    """Resumable training state of a job at one step (adapter, optimizer, data position)."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "step"),)
+
+    id: Mapped[str] = _id()
+    job_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("training_jobs.id"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    object_key: Mapped[str] = mapped_column(String(1024))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = _created()
+
+
+class Adapter(Base):
+    """A named line of LoRA adapter versions on one base model."""
+
+    __tablename__ = "adapters"
+    __table_args__ = (UniqueConstraint("organization_id", "name"),)
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    name: Mapped[str] = mapped_column(String(200))
+    base_model: Mapped[str] = mapped_column(String(100), ForeignKey("base_models.name"))
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = _created()
+
+
+class AdapterVersion(Base):
+    """An immutable PEFT-format adapter in the object store, keyed by its content hash."""
+
+    __tablename__ = "adapter_versions"
+    __table_args__ = (_one_of("status", ADAPTER_VERSION_STATUSES), UniqueConstraint("adapter_id", "version"))
+
+    id: Mapped[str] = _id()
+    adapter_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("adapters.id"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    object_key: Mapped[str] = mapped_column(String(1024))
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    base_model: Mapped[str] = mapped_column(String(100), ForeignKey("base_models.name"))
+    rank: Mapped[int] = mapped_column(Integer)
+    alpha: Mapped[float] = mapped_column(Float)
+    targets: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    training_job_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("training_jobs.id"))
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="ready")
+    created_at: Mapped[datetime] = _created()
+
+
+# --- serving ------------------------------------------------------------------------------
+
+
+class Deployment(Base):
+    """A name that serves one adapter version (single) or routes among several (mixture)."""
+
+    __tablename__ = "deployments"
+    __table_args__ = (
+        _one_of("kind", DEPLOYMENT_KINDS),
+        _one_of("status", DEPLOYMENT_STATUSES),
+        UniqueConstraint("organization_id", "name"),
+    )
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(16), default="single")
+    base_model: Mapped[str] = mapped_column(String(100), ForeignKey("base_models.name"))
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    current_revision: Mapped[int] = mapped_column(Integer, default=0)
+    gate: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class DeploymentRevision(Base):
+    """One state of a deployment; promote, rollback and withdraw each add a revision."""
+
+    __tablename__ = "deployment_revisions"
+    __table_args__ = (_one_of("action", REVISION_ACTIONS), UniqueConstraint("deployment_id", "revision"))
+
+    id: Mapped[str] = _id()
+    deployment_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("deployments.id"), index=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    action: Mapped[str] = mapped_column(String(16))
+    adapter_version_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("adapter_versions.id"))
+    routing: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    gate_verdict: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_by_key_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    created_at: Mapped[datetime] = _created()
+
+
+# --- Tinker primitives --------------------------------------------------------------------
+
+
+class TrainingSession(Base):
+    """A Tinker-style session: LoRA training or sampling clients on one resident base."""
+
+    __tablename__ = "training_sessions"
+    __table_args__ = (_one_of("kind", SESSION_KINDS), _one_of("status", SESSION_STATUSES))
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    base_model: Mapped[str] = mapped_column(String(100), ForeignKey("base_models.name"))
+    kind: Mapped[str] = mapped_column(String(16), default="training")
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    lora: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    tags: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    next_seq_id: Mapped[int] = mapped_column(Integer, default=0)
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _created()
+
+
+class Future(Base):
+    """The state of one asynchronous primitive call; clients poll it by id."""
+
+    __tablename__ = "futures"
+    __table_args__ = (
+        _one_of("status", FUTURE_STATUSES),
+        Index("ix_futures_model_seq", "model_id", "seq_id"),
+    )
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    session_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("training_sessions.id"), index=True)
+    model_id: Mapped[str | None] = mapped_column(String(200))
+    seq_id: Mapped[int | None] = mapped_column(Integer)
+    operation: Mapped[str] = mapped_column(String(50))
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    request_object_key: Mapped[str | None] = mapped_column(String(1024))
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    result_object_key: Mapped[str | None] = mapped_column(String(1024))
+    error: Mapped[str | None] = mapped_column(Text)
+    error_category: Mapped[str | None] = mapped_column(String(16))
+    created_at: Mapped[datetime] = _created()
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,52 @@
+"""The Celery application: configuration only, no task logic.
+
+Runs unchanged on the embedded broker (kombu's SQLAlchemy transport on SQLite) and on
+Redis: the broker is a setting. Payloads are ids and JSON only. Tasks are acknowledged
+after they finish (`acks_late`) and requeued if their worker dies, so every task is
+idempotent and the database row stays the truth (DESIGN.md section 2).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from mint.config import Settings, get_settings
+from mint.schemas.base_models import load_registry
+from mint.worker.queues import SYSTEM_QUEUE, all_queues
+
+PRUNE_WORKERS_EVERY_S = 60.0
+
+
+def create_celery(settings: Settings | None = None) -> Celery:
+    """A configured Celery app for `settings` (the process settings by default)."""
+    settings = settings or get_settings()
+    settings.ensure_home()
+    app = Celery("mint", broker=settings.broker, backend=settings.result_backend, include=["mint.worker.tasks"])
+    bases = sorted(load_registry(settings.model_configs_dir))
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_queues=[Queue(name) for name in all_queues(bases)],
+        task_default_queue=SYSTEM_QUEUE,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_connection_retry_on_startup=True,
+        result_expires=24 * 3600,
+        result_extended=False,
+        enable_utc=True,
+        timezone="UTC",
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "prune-dead-workers": {"task": "mint.system.prune_workers", "schedule": PRUNE_WORKERS_EVERY_S},
+        },
+        beat_schedule_filename=str(settings.home / "beat-schedule"),
+    )
+    return app
+
+
+celery_app = create_celery()

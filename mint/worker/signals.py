@@ -1,0 +1,72 @@
+"""Worker lifecycle: register in the `workers` table at start, heartbeat, unregister at stop.
+
+The row is how operators (`mint admin workers list`) and the API see live workers on any
+broker, the embedded one included.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+from celery.signals import worker_ready, worker_shutdown
+
+from mint.config import get_settings
+from mint.services.workers import heartbeat, register_worker, unregister_worker
+from mint.storage.db import session_scope
+
+HEARTBEAT_EVERY_S = 30.0
+log = logging.getLogger(__name__)
+
+_state: dict[str, Any] = {"worker_id": None, "stop": threading.Event()}
+
+
+def current_worker_id() -> str | None:
+    return _state["worker_id"]
+
+
+def _base_model_of(queues: list[str]) -> str | None:
+    bases = [name.removeprefix("train.") for name in queues if name.startswith("train.")]
+    return bases[0] if len(bases) == 1 else None
+
+
+@worker_ready.connect
+def on_worker_ready(sender: Any = None, **_: Any) -> None:
+    worker_id = sender.hostname
+    queues = sorted(queue.name for queue in sender.app.amqp.queues.consume_from.values())
+    _state["worker_id"] = worker_id
+    with session_scope(get_settings().database) as session:
+        register_worker(
+            session,
+            worker_id=worker_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            base_model=_base_model_of(queues),
+            queues=queues,
+        )
+    thread = threading.Thread(target=_heartbeat_loop, args=(worker_id,), name="mint-heartbeat", daemon=True)
+    thread.start()
+    log.info("worker %s ready on queues %s", worker_id, ", ".join(queues))
+
+
+@worker_shutdown.connect
+def on_worker_shutdown(**_: Any) -> None:
+    _state["stop"].set()
+    worker_id = _state["worker_id"]
+    if worker_id is None:
+        return
+    with session_scope(get_settings().database) as session:
+        unregister_worker(session, worker_id)
+
+
+def _heartbeat_loop(worker_id: str) -> None:
+    stop: threading.Event = _state["stop"]
+    while not stop.wait(HEARTBEAT_EVERY_S):
+        try:
+            with session_scope(get_settings().database) as session:
+                heartbeat(session, worker_id)
+        except Exception:  # a database blip must not kill the worker; the next beat retries
+            log.warning("worker heartbeat failed", exc_info=True)

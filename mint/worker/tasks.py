@@ -1,0 +1,36 @@
+"""Celery tasks: thin wrappers that take ids, call one service, and return.
+
+`shared_task` binds them to whichever Mint Celery app is current, so tests that build an
+app for their own settings run the same tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from celery import shared_task
+
+from mint.config import get_settings
+from mint.services.workers import prune_stale_workers
+from mint.storage.db import session_scope
+from mint.worker import signals
+
+
+@shared_task(name="mint.system.ping", acks_late=True, ignore_result=False)
+def ping(probe_id: str) -> dict[str, Any]:
+    """Answer which worker process ran the probe: proves a queue is consumed end to end."""
+    return {
+        "probe_id": probe_id,
+        "worker_id": signals.current_worker_id(),
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+
+
+@shared_task(name="mint.system.prune_workers", acks_late=True, ignore_result=True, time_limit=60)
+def prune_workers() -> int:
+    """Drop worker rows whose process stopped heartbeating (killed, host lost)."""
+    with session_scope(get_settings().database) as session:
+        return prune_stale_workers(session)
