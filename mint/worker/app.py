@@ -18,12 +18,22 @@ from mint.worker.queues import SYSTEM_QUEUE, all_queues
 PRUNE_WORKERS_EVERY_S = 60.0
 
 
+def broker_transport_options(settings: Settings) -> dict[str, object]:
+    """Redis redelivers a message not acknowledged within the visibility timeout. The
+    embedded SQLite transport has no such timer (its options go to `create_engine`): a
+    message taken by a worker that dies is lost there, which is why the database row, not
+    the queue, is the truth and a periodic reconciler re-enqueues stranded work."""
+    if settings.broker.startswith(("redis://", "rediss://", "sentinel://")):
+        return {"visibility_timeout": settings.visibility_timeout_s}
+    return {}
+
+
 def create_celery(settings: Settings | None = None) -> Celery:
     """A configured Celery app for `settings` (the process settings by default)."""
     settings = settings or get_settings()
     settings.ensure_home()
     app = Celery("mint", broker=settings.broker, backend=settings.result_backend, include=["mint.worker.tasks"])
-    bases = sorted(load_registry(settings.model_configs_dir))
+    bases = sorted(name for name, spec in load_registry(settings.model_configs_dir).items() if spec.enabled)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -33,8 +43,7 @@ def create_celery(settings: Settings | None = None) -> Celery:
         worker_prefetch_multiplier=1,
         task_queues=[Queue(name) for name in all_queues(bases)],
         task_default_queue=SYSTEM_QUEUE,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
-        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_transport_options=broker_transport_options(settings),
         broker_connection_retry_on_startup=True,
         result_expires=24 * 3600,
         result_extended=False,

@@ -1,0 +1,91 @@
+"""The `mint` command as an operator uses it, in real subprocesses: `admin init`, keys and
+organizations, and `mint up` starting the whole platform until `/readyz` answers 200."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mint.config import Settings
+from tests.conftest import free_port
+
+UP_WAIT_S = 180.0
+
+
+def mint(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mint", *args], capture_output=True, text=True, env=env or os.environ.copy(), check=check
+    )
+
+
+def test_init_prints_a_working_key_and_other_orgs_are_isolated(prepared: Settings, client) -> None:  # type: ignore[no-untyped-def]
+    home = Path(prepared.home)
+    first = json.loads(mint("admin", "init", "--json").stdout)
+    # The session's database may already hold organizations; init then makes none.
+    if first["key"] is None:
+        org = json.loads(mint("admin", "orgs", "create", f"cli-{os.getpid()}", "--json").stdout)
+        created = json.loads(mint("admin", "keys", "create", "--org", org["name"], "--role", "admin", "--json").stdout)
+        first = {"organization_id": org["id"], "key": created["key"]}
+    assert home.exists()
+    key = first["key"]
+    assert key.startswith("tml-")
+    me = client.get("/v1/organization", headers={"Authorization": f"Bearer {key}"})
+    assert me.status_code == 200 and me.json()["id"] == first["organization_id"]
+
+    other = json.loads(mint("admin", "orgs", "create", f"other-{os.getpid()}", "--json").stdout)
+    other_key = json.loads(mint("admin", "keys", "create", "--org", other["id"], "--json").stdout)
+    my_key_id = client.get("/v1/api_keys", headers={"Authorization": f"Bearer {key}"}).json()["data"][-1]["id"]
+    own = client.get(f"/v1/api_keys/{my_key_id}", headers={"Authorization": f"Bearer {key}"})
+    foreign = client.get(f"/v1/api_keys/{my_key_id}", headers={"Authorization": f"Bearer {other_key['key']}"})
+    assert own.status_code == 200 and foreign.status_code == 404
+
+    listed = json.loads(mint("admin", "keys", "list", "--org", other["name"], "--json").stdout)
+    assert [k["id"] for k in listed] == [other_key["id"]] and "key" not in listed[0]
+    mint("admin", "keys", "revoke", other_key["id"], "--org", other["name"])
+    assert client.get("/v1/organization", headers={"Authorization": f"Bearer {other_key['key']}"}).status_code == 401
+
+
+def test_cli_errors_exit_with_documented_codes(prepared: Settings) -> None:
+    missing = mint("admin", "keys", "list", "--org", "no-such-org", check=False)
+    assert missing.returncode == 3 and "No organization" in missing.stderr
+    duplicate = mint("admin", "orgs", "create", "dup-org", check=False)
+    again = mint("admin", "orgs", "create", "dup-org", check=False)
+    assert duplicate.returncode == 0 and again.returncode == 5 and "already exists" in again.stderr
+
+
+def test_models_list_names_the_registry(prepared: Settings) -> None:
+    names = {row["name"] for row in json.loads(mint("admin", "models", "list", "--json").stdout)}
+    assert {"smollm2-135m-instruct", "tiny-glm-moe", "tiny-qwen3-moe"} <= names
+
+
+@pytest.mark.slow
+def test_up_starts_the_platform_on_embedded_defaults(tmp_path: Path) -> None:
+    """`mint up` with nothing but MINT_HOME set: API, worker and beat, ready, with a key."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINT_")}
+    env |= {"MINT_HOME": str(tmp_path / "home"), "MINT_API_PORT": str(port)}
+    log_path = tmp_path / "up.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "mint", "up"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + UP_WAIT_S
+        while "Mint is up" not in log_path.read_text() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "Mint is up" in log_path.read_text(), log_path.read_text()[-5000:]
+        ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10)
+        assert ready.status_code == 200 and ready.json()["failed"] == []
+        key = (tmp_path / "home" / "admin.key").read_text().strip()
+        assert oct((tmp_path / "home" / "admin.key").stat().st_mode & 0o777) == "0o600"
+        me = httpx.get(f"http://127.0.0.1:{port}/v1/organization", headers={"Authorization": f"Bearer {key}"})
+        assert me.status_code == 200 and me.json()["name"] == "default"
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)

@@ -1,0 +1,57 @@
+"""Health endpoints: liveness, readiness of each backing service, Prometheus metrics."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from fastapi.testclient import TestClient
+
+from mint.api.app import create_app
+from mint.config import Settings
+
+
+def test_healthz(client: TestClient) -> None:
+    assert client.get("/healthz").json()["status"] == "ok"
+
+
+def test_readyz_checks_every_backing_service(client: TestClient) -> None:
+    response = client.get("/readyz")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] == "ok" and body["failed"] == []
+    assert set(body["checks"]) == {"database", "broker", "object_store"}
+    assert all(check["ok"] for check in body["checks"].values())
+
+
+def test_readyz_names_the_services_that_are_down(prepared: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    broken = prepared.model_copy(
+        update={
+            "broker_url": "redis://127.0.0.1:1/0",
+            "object_store_url": "s3://no-such-bucket/x",
+            "s3_endpoint_url": "http://127.0.0.1:1",
+        }
+    )
+    with TestClient(create_app(broken)) as client:
+        response = client.get("/readyz")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "unavailable"
+    assert body["failed"] == ["broker", "object_store"]
+    assert body["checks"]["database"]["ok"] is True
+    assert body["checks"]["broker"]["detail"]
+
+
+def test_metrics_count_requests_by_route_template(client: TestClient) -> None:
+    client.get("/healthz")
+    client.get("/v1/api_keys/key_does_not_matter")
+    text = client.get("/metrics").text
+    assert 'mint_http_requests_total{method="GET",route="/healthz",status="200"}' in text
+    assert 'route="/v1/api_keys/{key_id}",status="401"' in text
+    assert "mint_http_request_duration_seconds_bucket" in text
+
+
+def test_api_process_does_not_import_torch() -> None:
+    code = "import sys, mint.api.app, mint.cli.main, mint.worker.app; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

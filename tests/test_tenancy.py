@@ -1,0 +1,73 @@
+"""Tenant isolation, checked on every route the app has, found by walking the app's
+OpenAPI document (FastAPI builds it from the registered routes), so a route added later is
+covered, or this test fails until it says how. Tenant routes must stay in the schema."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.conftest import Tenant
+
+# Routes open to anyone: health probes for load balancers and Prometheus.
+PUBLIC_ROUTES = {"/healthz", "/readyz", "/metrics"}
+# Platform-wide catalogues, the same for every organization (read-only for tenants).
+GLOBAL_ROUTES = {"/v1/base_models", "/v1/base_models/{name}"}
+# Routes about the caller itself; checked to answer with the caller's own organization.
+SELF_ROUTES = {"/v1/organization", "/v1/usage", "/v1/audit_log", "/v1/api_keys"}
+
+# For each path parameter of a tenant route: how to get an id of a resource owned by
+# organization A. A later issue that adds a route with a new parameter adds it here.
+ResourceMaker = Callable[[TestClient, Tenant], str]
+RESOURCE_MAKERS: dict[str, ResourceMaker] = {
+    "key_id": lambda client, owner: owner.key_ids["viewer"],
+}
+
+
+def api_routes(app) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    paths = app.openapi()["paths"]
+    return [(method.upper(), path) for path, operations in sorted(paths.items()) for method in sorted(operations)]
+
+
+def test_every_route_is_classified(app) -> None:  # type: ignore[no-untyped-def]
+    for _method, path in api_routes(app):
+        params = re.findall(r"{(\w+)}", path)
+        if path in PUBLIC_ROUTES | GLOBAL_ROUTES | SELF_ROUTES:
+            continue
+        missing = [name for name in params if name not in RESOURCE_MAKERS]
+        assert params and not missing, f"{path}: add its parameters to RESOURCE_MAKERS or classify the route"
+
+
+def test_other_organization_gets_404_on_every_resource_route(app, client: TestClient, tenant: Tenant, other_tenant: Tenant) -> None:  # type: ignore[no-untyped-def]
+    checked = 0
+    for method, path in api_routes(app):
+        params = re.findall(r"{(\w+)}", path)
+        if not params or path in GLOBAL_ROUTES:
+            continue
+        url = path
+        for name in params:
+            url = url.replace("{" + name + "}", RESOURCE_MAKERS[name](client, tenant))
+        owner_sees = client.request(method, url, headers=tenant.headers("admin"), json={})
+        intruder = client.request(method, url, headers=other_tenant.headers("admin"), json={})
+        assert intruder.status_code == 404, f"{method} {path}: {intruder.status_code} {intruder.text}"
+        assert owner_sees.status_code != 404, f"{method} {path} should exist for its owner"
+        checked += 1
+    assert checked >= 2
+
+
+def test_lists_show_only_the_callers_resources(client: TestClient, tenant: Tenant, other_tenant: Tenant) -> None:
+    for path in sorted(SELF_ROUTES):
+        mine = client.get(path, headers=tenant.headers("admin"))
+        theirs = client.get(path, headers=other_tenant.headers("admin"))
+        assert mine.status_code == theirs.status_code == 200, (path, mine.text, theirs.text)
+        assert tenant.organization_id not in theirs.text
+        for key_id in tenant.key_ids.values():
+            assert key_id not in theirs.text, path
+
+
+@pytest.mark.parametrize("role", ["admin", "developer", "viewer"])
+def test_organization_route_answers_with_the_callers_organization(client: TestClient, tenant: Tenant, role: str) -> None:
+    assert client.get("/v1/organization", headers=tenant.headers(role)).json()["id"] == tenant.organization_id
