@@ -43,7 +43,9 @@ def run_migrations_online() -> None:
 
 
 if context.is_offline_mode():
-    context.configure(url=config.get_main_option("sqlalchemy.url") or get_settings().database, target_metadata=target_metadata)
+    context.configure(
+        url=config.get_main_option("sqlalchemy.url") or get_settings().database, target_metadata=target_metadata
+    )
     with context.begin_transaction():
         context.run_migrations()
 else:

@@ -105,7 +105,9 @@ def empty_database_url(backend: str, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="session")
-def settings(backend: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Settings]:
+def settings(
+    backend: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Settings]:
     """Process settings for the whole session, exported as MINT_* for subprocesses."""
     home: Path = tmp_path_factory.mktemp("mint-home")
     env = {"MINT_HOME": str(home), "HF_HUB_OFFLINE": "1"}

@@ -62,7 +62,13 @@ def test_app_configuration_follows_settings(prepared: Settings) -> None:
     if prepared.broker.startswith("redis://"):
         assert app.conf.broker_transport_options["visibility_timeout"] == prepared.visibility_timeout_s
     queues = {queue.name for queue in app.conf.task_queues}
-    assert {training_queue("tiny-glm-moe"), training_queue("smollm2-135m-instruct"), EVALS_QUEUE, SERVING_QUEUE, SYSTEM_QUEUE} <= queues
+    assert {
+        training_queue("tiny-glm-moe"),
+        training_queue("smollm2-135m-instruct"),
+        EVALS_QUEUE,
+        SERVING_QUEUE,
+        SYSTEM_QUEUE,
+    } <= queues
     assert app.conf.broker_url == prepared.broker
 
 

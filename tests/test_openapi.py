@@ -45,6 +45,8 @@ def test_no_server_errors_on_random_requests(app: FastAPI, fuzz_tenant: Tenant) 
         @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         def no_5xx(case) -> None:  # type: ignore[no-untyped-def]
             response = case.call(headers=fuzz_tenant.headers("admin"))
-            assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.status_code} {response.text}"
+            assert response.status_code < 500, (
+                f"{case.method} {case.formatted_path}: {response.status_code} {response.text}"
+            )
 
         no_5xx()

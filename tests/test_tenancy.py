@@ -41,7 +41,9 @@ def test_every_route_is_classified(app) -> None:  # type: ignore[no-untyped-def]
         assert params and not missing, f"{path}: add its parameters to RESOURCE_MAKERS or classify the route"
 
 
-def test_other_organization_gets_404_on_every_resource_route(app, client: TestClient, tenant: Tenant, other_tenant: Tenant) -> None:  # type: ignore[no-untyped-def]
+def test_other_organization_gets_404_on_every_resource_route(
+    app, client: TestClient, tenant: Tenant, other_tenant: Tenant
+) -> None:  # type: ignore[no-untyped-def]
     checked = 0
     for method, path in api_routes(app):
         params = re.findall(r"{(\w+)}", path)
@@ -69,5 +71,7 @@ def test_lists_show_only_the_callers_resources(client: TestClient, tenant: Tenan
 
 
 @pytest.mark.parametrize("role", ["admin", "developer", "viewer"])
-def test_organization_route_answers_with_the_callers_organization(client: TestClient, tenant: Tenant, role: str) -> None:
+def test_organization_route_answers_with_the_callers_organization(
+    client: TestClient, tenant: Tenant, role: str
+) -> None:
     assert client.get("/v1/organization", headers=tenant.headers(role)).json()["id"] == tenant.organization_id

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-
 revision: str = "0001"
 down_revision: str | None = None
 branch_labels: str | Sequence[str] | None = None
@@ -484,7 +483,6 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("trajectories", schema=None) as batch_op:
         batch_op.create_index("ix_trajectories_run_passed", ["eval_run_id", "passed"], unique=False)
-
 
 
 def downgrade() -> None:

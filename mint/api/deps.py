@@ -70,5 +70,4 @@ def _touch(session: Session, principal: Principal) -> None:
         key.last_used_at = now
 
 
-
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Query
+from fastapi import Path, Query
 from pydantic import BaseModel
 
-from mint.schemas.common import Page
+from mint.schemas.common import ID_PATTERN, Page
 from mint.storage.queries import MAX_PAGE_SIZE, PageResult
 
 WireT = TypeVar("WireT", bound=BaseModel)
 
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="Page size.")]
+After = Annotated[
+    str | None, Query(max_length=100, pattern=ID_PATTERN, description="Cursor: the last id of the previous page.")
+]
+
+
+def id_path(description: str) -> Any:
+    """A path parameter holding a resource id or name (validated before any query)."""
+    return Path(max_length=100, pattern=ID_PATTERN, description=description)
 
 
 def page_of(result: PageResult[Any], wire: type[WireT]) -> Page[WireT]:

@@ -52,7 +52,11 @@ def init_command(
     result = initialize(get_settings(), organization_name=org)
     if as_json:
         emit_one(
-            {"organization_id": result.organization_id, "organization": result.organization_name, "key": result.admin_key},
+            {
+                "organization_id": result.organization_id,
+                "organization": result.organization_name,
+                "key": result.admin_key,
+            },
             as_json=True,
         )
         return
@@ -163,4 +167,3 @@ def workers_list(as_json: JsonOpt = False) -> None:
             for w in list_workers(session)
         ]
     emit(rows, ["id", "base_model", "queues", "pid", "started_at", "last_seen_at"], as_json=as_json, title="workers")
-

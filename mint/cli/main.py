@@ -12,7 +12,9 @@ from mint.cli import processes
 from mint.cli.admin import admin
 from mint.cli.output import errors as stderr
 
-app = typer.Typer(name="mint", help="Mint: post-train and serve LoRA adapters on your own base models.", no_args_is_help=True)
+app = typer.Typer(
+    name="mint", help="Mint: post-train and serve LoRA adapters on your own base models.", no_args_is_help=True
+)
 app.command("api")(processes.api)
 app.command("worker")(processes.worker)
 app.command("beat")(processes.beat)

@@ -65,7 +65,19 @@ def worker(
     chosen = worker_queues(base, queues, bases)
     node = name or (f"train-{base}@%h" if base else "mint@%h")
     celery_app.worker_main(
-        ["worker", "-Q", ",".join(chosen), "-n", node, "--pool", "solo", "--loglevel", loglevel, "--without-gossip", "--without-mingle"]
+        [
+            "worker",
+            "-Q",
+            ",".join(chosen),
+            "-n",
+            node,
+            "--pool",
+            "solo",
+            "--loglevel",
+            loglevel,
+            "--without-gossip",
+            "--without-mingle",
+        ]
     )
 
 
@@ -95,7 +107,9 @@ def up(
     ]
     try:
         _wait_ready(settings, children)
-        console.print(f"[bold green]Mint is up[/bold green] at {settings.api_url}  (API reference: {settings.api_url}/docs)")
+        console.print(
+            f"[bold green]Mint is up[/bold green] at {settings.api_url}  (API reference: {settings.api_url}/docs)"
+        )
         if key_file.exists():
             console.print(f"Admin API key of organization {result.organization_name!r}: {key_file}")
         console.print("Ctrl-C stops the API, the worker and beat.")

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mint.schemas.common import WireModel
+from mint.schemas.common import Label, WireModel
 
 Role = Literal["admin", "developer", "viewer"]
 
@@ -21,7 +21,7 @@ class OrganizationPublic(WireModel):
 class ApiKeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200, description="A label for people, e.g. `ci-pipeline`.")
+    name: Label = Field(description="A label for people, e.g. `ci-pipeline`.")
     role: Role = Field(default="developer", description="admin | developer | viewer.")
     expires_in_days: int | None = Field(
         default=None, ge=1, le=3650, description="Days until the key stops working; never if omitted."

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Generic, Literal, TypeVar
+from typing import Annotated, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 T = TypeVar("T")
+
+# Resource ids and names as they appear in URLs: no control characters (PostgreSQL refuses
+# NUL in text, and nothing legitimate needs them), no spaces, no slashes.
+ID_PATTERN = r"^[A-Za-z0-9_.:@-]+$"
+# Labels people type (key names, descriptions' titles): any printable text.
+LABEL_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+
+Label = Annotated[str, Field(min_length=1, max_length=200, pattern=LABEL_PATTERN)]
 
 
 class WireModel(BaseModel):

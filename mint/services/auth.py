@@ -9,6 +9,7 @@ the same key works for Mint's REST API, the SDK, the CLI and Tinker clients.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -17,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, Unauthenticated
+from mint.schemas.common import LABEL_PATTERN
 from mint.services.audit import record_audit
 from mint.storage.queries import get_owned, owned_by
 from mint.storage.tables import ROLES, ApiKey, Organization, as_utc, new_id, utcnow
@@ -66,8 +68,8 @@ def generate_key() -> str:
 
 def create_organization(session: Session, *, name: str) -> Organization:
     name = name.strip()
-    if not name:
-        raise InvalidRequest("An organization needs a non-empty name.", param="name")
+    if not re.fullmatch(LABEL_PATTERN, name) or len(name) > 200:
+        raise InvalidRequest("An organization needs a name of 1-200 printable characters.", param="name")
     if session.execute(select(Organization).where(Organization.name == name)).scalar_one_or_none():
         raise Conflict(f"An organization named {name!r} already exists; choose another name.", param="name")
     org = Organization(id=new_id("org"), name=name)
@@ -82,9 +84,10 @@ def list_organizations(session: Session) -> list[Organization]:
 
 
 def find_organization(session: Session, name_or_id: str) -> Organization:
-    row = session.get(Organization, name_or_id) or session.execute(
-        select(Organization).where(Organization.name == name_or_id)
-    ).scalar_one_or_none()
+    row = (
+        session.get(Organization, name_or_id)
+        or session.execute(select(Organization).where(Organization.name == name_or_id)).scalar_one_or_none()
+    )
     if row is None:
         raise NotFound(f"No organization named or with id {name_or_id!r}; `mint admin orgs list` shows them.")
     return row
@@ -158,4 +161,3 @@ def authenticate(session: Session, secret: str | None, *, now: datetime | None =
     if key.expires_at is not None and as_utc(key.expires_at) <= now:
         raise Unauthenticated(f"The API key {key.prefix}... expired at {key.expires_at:%Y-%m-%d %H:%M} UTC.")
     return Principal(organization_id=key.organization_id, key_id=key.id, role=key.role, name=key.name)
-

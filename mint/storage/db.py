@@ -7,8 +7,8 @@ PostgreSQL gets a pre-ping pool so that a restarted server costs one retry, not 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any

@@ -23,7 +23,7 @@ MAX_PAGE_SIZE = 100
 def get_owned(session: Session, model: type[RowT], resource_id: str, *, organization_id: str, noun: str) -> RowT:
     """Load `model` by primary key if it belongs to `organization_id`; else NotFound."""
     row = session.get(model, resource_id)
-    if row is None or getattr(row, "organization_id") != organization_id:
+    if row is None or row.organization_id != organization_id:
         raise NotFound(f"No {noun} with id {resource_id!r} in this organization.", param="id")
     return row
 

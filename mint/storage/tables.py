@@ -280,7 +280,10 @@ class Trajectory(Base):
     """Everything one task did in one eval run: messages, tool calls, output and cost."""
 
     __tablename__ = "trajectories"
-    __table_args__ = (UniqueConstraint("eval_run_id", "task_id"), Index("ix_trajectories_run_passed", "eval_run_id", "passed"))
+    __table_args__ = (
+        UniqueConstraint("eval_run_id", "task_id"),
+        Index("ix_trajectories_run_passed", "eval_run_id", "passed"),
+    )
 
     id: Mapped[str] = _id()
     eval_run_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("eval_runs.id"))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter
 
 from mint.api.deps import CurrentPrincipal, SessionDep
-from mint.api.pagination import Limit, page_of
+from mint.api.pagination import After, Limit, id_path, page_of
 from mint.schemas.auth import ApiKeyCreate, ApiKeyCreated, ApiKeyPublic
 from mint.schemas.common import Page
 from mint.services import auth
@@ -16,7 +16,7 @@ from mint.storage.tables import ApiKey
 
 router = APIRouter(prefix="/v1/api_keys", tags=["api keys"])
 
-KeyId = Annotated[str, Path(max_length=100, description="The key's id, e.g. `key_...`.")]
+KeyId = Annotated[str, id_path("The key's id, e.g. `key_...`.")]
 
 
 @router.post("", response_model=ApiKeyCreated, status_code=201)
@@ -32,7 +32,7 @@ def create_api_key(body: ApiKeyCreate, session: SessionDep, principal: CurrentPr
 def list_api_keys(
     session: SessionDep,
     principal: CurrentPrincipal,
-    after: Annotated[str | None, Query(max_length=100)] = None,
+    after: After = None,
     limit: Limit = 20,
 ) -> Page[ApiKeyPublic]:
     """Keys of this organization, newest first, with their prefix, never the secret."""

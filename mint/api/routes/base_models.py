@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter
 
 from mint.api.deps import CurrentPrincipal, SessionDep
+from mint.api.pagination import id_path
 from mint.schemas.base_models import BaseModelPublic
 from mint.services.base_models import get_base_model, list_base_models
 from mint.storage.tables import BaseModelRow
@@ -26,6 +27,6 @@ def list_bases(session: SessionDep, _: CurrentPrincipal) -> list[BaseModelPublic
 
 @router.get("/{name}", response_model=BaseModelPublic)
 def get_base(
-    name: Annotated[str, Path(max_length=100)], session: SessionDep, _: CurrentPrincipal
+    name: Annotated[str, id_path("The base model's name.")], session: SessionDep, _: CurrentPrincipal
 ) -> BaseModelPublic:
     return _public(get_base_model(session, name))

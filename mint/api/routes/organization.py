@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 from sqlalchemy import select
 
 from mint.api.deps import CurrentPrincipal, SessionDep
-from mint.api.pagination import Limit, page_of
+from mint.api.pagination import After, Limit, page_of
 from mint.schemas.auth import AuditEntryPublic, OrganizationPublic
 from mint.schemas.common import Page
 from mint.schemas.usage import UsageLine, UsageSummary
+from mint.services.usage import usage_summary
 from mint.storage.queries import owned_by, paginate
 from mint.storage.tables import AuditLog, Organization
-from mint.services.usage import usage_summary
 
 router = APIRouter(prefix="/v1", tags=["organization"])
 
@@ -31,7 +30,7 @@ def get_organization(session: SessionDep, principal: CurrentPrincipal) -> Organi
 def list_audit_log(
     session: SessionDep,
     principal: CurrentPrincipal,
-    after: Annotated[str | None, Query(max_length=100)] = None,
+    after: After = None,
     limit: Limit = 20,
 ) -> Page[AuditEntryPublic]:
     """Changes to keys, deployments and other audited resources, newest first (admin keys)."""
