@@ -41,6 +41,19 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"mint backend: {config.getoption('--backend')}"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On the services pass, leave out tests marked `backend_free` (models, trainer, the
+    object-store contract that tests both stores itself): they touch no database or broker
+    and already ran in the embedded pass, so running them twice would only cost time."""
+    if config.getoption("--backend") != "services":
+        return
+    kept = [item for item in items if item.get_closest_marker("backend_free") is None]
+    deselected = [item for item in items if item.get_closest_marker("backend_free") is not None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

