@@ -89,3 +89,14 @@ def test_up_starts_the_platform_on_embedded_defaults(tmp_path: Path) -> None:
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=60)
+
+
+def test_models_pull_caches_a_base_as_safetensors(tmp_path: Path) -> None:
+    env = {**os.environ, "MINT_HOME": str(tmp_path / "home")}
+    result = mint("admin", "models", "pull", "tiny-glm-moe", env=env)
+    folder = tmp_path / "home" / "models" / "tiny-glm-moe"
+    assert str(folder) in result.stdout.replace("\n", "")
+    assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
+    assert not list(folder.glob("*.bin")) and not list(folder.glob("*.pt"))
+    unknown = mint("admin", "models", "pull", "no-such-base", env=env, check=False)
+    assert unknown.returncode == 3 and "tiny-glm-moe" in unknown.stderr, unknown.stderr  # names the known bases
