@@ -100,3 +100,13 @@ def test_models_pull_caches_a_base_as_safetensors(tmp_path: Path) -> None:
     assert not list(folder.glob("*.bin")) and not list(folder.glob("*.pt"))
     unknown = mint("admin", "models", "pull", "no-such-base", env=env, check=False)
     assert unknown.returncode == 3 and "tiny-glm-moe" in unknown.stderr, unknown.stderr  # names the known bases
+
+
+def test_admin_on_an_uninitialized_or_unreachable_database_says_what_to_do(tmp_path: Path) -> None:
+    fresh = {k: v for k, v in os.environ.items() if not k.startswith("MINT_")} | {"MINT_HOME": str(tmp_path)}
+    empty = mint("admin", "orgs", "list", env=fresh, check=False)
+    assert empty.returncode == 1 and "mint admin init" in empty.stderr
+    down = mint(
+        "admin", "orgs", "list", env=fresh | {"MINT_DATABASE_URL": "postgresql+psycopg://u@127.0.0.1:1/x"}, check=False
+    )
+    assert down.returncode == 7 and "MINT_DATABASE_URL" in down.stderr

@@ -35,6 +35,17 @@ def _key_row(key: Any) -> dict[str, Any]:
     return {column: getattr(key, column) for column in KEY_COLUMNS}
 
 
+# Commands that work on an empty or unreachable database, or need none.
+NEEDS_NO_SCHEMA = {"init", "migrate", "models"}
+
+
+@admin.callback()
+def require_schema(ctx: typer.Context) -> None:
+    """Operator commands act on the database named by MINT_DATABASE_URL (or MINT_HOME)."""
+    if ctx.invoked_subcommand not in NEEDS_NO_SCHEMA:
+        migrate.require_schema(get_settings().database)
+
+
 @admin.command("migrate")
 def migrate_command() -> None:
     """Upgrade the database schema to the latest migration and sync the base registry."""

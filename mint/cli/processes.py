@@ -61,7 +61,7 @@ def worker(
     from mint.schemas.base_models import load_registry
     from mint.worker.app import celery_app
 
-    bases = sorted(load_registry(get_settings().model_configs_dir))
+    bases = sorted(name for name, spec in load_registry(get_settings().model_configs_dir).items() if spec.enabled)
     chosen = worker_queues(base, queues, bases)
     node = name or (f"train-{base}@%h" if base else "mint@%h")
     celery_app.worker_main(
@@ -100,11 +100,9 @@ def up(
     key_file = settings.home / ADMIN_KEY_FILE
     if result.admin_key is not None:
         _write_secret(key_file, result.admin_key)
-    children = [
-        _spawn("api"),
-        _spawn("worker"),
-        _spawn("beat"),
-    ]
+    # SIGTERM (a service manager, `timeout`, `make` interrupted) stops the children too.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    children = [_spawn("api"), _spawn("worker"), _spawn("beat")]
     try:
         _wait_ready(settings, children)
         console.print(
@@ -122,8 +120,22 @@ def up(
         _stop(children)
 
 
+def _raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGTERM when `mint up` dies, even by
+    SIGKILL, so that no orphaned API, worker or beat outlives it."""
+    if sys.platform == "linux":
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _spawn(command: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "mint", command], env=os.environ.copy())
+    return subprocess.Popen([sys.executable, "-m", "mint", command], env=os.environ.copy(), preexec_fn=_die_with_parent)
 
 
 def _wait_ready(settings: Settings, children: list[subprocess.Popen[bytes]]) -> None:

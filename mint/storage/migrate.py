@@ -10,8 +10,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy.exc import OperationalError
 
 from mint.config import PROJECT_ROOT
+from mint.errors import ConfigurationError, ServiceUnavailable
 from mint.storage.db import get_engine
 from mint.storage.tables import Base
 
@@ -45,6 +47,22 @@ def _run(operation: Any, database_url: str, revision: str) -> None:
 def current_revision(database_url: str) -> str | None:
     with get_engine(database_url).connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()
+
+
+def require_schema(database_url: str) -> None:
+    """Raise a clear error unless the database is reachable and migrated to head."""
+    try:
+        current = current_revision(database_url)
+    except OperationalError as exc:
+        raise ServiceUnavailable(f"Cannot reach the database: {exc.orig}. Check MINT_DATABASE_URL.") from exc
+    if current is None:
+        raise ConfigurationError(
+            "The database has no Mint schema yet: run `mint admin init` (or `mint admin migrate`)."
+        )
+    if current != head_revision():
+        raise ConfigurationError(
+            f"The database is at migration {current}, this Mint expects {head_revision()}: run `mint admin migrate`."
+        )
 
 
 def head_revision() -> str | None:

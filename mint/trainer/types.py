@@ -1,0 +1,196 @@
+"""The trainer's vocabulary, in Tinker's words: data in, options, and results out.
+
+Plain pydantic models over lists of ints and floats, validated once when built, so that the
+worker, the Tinker-compatible routes and the recipes share one set of types. No torch here:
+a process that only describes work (the API, the SDK) can import this module.
+
+A `Datum` is one sequence for one forward pass. Its `loss_fn_inputs` are per position, each
+as long as `model_input`:
+
+- `target_tokens` (int): the token the model should predict at each input position, i.e. the
+  input shifted left by one (a datum's last input position predicts its first token after).
+- `weights` (float): how much each position counts in `cross_entropy` and `dpo` (0 on prompts).
+- `logprobs` (float): logprobs of `target_tokens` under the policy that sampled them
+  (`importance_sampling`, `ppo`).
+- `advantages` (float): the advantage of each sampled token (0 on prompts).
+- `ref_logprobs` (float): reference-model logprobs for `dpo`; computed by the session with the
+  adapter disabled when absent.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+StopReason = Literal["length", "stop"]
+
+# loss_fn_inputs keys and whether each holds token ids; anything else is refused, so that a
+# misspelt key ("advantage") fails at once instead of being silently ignored by the loss.
+LOSS_INPUT_KINDS: dict[str, Literal["tokens", "floats"]] = {
+    "target_tokens": "tokens",
+    "weights": "floats",
+    "logprobs": "floats",
+    "advantages": "floats",
+    "ref_logprobs": "floats",
+}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Datum(_Frozen):
+    """One sequence: input token ids and per-position loss inputs of the same length."""
+
+    model_input: list[int] = Field(min_length=1, description="Input token ids.")
+    loss_fn_inputs: dict[str, list[int] | list[float]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Datum:
+        length = len(self.model_input)
+        for key, values in self.loss_fn_inputs.items():
+            kind = LOSS_INPUT_KINDS.get(key)
+            if kind is None:
+                raise ValueError(f"unknown loss_fn_inputs key {key!r}; known: {', '.join(sorted(LOSS_INPUT_KINDS))}")
+            if len(values) != length:
+                raise ValueError(
+                    f"loss_fn_inputs[{key!r}] has {len(values)} values but model_input has {length} tokens; "
+                    "every loss input is per position"
+                )
+            if kind == "tokens" and not all(isinstance(value, int) for value in values):
+                raise ValueError(f"loss_fn_inputs[{key!r}] must hold integer token ids")
+        return self
+
+    @property
+    def length(self) -> int:
+        return len(self.model_input)
+
+    @property
+    def target_tokens(self) -> list[int]:
+        """The next-token targets; a datum without them cannot be scored."""
+        targets = self.loss_fn_inputs.get("target_tokens")
+        if targets is None:
+            raise ValueError("this datum has no loss_fn_inputs['target_tokens']")
+        return [int(token) for token in targets]
+
+
+class LoraOptions(_Frozen):
+    """What one session's adapter adapts, as Tinker's `LoraConfig` plus Mint's expert switch.
+
+    `None` takes the base's default (its registry `lora:` block). The switches pick targets
+    from the base model's structure (see `mint.trainer.lora`); `target_modules` and
+    `target_parameters`, when given, replace what the switches would pick for modules
+    (attention, dense MLPs, unembedding) and for parameters (fused experts, MLPs of MoE bases).
+    """
+
+    rank: int | None = Field(default=None, ge=1, le=1024)
+    # None keeps the base's alpha/rank ratio, so a new rank keeps the same update scale.
+    alpha: float | None = Field(default=None, gt=0)
+    dropout: float | None = Field(default=None, ge=0.0, lt=1.0)
+    train_attn: bool = True
+    train_mlp: bool = Field(default=True, description="Dense and shared-expert MLPs (the router is never adapted).")
+    train_unembed: bool = True
+    train_experts: bool = Field(default=True, description="Routed experts' fused weights (MoE bases only).")
+    seed: int | None = Field(default=None, ge=0, description="Seeds LoRA A's init: the same seed, the same adapter.")
+    target_modules: list[str] | None = None
+    target_parameters: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LoraOptions:
+        # peft's parameter wrapper has no dropout path and refuses lora_dropout > 0.
+        if self.target_parameters and self.dropout:
+            raise ValueError(
+                "dropout must be 0 when target_parameters are given (peft's parameter LoRA has no dropout)"
+            )
+        if self.target_modules is not None and not all(self.target_modules):
+            raise ValueError("target_modules must not contain empty names")
+        if self.target_parameters is not None and not all(self.target_parameters):
+            raise ValueError("target_parameters must not contain empty names")
+        switches = self.train_attn or self.train_mlp or self.train_unembed or self.train_experts
+        if not switches and not self.target_modules and not self.target_parameters:
+            raise ValueError("nothing to train: turn on one of train_attn/train_mlp/train_unembed/train_experts")
+        return self
+
+
+class AdamParams(_Frozen):
+    """Per-step AdamW hyperparameters, with Tinker's defaults."""
+
+    learning_rate: float = Field(default=1e-4, ge=0.0)
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
+    eps: float = Field(default=1e-12, gt=0.0)
+    # Decoupled: each step multiplies the weights by (1 - learning_rate * weight_decay).
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    # Largest global gradient norm; 0 means no clipping.
+    grad_clip_norm: float = Field(default=0.0, ge=0.0)
+
+
+class SamplingParams(_Frozen):
+    """How to sample. `stop=None` stops at the model's end-of-sequence tokens; a list replaces them
+    (token ids, or strings checked on the decoded text); `[]` never stops before `max_tokens`."""
+
+    max_tokens: int | None = Field(default=None, ge=1, description="None: up to the base's context length.")
+    temperature: float = Field(default=1.0, ge=0.0, description="0 samples greedily.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, description="-1: no limit.")
+    stop: list[int] | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_string(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_strings(cls, value: list[int] | list[str] | None) -> list[int] | list[str] | None:
+        if value and any(isinstance(item, str) and not item for item in value):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        if value != -1 and value < 1:
+            raise ValueError("top_k must be -1 (no limit) or at least 1")
+        return value
+
+
+class SampledSequence(_Frozen):
+    """Generated tokens and their logprobs under the model's own (temperature 1) distribution.
+
+    The token that stopped the sequence (a stop token id, or the token that completed a stop
+    string) is included.
+    """
+
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: StopReason
+
+    @model_validator(mode="after")
+    def _aligned(self) -> SampledSequence:
+        if len(self.tokens) != len(self.logprobs):
+            raise ValueError("tokens and logprobs must have the same length")
+        return self
+
+
+def check_metric_name(name: str) -> str:
+    """Tinker's rule: a metric key is `name:reduction`, with exactly one ':' (e.g. `loss:sum`)."""
+    if name.count(":") != 1 or name.startswith(":") or name.endswith(":"):
+        raise ValueError(f"metric key {name!r} must have exactly one ':' between a name and a reduction, e.g. 'x:mean'")
+    return name
+
+
+class ForwardOutput(_Frozen):
+    """Per-datum logprobs of the target tokens, and metrics such as `loss:sum`."""
+
+    logprobs: list[list[float]]
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("metrics")
+    @classmethod
+    def _metric_names(cls, metrics: dict[str, float]) -> dict[str, float]:
+        for name in metrics:
+            check_metric_name(name)
+        return metrics
