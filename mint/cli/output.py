@@ -10,8 +10,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
-errors = Console(stderr=True)
+# soft_wrap: never break a message or a path across lines when output goes to a pipe or a file.
+console = Console(soft_wrap=True)
+errors = Console(stderr=True, soft_wrap=True)
 
 
 def _cell(value: Any) -> str:
