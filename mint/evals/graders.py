@@ -186,7 +186,7 @@ def grader_types() -> list[str]:
     return sorted(_GRADERS)
 
 
-def _describe(exc: ValidationError, prefix: str, model: type[BaseModel]) -> tuple[str, str]:
+def _describe(exc: ValidationError, prefix: str, model: type[BaseModel]) -> tuple[str, str | None]:
     """The first validation error as `grader prefix.field: message` with the fix, and the path for `param`."""
     error = exc.errors()[0]
     path = ".".join([prefix, *(str(part) for part in error["loc"])]).strip(".")
@@ -197,7 +197,7 @@ def _describe(exc: ValidationError, prefix: str, model: type[BaseModel]) -> tupl
         message = f"is not an option here; the options are: {options}"
     else:
         message = str(error["msg"]).removeprefix("Value error, ")
-    return f"grader {path}: {message}", path
+    return (f"grader {path}: {message}", path) if path else (f"grader: {message}", None)
 
 
 class GraderSpec(BaseModel):
@@ -423,7 +423,7 @@ def check_json_schema(schema: Any, path: str = "json_schema", depth: int = 0) ->
             f"{', '.join(sorted(_SCHEMA_KEYWORDS))}"
         )
     types = schema.get("type", [])
-    for name in [types] if isinstance(types, str) else types:
+    for name in [types] if isinstance(types, str) else types if isinstance(types, list) else [types]:
         if name not in _SCHEMA_TYPES:
             raise ValueError(f"{path}.type: {name!r} is not one of {', '.join(sorted(_SCHEMA_TYPES))}")
     if "enum" in schema and not (isinstance(schema["enum"], list) and schema["enum"]):
@@ -591,7 +591,8 @@ def _decimal(text: str) -> Decimal | None:
 def _reference_number(reference: Any) -> Decimal:
     number: Decimal | None = None
     if isinstance(reference, int | float) and not isinstance(reference, bool):
-        number = Decimal(reference) if math.isfinite(reference) else None
+        # repr, not the binary value: a reference of 0.1 means the decimal 0.1.
+        number = Decimal(repr(reference)) if math.isfinite(reference) else None
     elif isinstance(reference, str) and _NUMBER.fullmatch(reference.strip()):
         number = _decimal(reference.strip())
     if number is None:
