@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -119,5 +118,4 @@ def write_sampler_weights(peft_model: Any, adapter_name: str, folder: Path) -> P
         saved = Path(scratch) / adapter_name if adapter_name != "default" else Path(scratch)
         for name in SAMPLER_FILES:
             os.replace(saved / name, folder / name)
-        shutil.rmtree(scratch, ignore_errors=True)
     return folder

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -31,7 +31,7 @@ import torch
 from peft import LoraConfig
 from torch import nn
 
-from mint.errors import InvalidRequest, MintError
+from mint.errors import Conflict, InvalidRequest, MintError
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer.types import LoraOptions
 
@@ -110,12 +110,16 @@ def _matches(name: str, target: str) -> bool:
 def _suffix_targets(wanted: Iterable[str], universe: Iterable[str], *, min_segments: int = 1) -> tuple[str, ...]:
     """The shortest name suffixes that match every wanted name and nothing else in `universe`."""
     wanted_set, universe_list = set(wanted), list(universe)
+    # Many wanted names share a suffix (q_proj in every layer): judge each suffix once.
+    exact: dict[str, bool] = {}
     targets: set[str] = set()
     for name in sorted(wanted_set):
         segments = name.split(".")
         for size in range(min(min_segments, len(segments)), len(segments) + 1):
             suffix = ".".join(segments[-size:])
-            if all(other in wanted_set for other in universe_list if _matches(other, suffix)):
+            if suffix not in exact:
+                exact[suffix] = all(other in wanted_set for other in universe_list if _matches(other, suffix))
+            if exact[suffix]:
                 targets.add(suffix)
                 break
     return tuple(sorted(targets))
@@ -170,6 +174,22 @@ def plan_targets(options: LoraOptions, spec: BaseModelSpec, catalogue: TargetCat
             param="lora",
         )
     return LoraTargets(target_modules, target_parameters, modules, parameters)
+
+
+def check_same_parameter_targets(targets: LoraTargets, others: Mapping[str, LoraTargets]) -> None:
+    """peft 0.21 nests parameter wrappers per adapter and needs every adapter on a model that adapts
+    parameters to adapt the same set; say so (Conflict) before peft fails halfway through an injection."""
+    if not targets.target_parameters:
+        return
+    for name, other in others.items():
+        if other.target_parameters and set(other.target_parameters) != set(targets.target_parameters):
+            raise Conflict(
+                "on one base, sessions that adapt parameters must adapt the same ones (a peft limit): "
+                f"session {name!r} adapts {list(other.target_parameters)}, "
+                f"these options {list(targets.target_parameters)}; "
+                "use the same train_mlp/train_experts switches, or turn both off",
+                param="lora",
+            )
 
 
 def build_lora_config(options: LoraOptions, spec: BaseModelSpec, targets: LoraTargets) -> LoraConfig:

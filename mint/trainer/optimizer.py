@@ -70,19 +70,24 @@ class AdapterOptimizer:
             if kind not in _STATE_KEYS or name not in self._parameters:
                 raise InvalidRequest(f"optimizer state names an unknown parameter or kind: {key!r}", param="state")
             by_parameter.setdefault(name, {})[kind] = tensor
-        self._adamw.state.clear()
+        restored: dict[nn.Parameter, dict[str, torch.Tensor]] = {}
         for name, state in by_parameter.items():
             parameter = self._parameters[name]
-            if set(state) != set(_STATE_KEYS) or state["exp_avg"].shape != parameter.shape:
+            if set(state) != set(_STATE_KEYS) or any(
+                state[k].shape != parameter.shape for k in ("exp_avg", "exp_avg_sq")
+            ):
                 raise InvalidRequest(
                     f"optimizer state for {name!r} is incomplete or has the wrong shape", param="state"
                 )
-            self._adamw.state[parameter] = {
+            restored[parameter] = {
                 # torch keeps `step` as a float32 CPU scalar tensor when not capturable.
                 "step": state["step"].to(torch.float32).reshape(()).clone(),
                 "exp_avg": state["exp_avg"].to(parameter.device, parameter.dtype).clone(),
                 "exp_avg_sq": state["exp_avg_sq"].to(parameter.device, parameter.dtype).clone(),
             }
+        # Swapped in only once every tensor checked out: a bad checkpoint leaves the state as it was.
+        self._adamw.state.clear()
+        self._adamw.state.update(restored)
 
     def memory_bytes(self) -> int:
         """Bytes held by the moments."""

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from mint.trainer.packing import token_logprobs
 from mint.trainer.types import SampledSequence, SamplingParams
+
+# Extra tokens decoded before a stop string's span, so that a multi-byte character cut at the
+# tail's start cannot hide a match.
+_TAIL_MARGIN_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,31 @@ class StopRule:
             frozenset(item for item in stop if isinstance(item, int)),
             tuple(item for item in stop if isinstance(item, str)),
         )
+
+    def matches_text(self, tokens: list[int], decode: Callable[[list[int]], str]) -> bool:
+        """Whether the text of `tokens` now contains a stop string.
+
+        Checked after every token, so a new match ends at the newest token: decoding a tail a
+        few tokens longer than the longest stop string (a token is at least one character)
+        is enough, and keeps the check linear in the sequence length.
+        """
+        if not self.strings:
+            return False
+        tail = tokens[-(max(len(s) for s in self.strings) + _TAIL_MARGIN_TOKENS) :]
+        text = decode(tail)
+        return any(s in text for s in self.strings)
+
+
+def end_of_sequence_ids(tokenizer: Any, model: nn.Module) -> tuple[int, ...]:
+    """The tokens that end a sequence by default: the tokenizer's EOS and the generation config's."""
+    ids: set[int] = set()
+    generation_config = getattr(model, "generation_config", None)
+    for value in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(item) for item in value)
+    return tuple(sorted(ids))
 
 
 def _generator(seed: int | None, device: torch.device) -> torch.Generator:
@@ -82,8 +112,9 @@ def generate(
     device = model.get_input_embeddings().weight.device
     generator = _generator(params.seed, device)
     prompt_1_P = torch.tensor([list(prompt_tokens)], dtype=torch.long, device=device)
-    output = model(input_ids=prompt_1_P, use_cache=True)
-    cache = output.past_key_values
+    # logits_to_keep=1: only the last prompt position's logits are needed, not a (P, V) table.
+    output = model(input_ids=prompt_1_P, use_cache=True, logits_to_keep=1)
+    cache = output.cache
     # One prefill for all rows: repeat the prompt's cache and last logits num_samples times.
     cache.batch_repeat_interleave(num_samples)
     logits_B_V = output.logits[:, -1].expand(num_samples, -1)
@@ -100,12 +131,12 @@ def generate(
                 continue
             tokens[row].append(token)
             logprobs[row].append(logprob)
-            if token in stop.token_ids or (stop.strings and any(s in decode(tokens[row]) for s in stop.strings)):
+            if token in stop.token_ids or stop.matches_text(tokens[row], decode):
                 done[row] = stopped[row] = True
         if all(done) or step + 1 == max_new_tokens:
             break
         position_B_1 = torch.full((num_samples, 1), len(prompt_tokens) + step, dtype=torch.long, device=device)
-        output = model(input_ids=next_B.unsqueeze(-1), position_ids=position_B_1, past_key_values=cache, use_cache=True)
+        output = model(input_ids=next_B.unsqueeze(-1), position_ids=position_B_1, cache=cache, use_cache=True)
         logits_B_V = output.logits[:, -1]
     return [
         SampledSequence(tokens=row_tokens, logprobs=row_logprobs, stop_reason="stop" if row_stopped else "length")

@@ -1,0 +1,119 @@
+"""Scoring data under the model as it stands: checks, one packed forward, a loss and its gradient.
+
+Shared by the base (every adapter disabled) and by each session (its adapter active): the caller
+chooses the adapter and holds the lock; this module only turns data into numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from mint.errors import InvalidRequest
+from mint.trainer.losses import Loss
+from mint.trainer.packing import pack, packed_logprobs
+from mint.trainer.types import LOSS_INPUT_KINDS, Datum, ForwardOutput
+
+ReferenceFn = Callable[[list[Datum]], list[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What token ids and lengths a base accepts."""
+
+    context_length: int
+    vocab_in: int
+    vocab_out: int
+
+    @classmethod
+    def of(cls, model: nn.Module, context_length: int) -> ModelLimits:
+        return cls(
+            context_length=context_length,
+            vocab_in=int(model.get_input_embeddings().num_embeddings),
+            vocab_out=int(model.get_output_embeddings().out_features),
+        )
+
+    def check_tokens(self, tokens: Sequence[int], *, vocab: int, where: str) -> None:
+        if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
+            raise InvalidRequest(f"{where} holds token ids outside [0, {vocab})", param=where.split("[")[0])
+
+    def check_prompt(self, prompt: Sequence[int]) -> int:
+        """Refuse a prompt the model cannot continue; returns how many tokens fit after it."""
+        if not prompt:
+            raise InvalidRequest("prompt_tokens is empty", param="prompt_tokens")
+        self.check_tokens(prompt, vocab=self.vocab_in, where="prompt_tokens")
+        room = self.context_length - len(prompt)
+        if room < 1:
+            raise InvalidRequest(
+                f"the prompt has {len(prompt)} tokens and leaves no room in the context of {self.context_length}",
+                param="prompt_tokens",
+            )
+        return room
+
+    def check_data(self, data: Sequence[Datum], loss: Loss | None = None) -> list[Datum]:
+        """Refuse data the model cannot score, or that lack what `loss` needs, naming the datum."""
+        data = list(data)
+        if not data:
+            raise InvalidRequest("data is empty; send at least one datum", param="data")
+        required = {"target_tokens"} | (set(loss.required_inputs) if loss else set())
+        for index, datum in enumerate(data):
+            missing = sorted(required - set(datum.loss_fn_inputs))
+            if missing:
+                needed_by = f" (loss {loss.name!r} needs them)" if loss else ""
+                raise InvalidRequest(f"data[{index}] lacks loss_fn_inputs {missing}{needed_by}", param="data")
+            if datum.length > self.context_length:
+                raise InvalidRequest(
+                    f"data[{index}] has {datum.length} tokens, more than the context length {self.context_length}",
+                    param="data",
+                )
+            self.check_tokens(datum.model_input, vocab=self.vocab_in, where=f"data[{index}].model_input")
+            self.check_tokens(datum.target_tokens, vocab=self.vocab_out, where=f"data[{index}].target_tokens")
+        return data
+
+
+def input_tensors(datum: Datum, device: torch.device) -> dict[str, torch.Tensor]:
+    """A datum's loss inputs as tensors: token ids as int64, everything else as float32."""
+    return {
+        key: torch.tensor(
+            values, dtype=torch.long if LOSS_INPUT_KINDS[key] == "tokens" else torch.float32, device=device
+        )
+        for key, values in datum.loss_fn_inputs.items()
+    }
+
+
+def score(
+    model: nn.Module,
+    data: list[Datum],
+    loss: Loss | None,
+    config: Mapping[str, float],
+    *,
+    backward: bool,
+    reference: ReferenceFn,
+    train_mode: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> ForwardOutput:
+    """Per-datum logprobs of the targets, plus `loss` (and its gradient with `backward`).
+
+    One packed forward. With `backward`, the loss's gradient is added to `.grad` of whatever
+    requires grad (the caller's active adapter only). `reference(data)` gives reference logprobs
+    for losses that need them and were not sent; `train_mode` wraps the forward (LoRA dropout).
+    """
+    device = model.get_input_embeddings().weight.device
+    inputs = [input_tensors(datum, device) for datum in data]
+    if loss is not None and loss.needs_reference and not all("ref_logprobs" in x for x in inputs):
+        for x, ref_T in zip(inputs, reference(data), strict=True):
+            x.setdefault("ref_logprobs", ref_T.float())
+    batch = pack(data, device)
+    with torch.set_grad_enabled(backward), train_mode():
+        logprobs = packed_logprobs(model, batch)
+        metrics = {"tokens:sum": float(sum(batch.lengths))}
+        if loss is not None:
+            value, extra = loss.fn(logprobs, inputs, config)
+            if backward:
+                value.backward()
+            metrics |= {"loss:sum": float(value.detach()), **extra}
+    return ForwardOutput(logprobs=[lp.detach().float().cpu().tolist() for lp in logprobs], metrics=metrics)

@@ -1,0 +1,444 @@
+"""Training sessions: many LoRA adapters, each with its own optimizer, on one resident base.
+
+`ResidentBase` loads a base model once and wraps it as ONE peft model holding many named
+adapters; a `TrainingSession` is one of those adapters with its AdamW state and step count.
+Sessions share the frozen base weights, so each extra session costs its adapter, its gradients
+while they accumulate, and its two Adam moments.
+
+The primitives are Tinker's: `forward`, `forward_backward` (built-in losses by name),
+`forward_backward_custom`, `optim_step`, `save_state` / `load_state`,
+`save_weights_for_sampler` and `sample`. peft keeps one active adapter per model, so every
+primitive takes the base's lock and activates its own adapter first: a process runs one
+primitive at a time.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from mint.errors import Conflict, InvalidRequest, NotFound
+from mint.schemas.base_models import BaseModelSpec
+from mint.trainer import checkpoint, lora
+from mint.trainer.losses import get_loss
+from mint.trainer.models import load_base_model
+from mint.trainer.optimizer import AdapterOptimizer
+from mint.trainer.packing import pack, packed_logprobs
+from mint.trainer.sampling import StopRule, end_of_sequence_ids, generate
+from mint.trainer.scoring import ModelLimits, score
+from mint.trainer.types import (
+    AdamParams,
+    Datum,
+    ForwardOutput,
+    LoraOptions,
+    SampledSequence,
+    SamplingParams,
+    check_metric_name,
+)
+
+CustomLossFn = Callable[[list[Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
+
+# Session ids name peft adapters: they become a segment of parameter names, so no dots.
+_SESSION_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{2,63}$")
+DEFAULT_MAX_SESSIONS = 64
+MAX_SAMPLES_PER_REQUEST = 256
+
+
+def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
+class ResidentBase:
+    """One base model in memory, frozen, carrying the LoRA adapters of many sessions."""
+
+    _shared: dict[tuple[str, str, str, str], ResidentBase] = {}
+    _shared_lock = threading.Lock()
+
+    def __init__(
+        self,
+        spec: BaseModelSpec,
+        cache_dir: Path,
+        *,
+        dtype: str | None = None,
+        device: str = "cpu",
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+    ) -> None:
+        model, tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
+        model.requires_grad_(False)
+        model.eval()
+        self.spec = spec
+        self.model: nn.Module = model
+        self.tokenizer = tokenizer
+        self.max_sessions = max_sessions
+        # Read before any adapter wraps a layer, so names are the base's own.
+        self.catalogue = lora.TargetCatalogue.from_model(model)
+        self._peft: Any = None  # peft.PeftModel once the first session exists
+        self._sessions: dict[str, TrainingSession] = {}
+        self._lock = threading.RLock()
+        self.device = model.get_input_embeddings().weight.device
+        self.limits = ModelLimits.of(model, spec.context_length)
+        self.eos_token_ids = end_of_sequence_ids(tokenizer, model)
+
+    @classmethod
+    def shared(
+        cls, spec: BaseModelSpec, cache_dir: Path, *, dtype: str | None = None, device: str = "cpu"
+    ) -> ResidentBase:
+        """The process's one ResidentBase for this base, cache folder, dtype and device (loaded on first use)."""
+        key = (spec.name, str(Path(cache_dir).resolve()), dtype or spec.dtype, device)
+        with cls._shared_lock:
+            if key not in cls._shared:
+                cls._shared[key] = cls(spec, cache_dir, dtype=dtype, device=device)
+            return cls._shared[key]
+
+    @property
+    def peft_model(self) -> Any:
+        """The one peft model holding every session's adapter; None before the first session."""
+        return self._peft
+
+    # ---- sessions -------------------------------------------------------------------------
+
+    @property
+    def sessions(self) -> list[TrainingSession]:
+        """Open sessions, oldest first."""
+        with self._lock:
+            return list(self._sessions.values())
+
+    def get(self, session_id: str) -> TrainingSession:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise NotFound(f"no open training session {session_id!r} on base {self.spec.name!r}", param="session_id")
+        return session
+
+    def create_session(self, options: LoraOptions | None = None, *, session_id: str | None = None) -> TrainingSession:
+        """Add a fresh adapter (B = 0, so it starts as the base) with its own optimizer."""
+        options = options or LoraOptions()
+        with self._lock:
+            if len(self._sessions) >= self.max_sessions:
+                raise Conflict(
+                    f"base {self.spec.name!r} already holds {self.max_sessions} sessions; close one first",
+                    param="session_id",
+                )
+            session_id = self._new_session_id(session_id)
+            targets = lora.plan_targets(options, self.spec, self.catalogue)
+            config = lora.build_lora_config(options, self.spec, targets)
+            lora.check_same_parameter_targets(targets, {sid: t.targets for sid, t in self._sessions.items()})
+            seed = options.seed if options.seed is not None else lora.new_seed()
+            with lora.seeded_init(seed):
+                if self._peft is None:
+                    from peft import get_peft_model
+
+                    self._peft = get_peft_model(self.model, config, adapter_name=session_id)
+                else:
+                    self._peft.add_adapter(session_id, config)
+            try:
+                lora.check_wrapped(self._peft, session_id, targets)
+            except Exception:
+                self._peft.delete_adapter(session_id)
+                raise
+            session = TrainingSession(self, session_id, options, seed, targets)
+            self._sessions[session_id] = session
+            return session
+
+    def create_session_from_state(self, folder: Path, *, session_id: str | None = None) -> TrainingSession:
+        """A new session with the saved options, weights, moments and step of `folder`."""
+        state = checkpoint.read_state(folder)
+        session = self.create_session(state.options.model_copy(update={"seed": state.seed}), session_id=session_id)
+        try:
+            session.load_state(folder)
+        except Exception:
+            self.close(session.session_id)
+            raise
+        return session
+
+    def close(self, session_id: str) -> None:
+        """Delete the session's adapter and optimizer state, freeing their memory."""
+        with self._lock:
+            session = self.get(session_id)
+            del self._sessions[session_id]
+            session._release()
+            with warnings.catch_warnings():
+                # peft warns when the active adapter goes; every primitive activates its own anyway.
+                warnings.filterwarnings("ignore", message=r"Adapter .* was active which is now deleted")
+                self._peft.delete_adapter(session_id)
+
+    def _new_session_id(self, requested: str | None) -> str:
+        if requested is None:
+            return f"s{secrets.token_hex(6)}"
+        if not _SESSION_ID.match(requested) or requested in "lora_" or "lora" in requested:
+            raise InvalidRequest(
+                f"session id {requested!r} must be 3-64 letters, digits, '_' or '-', start with a letter "
+                "and not contain 'lora'",
+                param="session_id",
+            )
+        if requested in self._sessions:
+            raise Conflict(f"session {requested!r} already exists", param="session_id")
+        if any(requested in name.split(".") for name in self.catalogue.all_parameters):
+            raise InvalidRequest(f"session id {requested!r} clashes with a module name of the base", param="session_id")
+        return requested
+
+    # ---- running the model ----------------------------------------------------------------
+
+    @contextmanager
+    def _use(self, adapter_name: str | None) -> Iterator[nn.Module]:
+        """Hold the lock with `adapter_name` active (None: every adapter disabled, i.e. the base)."""
+        with self._lock:
+            if adapter_name is None:
+                with self._adapters_disabled():
+                    yield self.model
+                return
+            if adapter_name not in self._sessions:
+                raise NotFound(f"training session {adapter_name!r} is closed", param="session_id")
+            if self._peft.active_adapter != adapter_name:
+                self._peft.set_adapter(adapter_name)
+            yield self.model
+
+    def _adapters_disabled(self) -> AbstractContextManager[Any]:
+        if self._peft is None or not self._peft.peft_config:
+            return nullcontext()
+        return self._peft.disable_adapter()
+
+    def evaluate(
+        self,
+        adapter_name: str | None,
+        data: Sequence[Datum],
+        loss_fn: str | None,
+        loss_fn_config: dict[str, float] | None,
+        *,
+        backward: bool,
+        train_mode: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> ForwardOutput:
+        """Score `data` under an adapter (None: the base); see `mint.trainer.scoring.score`."""
+        loss = get_loss(loss_fn) if loss_fn is not None else None
+        config = loss.resolve_config(loss_fn_config) if loss else {}
+        checked = self.limits.check_data(data, loss)
+        with self._use(adapter_name) as model:
+            return score(
+                model, checked, loss, config, backward=backward, reference=self._reference, train_mode=train_mode
+            )
+
+    def _reference(self, data: list[Datum]) -> list[torch.Tensor]:
+        # The reference model is the base itself: the same weights with every adapter disabled.
+        with self._adapters_disabled(), torch.no_grad():
+            return packed_logprobs(self.model, pack(data, self.device))
+
+    def forward(
+        self, data: Sequence[Datum], loss_fn: str | None = None, loss_fn_config: dict[str, float] | None = None
+    ) -> ForwardOutput:
+        """Logprobs of the target tokens under the base model (every adapter disabled)."""
+        return self.evaluate(None, data, loss_fn, loss_fn_config, backward=False)
+
+    def sample_with(
+        self, adapter_name: str | None, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int
+    ) -> list[SampledSequence]:
+        """Sample under an adapter (None: the base); see `mint.trainer.sampling`."""
+        prompt = list(prompt_tokens)
+        room = self.limits.check_prompt(prompt)
+        if not 1 <= num_samples <= MAX_SAMPLES_PER_REQUEST:
+            raise InvalidRequest(f"num_samples must be 1 to {MAX_SAMPLES_PER_REQUEST}", param="num_samples")
+        max_new_tokens = min(params.max_tokens or room, room)
+        stop = StopRule.from_params(params.stop, self.eos_token_ids)
+        with self._use(adapter_name) as model, torch.no_grad():
+            return generate(
+                model,
+                prompt,
+                params,
+                num_samples,
+                max_new_tokens=max_new_tokens,
+                stop=stop,
+                decode=lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=False),
+            )
+
+    def sample(
+        self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
+    ) -> list[SampledSequence]:
+        """Sample from the base model itself (every adapter disabled)."""
+        return self.sample_with(None, prompt_tokens, params, num_samples)
+
+
+class TrainingSession:
+    """One LoRA adapter on a ResidentBase, with its optimizer state: Tinker's training client, in-process."""
+
+    def __init__(
+        self, base: ResidentBase, session_id: str, options: LoraOptions, seed: int, targets: lora.LoraTargets
+    ) -> None:
+        self.base = base
+        self.session_id = session_id
+        self.options = options
+        self.seed = seed
+        self.targets = targets
+        self.step = 0
+        self._parameters = lora.adapter_parameters(base._peft, session_id)
+        self._optimizer: AdapterOptimizer | None = AdapterOptimizer(self._parameters)
+        self._dropouts = [
+            module.lora_dropout[session_id]
+            for module in base.model.modules()
+            if hasattr(module, "lora_dropout") and session_id in module.lora_dropout
+        ]
+
+    def __repr__(self) -> str:
+        return f"TrainingSession({self.session_id!r}, base={self.base.spec.name!r}, step={self.step})"
+
+    @property
+    def closed(self) -> bool:
+        return self._optimizer is None
+
+    def _release(self) -> None:
+        self._parameters = {}
+        self._optimizer = None
+        self._dropouts = []
+
+    def _live_optimizer(self) -> AdapterOptimizer:
+        if self._optimizer is None:
+            raise NotFound(f"training session {self.session_id!r} is closed", param="session_id")
+        return self._optimizer
+
+    @contextmanager
+    def _lora_dropout(self) -> Iterator[None]:
+        # The base stays in eval mode; only this adapter's LoRA dropout behaves as in training.
+        for dropout in self._dropouts:
+            dropout.train()
+        try:
+            yield
+        finally:
+            for dropout in self._dropouts:
+                dropout.eval()
+
+    def named_parameters(self) -> dict[str, nn.Parameter]:
+        """The adapter's parameters by portable name (peft's saved key)."""
+        return dict(self._parameters)
+
+    def memory_bytes(self) -> dict[str, int]:
+        """What this session holds on top of the shared base: adapter, gradients and Adam moments."""
+        parameters = list(self._parameters.values())
+        return {
+            "adapter": _tensor_bytes(parameters),
+            "gradients": _tensor_bytes([p.grad for p in parameters if p.grad is not None]),
+            "optimizer": self._optimizer.memory_bytes() if self._optimizer else 0,
+        }
+
+    # ---- primitives -------------------------------------------------------------------------
+
+    def forward(
+        self, data: Sequence[Datum], loss_fn: str | None = None, loss_fn_config: dict[str, float] | None = None
+    ) -> ForwardOutput:
+        """Logprobs of each datum's target tokens (float32, no gradient); with `loss_fn`, its value too."""
+        return self.base.evaluate(self.session_id, data, loss_fn, loss_fn_config, backward=False)
+
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None = None
+    ) -> ForwardOutput:
+        """Add the gradient of a built-in loss to this adapter's accumulated gradients."""
+        self._live_optimizer()
+        return self.base.evaluate(
+            self.session_id, data, loss_fn, loss_fn_config, backward=True, train_mode=self._lora_dropout
+        )
+
+    def forward_backward_custom(self, data: Sequence[Datum], loss_fn: CustomLossFn) -> ForwardOutput:
+        """Any differentiable loss of the logprobs, as Tinker runs it: forward, the loss on leaf
+        tensors, then a linear `cross_entropy` pass whose weights are -d loss / d logprobs."""
+        data = list(data)
+        # One lock for all three steps, so no other request changes this adapter in between.
+        with self.base._lock:
+            forward = self.forward(data)
+            leaves = [torch.tensor(lp, dtype=torch.float32, requires_grad=True) for lp in forward.logprobs]
+            value, metrics = loss_fn(data, leaves)
+            for name in metrics:
+                try:
+                    check_metric_name(name)
+                except ValueError as exc:
+                    raise InvalidRequest(str(exc), param="loss_fn") from exc
+            value.backward()
+            linear = [
+                Datum(
+                    model_input=datum.model_input,
+                    loss_fn_inputs={
+                        "target_tokens": datum.target_tokens,
+                        # A logprob the loss does not use gets no gradient: weight 0.
+                        "weights": (-leaf.grad).tolist() if leaf.grad is not None else [0.0] * datum.length,
+                    },
+                )
+                for datum, leaf in zip(data, leaves, strict=True)
+            ]
+            result = self.forward_backward(linear, "cross_entropy")
+        custom = {name: float(number) for name, number in metrics.items()}
+        return ForwardOutput(
+            logprobs=result.logprobs, metrics={**result.metrics, **custom, "loss:sum": float(value.detach())}
+        )
+
+    def optim_step(self, adam: AdamParams | None = None) -> dict[str, float]:
+        """One AdamW step over this adapter with `adam`'s hyperparameters; clears its gradients."""
+        with self.base._lock:
+            metrics = self._live_optimizer().step(adam or AdamParams())
+            self.step += 1
+        return metrics
+
+    def sample(
+        self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
+    ) -> list[SampledSequence]:
+        """Sample continuations under this adapter; logprobs as `forward` computes them."""
+        self._live_optimizer()
+        return self.base.sample_with(self.session_id, prompt_tokens, params, num_samples)
+
+    # ---- checkpoints ------------------------------------------------------------------------
+
+    def save_state(self, folder: Path) -> Path:
+        """Adapter weights, Adam moments and step into `folder` (safetensors + JSON), to resume exactly.
+
+        Accumulated gradients are not saved: save after `optim_step`.
+        """
+        with self.base._lock:
+            optimizer = self._live_optimizer()
+            checkpoint.write_state(
+                Path(folder),
+                base_model=self.base.spec.name,
+                step=self.step,
+                options=self.options,
+                seed=self.seed,
+                adapter={name: p.detach() for name, p in self._parameters.items()},
+                optimizer=optimizer.state_tensors(),
+            )
+        return Path(folder)
+
+    def load_state(self, folder: Path) -> None:
+        """Replace this session's weights, moments and step with a saved state of a compatible adapter."""
+        state = checkpoint.read_state(Path(folder))
+        if state.base_model != self.base.spec.name:
+            raise InvalidRequest(
+                f"the state in {folder} was trained on base {state.base_model!r}, not {self.base.spec.name!r}",
+                param="path",
+            )
+        theirs = lora.build_lora_config(
+            state.options, self.base.spec, lora.plan_targets(state.options, self.base.spec, self.base.catalogue)
+        )
+        ours = lora.build_lora_config(self.options, self.base.spec, self.targets)
+        shapes = {name: tuple(p.shape) for name, p in self._parameters.items()}
+        if (theirs.r, theirs.lora_alpha) != (ours.r, ours.lora_alpha) or shapes != {
+            name: tuple(t.shape) for name, t in state.adapter.items()
+        }:
+            raise InvalidRequest(
+                f"the state in {folder} is for another LoRA shape (rank, alpha or targets) than session "
+                f"{self.session_id!r}; open it with ResidentBase.create_session_from_state",
+                param="path",
+            )
+        with self.base._lock, torch.no_grad():
+            # The optimizer state first: it is checked before anything changes.
+            self._live_optimizer().load_state_tensors(state.optimizer)
+            for name, parameter in self._parameters.items():
+                parameter.copy_(state.adapter[name])
+                parameter.grad = None
+            self.step = state.step
+
+    def save_weights_for_sampler(self, folder: Path) -> Path:
+        """The adapter in PEFT format (`adapter_config.json` + `adapter_model.safetensors`) in `folder`."""
+        with self.base._lock:
+            self._live_optimizer()
+            return checkpoint.write_sampler_weights(self.base._peft, self.session_id, Path(folder))

@@ -1,0 +1,293 @@
+"""Sessions on one resident base: isolation, memory, forward, packing, custom losses, the
+optimizer, and both kinds of checkpoint."""
+
+from __future__ import annotations
+
+import gc
+import json
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+
+from mint.errors import Conflict, InvalidRequest, NotFound
+from mint.schemas.base_models import BaseModelSpec
+from mint.trainer import checkpoint
+from mint.trainer.lora import wrapped_targets
+from mint.trainer.models import load_base_model
+from mint.trainer.packing import token_logprobs
+from mint.trainer.session import ResidentBase, TrainingSession
+from mint.trainer.types import AdamParams, Datum
+
+pytestmark = pytest.mark.backend_free
+
+pytestmark = [pytest.mark.backend_free, pytest.mark.torch]
+
+ADAM = AdamParams(learning_rate=1e-2)
+
+
+def train(session: TrainingSession, data: list[Datum], steps: int = 1, adam: AdamParams = ADAM) -> None:
+    for _ in range(steps):
+        session.forward_backward(data, "cross_entropy")
+        session.optim_step(adam)
+
+
+def snapshot(session: TrainingSession) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in session.named_parameters().items()}
+
+
+def clear_grads(session: TrainingSession) -> None:
+    for parameter in session.named_parameters().values():
+        parameter.grad = None
+
+
+def live_moments(session: TrainingSession) -> list[torch.Tensor]:
+    """The live Adam moment tensors of a session's optimizer (not copies)."""
+    optimizer = session._live_optimizer()._adamw
+    return [state["exp_avg"] for state in optimizer.state.values()]
+
+
+def max_gap(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(abs(x - y) for row_a, row_b in zip(a, b, strict=True) for x, y in zip(row_a, row_b, strict=True))
+
+
+def test_forward_gives_one_finite_logprob_per_position(
+    open_session: Callable[..., TrainingSession], toy_data: list[Datum]
+) -> None:
+    output = open_session().forward(toy_data)
+    assert [len(row) for row in output.logprobs] == [d.length for d in toy_data]
+    assert all(torch.isfinite(torch.tensor(row)).all() and max(row) <= 0 for row in output.logprobs)
+    assert output.metrics == {"tokens:sum": float(sum(d.length for d in toy_data))}
+
+
+def test_packed_logprobs_equal_one_forward_per_datum(
+    open_session: Callable[..., TrainingSession], toy_data: list[Datum]
+) -> None:
+    session = open_session(seed=4)
+    train(session, toy_data)  # a non-zero adapter, so the LoRA paths count too
+    packed = session.forward(toy_data).logprobs
+    one_by_one = [session.forward([datum]).logprobs[0] for datum in toy_data]
+    assert max_gap(packed, one_by_one) < 1e-5
+
+
+def test_eight_sessions_share_the_base_and_stay_isolated(
+    resident: ResidentBase, open_session: Callable[..., TrainingSession], toy_data: list[Datum]
+) -> None:
+    base_weights = {n: p for n, p in resident.model.named_parameters() if "lora_" not in n}
+    base_before = resident.forward(toy_data).logprobs
+    sessions = [open_session(seed=i) for i in range(8)]
+    assert [s.session_id for s in resident.sessions] == [s.session_id for s in sessions]
+    # The base is shared, not copied: the same frozen tensors.
+    assert {n: p for n, p in resident.model.named_parameters() if "lora_" not in n} == base_weights
+    assert not any(p.requires_grad for p in base_weights.values())
+
+    untouched = [snapshot(s) for s in sessions[1:]]
+    outputs_before = [s.forward(toy_data).logprobs for s in sessions[1:]]
+    # Gradients accumulate per adapter, even when another session runs in between.
+    sessions[0].forward_backward(toy_data, "cross_entropy")
+    grads_0 = {n: p.grad.clone() for n, p in sessions[0].named_parameters().items() if p.grad is not None}
+    sessions[1].forward_backward(toy_data[:1], "cross_entropy")
+    assert all(torch.equal(sessions[0].named_parameters()[n].grad, g) for n, g in grads_0.items())
+    clear_grads(sessions[1])
+    sessions[0].optim_step(ADAM)
+
+    assert max_gap(sessions[0].forward(toy_data).logprobs, base_before) > 1e-3
+    for session, weights, before in zip(sessions[1:], untouched, outputs_before, strict=True):
+        assert all(torch.equal(p, weights[n]) for n, p in session.named_parameters().items())
+        assert session.forward(toy_data).logprobs == before
+    assert resident.forward(toy_data).logprobs == base_before
+
+    # Memory of one more session: its adapter, its gradients while they accumulate, two Adam moments.
+    sessions[0].forward_backward(toy_data, "cross_entropy")
+    memory = sessions[0].memory_bytes()
+    adapter_bytes = sum(p.numel() * p.element_size() for p in sessions[0].named_parameters().values())
+    assert memory == {"adapter": adapter_bytes, "gradients": adapter_bytes, "optimizer": 2 * adapter_bytes}
+    assert sessions[0].memory_bytes()["adapter"] == sessions[7].memory_bytes()["adapter"]
+    print(f"\nper extra session (tiny-glm-moe, defaults): {memory} = {sum(memory.values())} bytes at peak")
+
+
+def test_closing_a_session_deletes_its_adapter(
+    resident: ResidentBase, open_session: Callable[..., TrainingSession], toy_data: list[Datum]
+) -> None:
+    kept, closed = open_session(), open_session()
+    train(closed, toy_data)
+    # Weak references: nothing may keep the adapter's tensors or moments alive after close.
+    lora_b = weakref.ref(next(p for n, p in closed.named_parameters().items() if ".lora_B." in n))
+    moment = weakref.ref(next(iter(live_moments(closed))))
+    resident.close(closed.session_id)
+    gc.collect()
+    assert lora_b() is None and moment() is None
+    assert closed.closed and closed.named_parameters() == {}
+    assert not any(f".{closed.session_id}." in name for name, _ in resident.model.named_parameters())
+    with pytest.raises(NotFound):
+        resident.get(closed.session_id)
+    with pytest.raises(NotFound):
+        closed.forward(toy_data)
+    assert kept.forward(toy_data).logprobs == resident.forward(toy_data).logprobs
+
+
+def test_session_ids_and_the_session_limit(
+    spec: BaseModelSpec, base_cache: Path, resident: ResidentBase, open_session: Callable[..., TrainingSession]
+) -> None:
+    named = resident.create_session(session_id="run-1")
+    assert resident.get("run-1") is named
+    for bad in ("a.b", "lora", "x", "model"):
+        with pytest.raises(InvalidRequest):
+            resident.create_session(session_id=bad)
+    with pytest.raises(Conflict):
+        resident.create_session(session_id="run-1")
+    limit, resident.max_sessions = resident.max_sessions, 2
+    try:
+        open_session()
+        with pytest.raises(Conflict, match="close one"):
+            open_session()
+    finally:
+        resident.max_sessions = limit
+    assert ResidentBase.shared(spec, base_cache) is ResidentBase.shared(spec, base_cache)
+
+
+def test_expert_lora_weights_get_gradients_and_change(
+    open_session: Callable[..., TrainingSession], toy_data: list[Datum]
+) -> None:
+    session = open_session(seed=5)
+    experts = {n: p for n, p in session.named_parameters().items() if ".mlp.experts." in n}
+    assert len(experts) == 3 * 4  # 3 MoE layers x (gate_up_proj, down_proj) x (A, B)
+    before = {n: p.detach().clone() for n, p in experts.items()}
+    session.forward_backward(toy_data, "cross_entropy")
+    # B starts at zero, so only B has a gradient at first; A follows once B has moved.
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in experts.items() if ".lora_B." in n)
+    session.optim_step(ADAM)
+    train(session, toy_data)
+    assert all(not torch.equal(p, before[n]) for n, p in experts.items())
+
+
+def test_custom_loss_matches_cross_entropy(open_session: Callable[..., TrainingSession], toy_data: list[Datum]) -> None:
+    session = open_session(seed=6)
+    train(session, toy_data)  # non-zero B, so every LoRA weight has a gradient
+    builtin = session.forward_backward(toy_data, "cross_entropy")
+    builtin_grads = {n: p.grad.clone() for n, p in session.named_parameters().items()}
+    clear_grads(session)
+
+    def negative_weighted_logprob(
+        data: list[Datum], logprobs: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        loss = sum(
+            -(torch.tensor(d.loss_fn_inputs["weights"]) * lp).sum() for d, lp in zip(data, logprobs, strict=True)
+        )
+        assert isinstance(loss, torch.Tensor)
+        return loss, {"custom_calls:sum": 1.0}
+
+    custom = session.forward_backward_custom(toy_data, negative_weighted_logprob)
+    assert custom.metrics["loss:sum"] == pytest.approx(builtin.metrics["loss:sum"], rel=1e-6)
+    assert custom.metrics["custom_calls:sum"] == 1.0
+    assert custom.logprobs == builtin.logprobs
+    for name, parameter in session.named_parameters().items():
+        assert parameter.grad is not None
+        assert torch.allclose(parameter.grad, builtin_grads[name], atol=1e-6, rtol=0), name
+    clear_grads(session)
+    with pytest.raises(InvalidRequest, match="exactly one ':'"):
+        session.forward_backward_custom(toy_data, lambda data, logprobs: (logprobs[0].sum(), {"bad": 1.0}))
+
+
+def test_optim_step_clips_the_gradient_norm(
+    tmp_path: Path, open_session: Callable[..., TrainingSession], toy_data: list[Datum]
+) -> None:
+    # With a huge eps Adam's first step is lr * g / eps: an update proportional to the (clipped) gradient.
+    linear_adam = {"learning_rate": 1.0, "eps": 1e3}
+    steps = {}
+    for clip in (0.0, 0.5):
+        session = open_session(seed=7)
+        before = snapshot(session)
+        session.forward_backward(toy_data, "cross_entropy")
+        metrics = session.optim_step(AdamParams(grad_clip_norm=clip, **linear_adam))
+        after = session.named_parameters()
+        steps[clip] = torch.linalg.vector_norm(torch.cat([(after[n] - before[n]).flatten() for n in before])).item()
+        assert session.step == 1
+        assert all(p.grad is None for p in after.values())
+        # The first moment is (1 - beta1) * g: its norm shows the clipped gradient.
+        moments = checkpoint.read_state(session.save_state(tmp_path / f"clip-{clip}")).optimizer
+        first_moment = torch.cat([t.flatten() for k, t in moments.items() if k.startswith("exp_avg/")])
+        grad_norm = metrics["grad_norm:mean"]
+        expected = 0.1 * (min(grad_norm, clip) if clip else grad_norm)
+        assert torch.linalg.vector_norm(first_moment).item() == pytest.approx(expected, rel=1e-4)
+    assert grad_norm > 5 * 0.5  # the clip really bites
+    assert steps[0.5] <= 0.5 / 1e3 * 1.001 < steps[0.0]
+
+
+def test_weight_decay_is_decoupled(open_session: Callable[..., TrainingSession], toy_data: list[Datum]) -> None:
+    session = open_session(seed=8)
+    before = snapshot(session)
+    # Zero weights on a fresh optimizer: zero gradients and moments, so Adam's update is 0 and
+    # only the decay acts (on A; B is still 0).
+    silent = [
+        Datum(model_input=d.model_input, loss_fn_inputs={"target_tokens": d.target_tokens, "weights": [0.0] * d.length})
+        for d in toy_data
+    ]
+    session.forward_backward(silent, "cross_entropy")
+    session.optim_step(AdamParams(learning_rate=0.1, weight_decay=0.5))
+    for name, parameter in session.named_parameters().items():
+        assert torch.allclose(parameter, before[name] * (1 - 0.1 * 0.5), atol=1e-7, rtol=1e-6), name
+
+
+def test_save_and_load_state_resumes_exactly(
+    tmp_path: Path, resident: ResidentBase, open_session: Callable[..., TrainingSession], toy_data: list[Datum]
+) -> None:
+    adam = AdamParams(learning_rate=1e-2, weight_decay=0.01, grad_clip_norm=5.0)
+    straight = open_session(seed=9)
+    train(straight, toy_data, steps=3, adam=adam)
+
+    first_leg = open_session(seed=9)
+    train(first_leg, toy_data, steps=1, adam=adam)
+    folder = first_leg.save_state(tmp_path / "state")
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter.safetensors", "optimizer.safetensors", "state.json"]
+    assert json.loads((folder / "state.json").read_text())["step"] == 1
+    resident.close(first_leg.session_id)
+
+    resumed = resident.create_session_from_state(folder)
+    assert resumed.step == 1
+    train(resumed, toy_data, steps=2, adam=adam)
+    assert resumed.step == straight.step == 3
+    expected = straight.named_parameters()
+    for name, parameter in resumed.named_parameters().items():
+        assert torch.allclose(parameter, expected[name], atol=1e-6, rtol=0), name
+
+    # load_state into a session of the same shape works too; another rank is refused.
+    same_shape = open_session(seed=0)
+    same_shape.load_state(folder)
+    assert same_shape.step == 1
+    with pytest.raises(InvalidRequest, match="rank"):
+        open_session(rank=4).load_state(folder)
+
+
+def test_sampler_weights_load_with_plain_peft(
+    tmp_path: Path,
+    spec: BaseModelSpec,
+    base_cache: Path,
+    resident: ResidentBase,
+    open_session: Callable[..., TrainingSession],
+    toy_data: list[Datum],
+) -> None:
+    session = open_session(seed=10)
+    train(session, toy_data, steps=2)
+    folder = session.save_weights_for_sampler(tmp_path / "sampler")
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    # Only LoRA tensors: the unchanged base lm_head is not copied in.
+    assert all(".lora_" in key for key in load_file(folder / "adapter_model.safetensors"))
+
+    fresh_base, _ = load_base_model(spec, base_cache)
+    reloaded = PeftModel.from_pretrained(fresh_base, folder)
+    # Loading did not rewrite the dense-MLP parameter targets into the experts (the MoE trap).
+    assert wrapped_targets(reloaded, "default") == (session.targets.modules, session.targets.parameters)
+    input_ids = torch.tensor([toy_data[2].model_input])
+    with torch.no_grad():
+        expected = reloaded(input_ids=input_ids).logits[0]
+        with resident._use(session.session_id) as model:
+            actual = model(input_ids=input_ids).logits[0]
+    assert torch.allclose(actual, expected, atol=1e-5, rtol=0)
+    assert session.forward(toy_data[2:]).logprobs[0] == pytest.approx(
+        token_logprobs(expected, torch.tensor(toy_data[2].target_tokens)).tolist(), abs=1e-5
+    )
