@@ -1,0 +1,76 @@
+"""Full-parameter training: the SFT recipe's other trainer, for when LoRA is not enough.
+
+Unlike LoRA sessions, which share one resident base, a full-parameter trainer owns a private
+copy of the base (every weight changes), so it costs the model's weights, gradients and two
+Adam moments: about four times the base's size. It offers the same `forward`,
+`forward_backward` and `optim_step` as a session (same packing, losses and AdamW), and saves
+a whole transformers checkpoint (safetensors) instead of an adapter.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from mint.errors import InvalidRequest
+from mint.schemas.base_models import BaseModelSpec
+from mint.trainer.losses import get_loss
+from mint.trainer.models import load_base_model
+from mint.trainer.optimizer import AdapterOptimizer
+from mint.trainer.scoring import ModelLimits, score
+from mint.trainer.types import AdamParams, Datum, ForwardOutput
+
+
+class FullParameterTrainer:
+    """Every weight of a private copy of the base trains; Adam state for all of them."""
+
+    def __init__(self, spec: BaseModelSpec, cache_dir: Path, *, dtype: str | None = None, device: str = "cpu") -> None:
+        self.model, self.tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
+        self.model.requires_grad_(True)
+        self.limits = ModelLimits.of(self.model, spec.context_length)
+        self.optimizer = AdapterOptimizer(dict(self.model.named_parameters()))
+        self.step = 0
+        self._lock = threading.Lock()
+
+    def _score(
+        self, data: Sequence[Datum], loss_fn: str | None, loss_fn_config: dict[str, float] | None, *, backward: bool
+    ) -> ForwardOutput:
+        loss = get_loss(loss_fn) if loss_fn is not None else None
+        if loss is not None and loss.needs_reference:
+            # The reference of a full-parameter run would be a second frozen copy of the base.
+            raise InvalidRequest(
+                f"loss {loss.name!r} needs a reference model, which full-parameter training does not keep; "
+                "train it with LoRA instead",
+                param="loss_fn",
+            )
+        checked = self.limits.check_data(data, loss)
+        config = loss.resolve_config(loss_fn_config) if loss else {}
+        with self._lock:
+            return score(self.model, checked, loss, config, backward=backward, reference=lambda _: [])
+
+    def forward(
+        self, data: Sequence[Datum], loss_fn: str | None = None, loss_fn_config: dict[str, float] | None = None
+    ) -> ForwardOutput:
+        return self._score(data, loss_fn, loss_fn_config, backward=False)
+
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None = None
+    ) -> ForwardOutput:
+        return self._score(data, loss_fn, loss_fn_config, backward=True)
+
+    def optim_step(self, adam: AdamParams | None = None) -> dict[str, float]:
+        with self._lock:
+            metrics = self.optimizer.step(adam or AdamParams())
+            self.step += 1
+        return metrics
+
+    def save_weights(self, folder: Path) -> Path:
+        """A transformers checkpoint (config, safetensors weights, tokenizer) of the trained model."""
+        folder.mkdir(parents=True, exist_ok=True)
+        with self._lock, torch.no_grad():
+            self.model.save_pretrained(folder, safe_serialization=True)
+            self.tokenizer.save_pretrained(folder)
+        return folder

@@ -1,0 +1,145 @@
+"""Reinforcement learning in the GRPO style: groups of samples per prompt, rewards from the
+closed grader registry, group-normalised advantages, an `importance_sampling` (or `ppo`) loss,
+and an optional KL penalty towards the base.
+
+    run_rl(session, prompts, RlConfig(steps=10, group_size=8), decode=tokenizer.decode)
+
+Each step, for each of `prompts_per_step` prompts: sample `group_size` completions with the
+session itself (its logprobs are computed exactly as `forward` computes them, so the
+importance ratio starts at 1), grade each with the prompt's grader (the same graders that
+score benchmarks), and give every token of a completion the advantage
+(reward - group mean) / (group std + eps). A group whose rewards are all equal carries no
+signal and is left out. With `kl_beta > 0`, each token's advantage is lowered by
+kl_beta * (logp_sample - logp_base), which keeps the policy near the base.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from mint.evals.graders import GraderSpec, grade
+from mint.trainer.data import batch_plan, learning_rate_at, mean_over_tokens
+from mint.trainer.recipes.common import OnStep, Scorer, StepReport, Trainer, keep_going
+from mint.trainer.types import AdamParams, Datum, SampledSequence, SamplingParams
+
+ADVANTAGE_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class RlPrompt:
+    """A prompt (already rendered with the chat template), its reference and its grader."""
+
+    prompt_tokens: list[int]
+    reference: Any
+    grader: GraderSpec
+
+
+@dataclass(frozen=True)
+class RlConfig:
+    steps: int
+    prompts_per_step: int = 4
+    group_size: int = 8
+    max_tokens: int = 32
+    temperature: float = 1.0
+    learning_rate: float = 1e-4
+    loss_fn: str = "importance_sampling"
+    kl_beta: float = 0.0
+    grad_clip_norm: float = 1.0
+    seed: int = 0
+
+
+class Policy(Trainer, Scorer, Protocol):
+    def sample(
+        self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
+    ) -> list[SampledSequence]: ...
+
+
+def group_advantages(rewards_G: Sequence[float]) -> list[float]:
+    """(r - mean) / (std + eps); all zeros when the group's rewards are all equal."""
+    mean = statistics.fmean(rewards_G)
+    std = statistics.pstdev(rewards_G)
+    if std == 0:
+        return [0.0] * len(rewards_G)
+    return [(reward - mean) / (std + ADVANTAGE_EPS) for reward in rewards_G]
+
+
+def completion_datum(prompt_tokens: Sequence[int], sample: SampledSequence, advantage: float) -> Datum:
+    """prompt + completion as one datum; loss inputs are zero on the prompt's positions."""
+    tokens = [*prompt_tokens, *sample.tokens]
+    prompt_positions = len(prompt_tokens) - 1
+    return Datum(
+        model_input=tokens[:-1],
+        loss_fn_inputs={
+            "target_tokens": tokens[1:],
+            "logprobs": [0.0] * prompt_positions + list(sample.logprobs),
+            "advantages": [0.0] * prompt_positions + [advantage] * len(sample.tokens),
+        },
+    )
+
+
+def _with_kl_penalty(data: list[Datum], reference: Scorer, kl_beta: float) -> tuple[list[Datum], float]:
+    """Lower each sampled token's advantage by kl_beta * (logp_sample - logp_base)."""
+    base = reference.forward(data).logprobs
+    penalised, kl_total, counted = [], 0.0, 0
+    for datum, base_T in zip(data, base, strict=True):
+        sampled_T = datum.loss_fn_inputs["logprobs"]
+        advantages_T = list(datum.loss_fn_inputs["advantages"])
+        for t, advantage in enumerate(advantages_T):
+            if advantage != 0:
+                kl = sampled_T[t] - base_T[t]
+                advantages_T[t] = advantage - kl_beta * kl
+                kl_total, counted = kl_total + kl, counted + 1
+        penalised.append(
+            Datum(model_input=datum.model_input, loss_fn_inputs={**datum.loss_fn_inputs, "advantages": advantages_T})
+        )
+    return penalised, kl_total / max(counted, 1)
+
+
+def run_rl(
+    policy: Policy,
+    prompts: Sequence[RlPrompt],
+    config: RlConfig,
+    *,
+    decode: Callable[[list[int]], str],
+    reference: Scorer | None = None,
+    start_step: int = 0,
+    on_step: OnStep | None = None,
+) -> list[StepReport]:
+    """Train from `start_step` to `config.steps`; `reference` (the base) is needed for `kl_beta > 0`."""
+    if config.kl_beta > 0 and reference is None:
+        raise ValueError("kl_beta > 0 needs a reference scorer (the base model)")
+    plan = batch_plan(len(prompts), batch_size=config.prompts_per_step, steps=config.steps, seed=config.seed)
+    reports = []
+    for step in range(start_step, config.steps):
+        data: list[Datum] = []
+        rewards: list[float] = []
+        for slot, index in enumerate(plan[step]):
+            prompt = prompts[index]
+            params = SamplingParams(
+                max_tokens=config.max_tokens,
+                temperature=config.temperature,
+                seed=config.seed * 1_000_003 + step * 1_009 + slot,
+            )
+            samples = policy.sample(prompt.prompt_tokens, params, num_samples=config.group_size)
+            rewards_G = [grade(prompt.grader, decode(sample.tokens), prompt.reference).score for sample in samples]
+            rewards += rewards_G
+            for sample, advantage in zip(samples, group_advantages(rewards_G), strict=True):
+                if advantage != 0:
+                    data.append(completion_datum(prompt.prompt_tokens, sample, advantage))
+        metrics = {"reward": statistics.fmean(rewards), "samples_with_signal": float(len(data))}
+        lr = learning_rate_at(step, peak=config.learning_rate, steps=config.steps, warmup_steps=0, schedule="constant")
+        if data:
+            if config.kl_beta > 0 and reference is not None:
+                data, metrics["kl"] = _with_kl_penalty(data, reference, config.kl_beta)
+            result = policy.forward_backward(mean_over_tokens(data, "advantages"), config.loss_fn)
+            metrics["loss"] = result.metrics["loss:sum"]
+        optim = policy.optim_step(AdamParams(learning_rate=lr, grad_clip_norm=config.grad_clip_norm))
+        metrics["grad_norm"] = optim["grad_norm:mean"]
+        report = StepReport(step=step + 1, learning_rate=lr, metrics=metrics)
+        reports.append(report)
+        if not keep_going(on_step, report):
+            break
+    return reports
