@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.mint-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-embedded test-services demo lint format clean
+.PHONY: install test test-embedded test-services demo bench lint format clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test-services: install
 # The platform on the embedded defaults under MINT_HOME (default ~/.mint).
 demo: install
 	$(VENV)/bin/mint up
+
+# Benchmarks print ratios against anchors measured in the same run (e.g. TRL).
+bench: install
+	$(PIP) install -q -e ".[train,serve,test,bench]"
+	$(PY) bench/train_throughput.py
 
 lint: install
 	$(VENV)/bin/ruff check mint tests migrations
