@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from mint.trainer.data import learning_rate_at
 from mint.trainer.types import AdamParams, Datum, ForwardOutput
 
 
@@ -38,6 +39,26 @@ class StepReport:
 
 # Called after every optimizer step; returning False stops the recipe (a cancelled job).
 OnStep = Callable[[StepReport], bool | None]
+
+
+class Schedule(Protocol):
+    """The learning-rate fields a recipe config carries."""
+
+    steps: int
+    learning_rate: float
+    warmup_steps: int
+    lr_schedule: str
+
+
+def scheduled_learning_rate(config: Schedule, step: int) -> float:
+    """The learning rate of 0-based `step` under the config's warm-up and schedule."""
+    return learning_rate_at(
+        step,
+        peak=config.learning_rate,
+        steps=config.steps,
+        warmup_steps=config.warmup_steps,
+        schedule=config.lr_schedule,
+    )
 
 
 def keep_going(on_step: OnStep | None, report: StepReport) -> bool:

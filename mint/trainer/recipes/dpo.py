@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mint.trainer.chat_data import PreferencePair
-from mint.trainer.data import batch_plan, example_datum, learning_rate_at
-from mint.trainer.recipes.common import OnStep, Scorer, StepReport, Trainer, keep_going
+from mint.trainer.data import batch_plan, example_datum
+from mint.trainer.recipes.common import OnStep, Scorer, StepReport, Trainer, keep_going, scheduled_learning_rate
 from mint.trainer.types import AdamParams, Datum
 
 
@@ -50,13 +50,7 @@ def run_dpo(
     for step in range(start_step, config.steps):
         batch = pair_data([pairs[index] for index in plan[step]])
         result = trainer.forward_backward(batch, "dpo", {"beta": config.beta})
-        lr = learning_rate_at(
-            step,
-            peak=config.learning_rate,
-            steps=config.steps,
-            warmup_steps=config.warmup_steps,
-            schedule=config.lr_schedule,
-        )
+        lr = scheduled_learning_rate(config, step)
         optim = trainer.optim_step(AdamParams(learning_rate=lr, grad_clip_norm=config.grad_clip_norm))
         metrics = {
             "loss": result.metrics["loss:sum"] / len(plan[step]),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mint.evals.graders import GraderSpec, grade
-from mint.trainer.data import batch_plan, learning_rate_at, mean_over_tokens
+from mint.trainer.data import batch_plan, mean_over_tokens
 from mint.trainer.recipes.common import OnStep, Scorer, StepReport, Trainer, keep_going
 from mint.trainer.types import AdamParams, Datum, SampledSequence, SamplingParams
 
@@ -130,7 +130,7 @@ def run_rl(
                 if advantage != 0:
                     data.append(completion_datum(prompt.prompt_tokens, sample, advantage))
         metrics = {"reward": statistics.fmean(rewards), "samples_with_signal": float(len(data))}
-        lr = learning_rate_at(step, peak=config.learning_rate, steps=config.steps, warmup_steps=0, schedule="constant")
+        lr = config.learning_rate
         if data:
             if config.kl_beta > 0 and reference is not None:
                 data, metrics["kl"] = _with_kl_penalty(data, reference, config.kl_beta)

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mint.trainer.chat_data import Example
-from mint.trainer.data import batch_plan, example_datum, learning_rate_at, mean_over_tokens
-from mint.trainer.recipes.common import OnStep, StepReport, Trainer, keep_going
+from mint.trainer.data import batch_plan, example_datum, mean_over_tokens
+from mint.trainer.recipes.common import OnStep, StepReport, Trainer, keep_going, scheduled_learning_rate
 from mint.trainer.types import AdamParams
 
 
@@ -49,13 +49,7 @@ def run_sft(
         started = time.perf_counter()
         batch = mean_over_tokens([data[index] for index in plan[step]])
         result = trainer.forward_backward(batch, "cross_entropy")
-        lr = learning_rate_at(
-            step,
-            peak=config.learning_rate,
-            steps=config.steps,
-            warmup_steps=config.warmup_steps,
-            schedule=config.lr_schedule,
-        )
+        lr = scheduled_learning_rate(config, step)
         optim = trainer.optim_step(
             AdamParams(learning_rate=lr, weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
         )
