@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from mint.trainer.types import Datum
 
@@ -57,14 +58,53 @@ def token_logprobs(logits_N_V: torch.Tensor, targets_N: torch.Tensor) -> torch.T
     return picked_N - torch.logsumexp(logits_N_V, dim=-1)
 
 
+# Architectures whose logits are exactly lm_head(final hidden state): no logit scaling or
+# soft-capping between them, so the head can be applied in chunks outside the model's forward.
+PLAIN_HEAD_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Glm4MoeForCausalLM", "Qwen3MoeForCausalLM"})
+# Positions per chunk of the output head: bounds the (chunk, V) logits alive at once.
+HEAD_CHUNK_POSITIONS = 128
+
+
+def _causal_lm(model: nn.Module) -> nn.Module:
+    """The transformers CausalLM under a peft wrapper (or the model itself)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def _chunk_logprobs(head: nn.Module, hidden_C_H: torch.Tensor, targets_C: torch.Tensor) -> torch.Tensor:
+    return token_logprobs(head(hidden_C_H), targets_C)
+
+
 def packed_logprobs(model: nn.Module, batch: PackedBatch) -> list[torch.Tensor]:
-    """One forward over the packed row; returns each datum's `logprobs_T` (with grad if enabled)."""
-    output = model(
-        input_ids=batch.input_ids_1_N,
-        position_ids=batch.position_ids_1_N,
-        # attention_mask=None and no cache: the position restarts are the packing boundaries.
-        attention_mask=None,
-        use_cache=False,
-    )
-    logprobs_N = token_logprobs(output.logits[0], batch.targets_N)
-    return list(torch.split(logprobs_N, batch.lengths))
+    """One forward over the packed row; returns each datum's `logprobs_T` (with grad if enabled).
+
+    For plain-head architectures the decoder runs once and the output head runs in chunks of
+    positions; with gradients on, each chunk is recomputed in the backward pass instead of
+    keeping the whole (N, V) logits table alive, which is most of the activation memory of
+    a small model with a large vocabulary.
+    """
+    causal = _causal_lm(model)
+    architectures = getattr(causal.config, "architectures", None) or [type(causal).__name__]
+    if architectures[0] not in PLAIN_HEAD_ARCHITECTURES or not hasattr(causal, "get_decoder"):
+        output = model(
+            input_ids=batch.input_ids_1_N,
+            position_ids=batch.position_ids_1_N,
+            # attention_mask=None and no cache: the position restarts are the packing boundaries.
+            attention_mask=None,
+            use_cache=False,
+        )
+        logprobs_N = token_logprobs(output.logits[0], batch.targets_N)
+        return list(torch.split(logprobs_N, batch.lengths))
+    hidden_N_H = causal.get_decoder()(
+        input_ids=batch.input_ids_1_N, position_ids=batch.position_ids_1_N, attention_mask=None, use_cache=False
+    ).last_hidden_state[0]
+    head = causal.get_output_embeddings()
+    chunks = []
+    for start in range(0, hidden_N_H.shape[0], HEAD_CHUNK_POSITIONS):
+        hidden_C_H = hidden_N_H[start : start + HEAD_CHUNK_POSITIONS]
+        targets_C = batch.targets_N[start : start + HEAD_CHUNK_POSITIONS]
+        if torch.is_grad_enabled():
+            chunks.append(checkpoint(_chunk_logprobs, head, hidden_C_H, targets_C, use_reentrant=False))
+        else:
+            chunks.append(_chunk_logprobs(head, hidden_C_H, targets_C))
+    return list(torch.split(torch.cat(chunks), batch.lengths))
