@@ -17,10 +17,9 @@ import torch
 
 from mint.errors import InvalidRequest
 from mint.schemas.base_models import BaseModelSpec
-from mint.trainer.losses import get_loss
 from mint.trainer.models import load_base_model
 from mint.trainer.optimizer import AdapterOptimizer
-from mint.trainer.scoring import ModelLimits, score
+from mint.trainer.scoring import ModelLimits, ScoreRequest, score
 from mint.trainer.types import AdamParams, Datum, ForwardOutput
 
 
@@ -38,18 +37,18 @@ class FullParameterTrainer:
     def _score(
         self, data: Sequence[Datum], loss_fn: str | None, loss_fn_config: dict[str, float] | None, *, backward: bool
     ) -> ForwardOutput:
-        loss = get_loss(loss_fn) if loss_fn is not None else None
-        if loss is not None and loss.needs_reference:
+        request = ScoreRequest.of(self.limits, data, loss_fn, loss_fn_config)
+        if request.loss is not None and request.loss.needs_reference:
             # The reference of a full-parameter run would be a second frozen copy of the base.
             raise InvalidRequest(
-                f"loss {loss.name!r} needs a reference model, which full-parameter training does not keep; "
+                f"loss {request.loss.name!r} needs a reference model, which full-parameter training does not keep; "
                 "train it with LoRA instead",
                 param="loss_fn",
             )
-        checked = self.limits.check_data(data, loss)
-        config = loss.resolve_config(loss_fn_config) if loss else {}
         with self._lock:
-            return score(self.model, checked, loss, config, backward=backward, reference=lambda _: [])
+            return score(
+                self.model, request.data, request.loss, request.config, backward=backward, reference=lambda _: []
+            )
 
     def forward(
         self, data: Sequence[Datum], loss_fn: str | None = None, loss_fn_config: dict[str, float] | None = None

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from mint.errors import InvalidRequest
-from mint.trainer.losses import Loss
+from mint.trainer.losses import Loss, get_loss
 from mint.trainer.packing import pack, packed_logprobs
 from mint.trainer.types import LOSS_INPUT_KINDS, Datum, ForwardOutput
 
@@ -74,6 +74,23 @@ class ModelLimits:
             self.check_tokens(datum.model_input, vocab=self.vocab_in, where=f"data[{index}].model_input")
             self.check_tokens(datum.target_tokens, vocab=self.vocab_out, where=f"data[{index}].target_tokens")
         return data
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Data checked against the model's limits, with the loss (if any) and its resolved config."""
+
+    data: list[Datum]
+    loss: Loss | None
+    config: dict[str, float]
+
+    @classmethod
+    def of(
+        cls, limits: ModelLimits, data: Sequence[Datum], loss_fn: str | None, loss_fn_config: dict[str, float] | None
+    ) -> ScoreRequest:
+        loss = get_loss(loss_fn) if loss_fn is not None else None
+        config = loss.resolve_config(loss_fn_config) if loss else {}
+        return cls(data=limits.check_data(data, loss), loss=loss, config=config)
 
 
 def input_tensors(datum: Datum, device: torch.device) -> dict[str, torch.Tensor]:

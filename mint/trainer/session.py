@@ -29,12 +29,11 @@ from torch import nn
 from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
-from mint.trainer.losses import get_loss
 from mint.trainer.models import load_base_model
 from mint.trainer.optimizer import AdapterOptimizer
 from mint.trainer.packing import pack, packed_logprobs
 from mint.trainer.sampling import StopRule, end_of_sequence_ids, generate
-from mint.trainer.scoring import ModelLimits, score
+from mint.trainer.scoring import ModelLimits, ScoreRequest, score
 from mint.trainer.types import (
     AdamParams,
     Datum,
@@ -217,12 +216,16 @@ class ResidentBase:
         train_mode: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> ForwardOutput:
         """Score `data` under an adapter (None: the base); see `mint.trainer.scoring.score`."""
-        loss = get_loss(loss_fn) if loss_fn is not None else None
-        config = loss.resolve_config(loss_fn_config) if loss else {}
-        checked = self.limits.check_data(data, loss)
+        request = ScoreRequest.of(self.limits, data, loss_fn, loss_fn_config)
         with self._use(adapter_name) as model:
             return score(
-                model, checked, loss, config, backward=backward, reference=self._reference, train_mode=train_mode
+                model,
+                request.data,
+                request.loss,
+                request.config,
+                backward=backward,
+                reference=self._reference,
+                train_mode=train_mode,
             )
 
     def _reference(self, data: list[Datum]) -> list[torch.Tensor]:
