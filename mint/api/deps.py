@@ -7,7 +7,6 @@ Finer rules (admin-only operations) are checked by the services.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
@@ -17,10 +16,8 @@ from mint.config import Settings
 from mint.errors import PermissionDenied
 from mint.services.auth import Principal, authenticate
 from mint.storage.db import session_scope
-from mint.storage.tables import ApiKey, as_utc, utcnow
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
 def get_app_settings(request: Request) -> Settings:
@@ -58,16 +55,7 @@ def get_principal(
     principal = authenticate(session, bearer_or_api_key(authorization, x_api_key))
     if principal.role == "viewer" and request.method not in READ_METHODS:
         raise PermissionDenied("Viewer keys can only read; use a developer or admin key to make changes.")
-    _touch(session, principal)
     return principal
-
-
-def _touch(session: Session, principal: Principal) -> None:
-    # One write per key per minute at most, not one per request.
-    key = session.get(ApiKey, principal.key_id)
-    now = utcnow()
-    if key is not None and (key.last_used_at is None or now - as_utc(key.last_used_at) > LAST_USED_RESOLUTION):
-        key.last_used_at = now
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]

@@ -58,10 +58,10 @@ def worker(
     loglevel: str = "INFO",
 ) -> None:
     """Run a Celery worker. One process, one task at a time: it holds one resident base."""
-    from mint.schemas.base_models import load_registry
+    from mint.schemas.base_models import enabled_base_names
     from mint.worker.app import celery_app
 
-    bases = sorted(name for name, spec in load_registry(get_settings().model_configs_dir).items() if spec.enabled)
+    bases = enabled_base_names(get_settings().model_configs_dir)
     chosen = worker_queues(base, queues, bases)
     node = name or (f"train-{base}@%h" if base else "mint@%h")
     celery_app.worker_main(

@@ -222,6 +222,11 @@ def load_registry(folder: Path) -> dict[str, BaseModelSpec]:
     return specs
 
 
+def enabled_base_names(folder: Path) -> list[str]:
+    """Names of the registry's enabled bases, sorted: the ones workers serve queues for."""
+    return sorted(name for name, spec in load_registry(folder).items() if spec.enabled)
+
+
 def get_base_model_spec(name: str, folder: Path | None = None, *, include_disabled: bool = False) -> BaseModelSpec:
     """The spec named `name` in `folder` (default: settings' `model_configs_dir`)."""
     if folder is None:

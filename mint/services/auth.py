@@ -26,6 +26,7 @@ from mint.storage.tables import ROLES, ApiKey, Organization, as_utc, new_id, utc
 KEY_PREFIX = "tml-"
 SHOWN_PREFIX_LENGTH = 12
 ROLE_RANK = {"viewer": 0, "developer": 1, "admin": 2}
+LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,10 @@ def revoke_api_key(session: Session, actor: Principal, key_id: str) -> ApiKey:
 
 
 def authenticate(session: Session, secret: str | None, *, now: datetime | None = None) -> Principal:
-    """The principal for a presented key, or Unauthenticated saying why it was refused."""
+    """The principal for a presented key, or Unauthenticated saying why it was refused.
+
+    Also records when the key was last used (to the minute), in the caller's transaction.
+    """
     if not secret:
         raise Unauthenticated(
             "No API key. Send it as `Authorization: Bearer <key>` or `X-API-Key: <key>`; "
@@ -160,4 +164,7 @@ def authenticate(session: Session, secret: str | None, *, now: datetime | None =
         raise Unauthenticated(f"The API key {key.prefix}... was revoked; ask an admin for a new key.")
     if key.expires_at is not None and as_utc(key.expires_at) <= now:
         raise Unauthenticated(f"The API key {key.prefix}... expired at {key.expires_at:%Y-%m-%d %H:%M} UTC.")
+    # One write per key per minute at most, not one per request.
+    if key.last_used_at is None or now - as_utc(key.last_used_at) > LAST_USED_RESOLUTION:
+        key.last_used_at = now
     return Principal(organization_id=key.organization_id, key_id=key.id, role=key.role, name=key.name)

@@ -59,9 +59,10 @@ def require_schema(database_url: str) -> None:
         raise ConfigurationError(
             "The database has no Mint schema yet: run `mint admin init` (or `mint admin migrate`)."
         )
-    if current != head_revision():
+    head = head_revision()
+    if current != head:
         raise ConfigurationError(
-            f"The database is at migration {current}, this Mint expects {head_revision()}: run `mint admin migrate`."
+            f"The database is at migration {current}, this Mint expects {head}: run `mint admin migrate`."
         )
 
 

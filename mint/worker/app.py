@@ -12,7 +12,7 @@ from celery import Celery
 from kombu import Queue
 
 from mint.config import Settings, get_settings
-from mint.schemas.base_models import load_registry
+from mint.schemas.base_models import enabled_base_names
 from mint.worker.queues import SYSTEM_QUEUE, all_queues
 
 PRUNE_WORKERS_EVERY_S = 60.0
@@ -33,7 +33,7 @@ def create_celery(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
     settings.ensure_home()
     app = Celery("mint", broker=settings.broker, backend=settings.result_backend, include=["mint.worker.tasks"])
-    bases = sorted(name for name, spec in load_registry(settings.model_configs_dir).items() if spec.enabled)
+    bases = enabled_base_names(settings.model_configs_dir)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",

@@ -17,6 +17,7 @@ from celery.signals import worker_ready, worker_shutdown
 from mint.config import get_settings
 from mint.services.workers import heartbeat, register_worker, unregister_worker
 from mint.storage.db import session_scope
+from mint.worker.queues import base_of_queue
 
 HEARTBEAT_EVERY_S = 30.0
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def current_worker_id() -> str | None:
 
 
 def _base_model_of(queues: list[str]) -> str | None:
-    bases = [name.removeprefix("train.") for name in queues if name.startswith("train.")]
+    bases = [base for base in map(base_of_queue, queues) if base is not None]
     return bases[0] if len(bases) == 1 else None
 
 
