@@ -39,6 +39,12 @@ class Settings(BaseSettings):
     # so it must exceed the longest single task step; tasks are idempotent.
     visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
     model_configs_dir: Path = Field(default=PROJECT_ROOT / "configs" / "models")
+    # Fine-tuning jobs: a running job's worker renews its lease every lease/4 seconds; a job
+    # whose lease ran out (its worker died) is queued again by the reconciler, which runs
+    # every `reconcile_every_s` and also re-sends queued jobs whose message the broker lost.
+    job_lease_s: float = Field(default=120.0, gt=0)
+    reconcile_every_s: float = Field(default=30.0, gt=0)
+    requeue_grace_s: float = Field(default=30.0, ge=0)
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=1, le=65535)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,3 +219,29 @@ def client(app):  # type: ignore[no-untyped-def]
 
     with TestClient(app, raise_server_exceptions=False) as test_client:
         yield test_client
+
+
+@dataclass(frozen=True)
+class LiveServer:
+    url: str
+
+
+@pytest.fixture(scope="session")
+def live_server(app) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
+    """The app on a real socket (uvicorn in a thread), for official clients that speak HTTP."""
+    import threading
+
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="live-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the API server did not start")
+        time.sleep(0.05)
+    yield LiveServer(url=f"http://127.0.0.1:{port}")
+    server.should_exit = True
+    thread.join(timeout=10)

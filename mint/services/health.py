@@ -13,7 +13,7 @@ from kombu import Connection
 from mint.config import Settings
 from mint.schemas.health import CheckResult, Readiness
 from mint.storage import db
-from mint.storage.objects import open_object_store
+from mint.storage.objects import object_store_for
 
 BROKER_TIMEOUT_S = 3.0
 
@@ -28,10 +28,7 @@ def check_broker(settings: Settings) -> None:
 
 
 def check_object_store(settings: Settings) -> None:
-    store = open_object_store(
-        settings.object_store, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region
-    )
-    store.check()
+    object_store_for(settings).check()
 
 
 CHECKS: dict[str, Callable[[Settings], None]] = {

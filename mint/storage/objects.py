@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, closing, contextmanager, suppress
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 from urllib.parse import urlsplit
@@ -32,6 +33,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from mint.config import Settings
 from mint.errors import ConfigurationError, Conflict, InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
 
 MiB = 1024 * 1024
@@ -522,3 +524,13 @@ def open_object_store(url: str, *, s3_endpoint_url: str | None = None, s3_region
             raise ConfigurationError(f"invalid prefix in {url!r}: {problem}; {_URL_HELP}", param="object_store_url")
         return S3ObjectStore(parts.netloc, prefix, endpoint_url=s3_endpoint_url, region=s3_region)
     raise ConfigurationError(f"unsupported object store URL {url!r}; {_URL_HELP}", param="object_store_url")
+
+
+@lru_cache(maxsize=8)
+def _cached_store(url: str, s3_endpoint_url: str | None, s3_region: str) -> ObjectStore:
+    return open_object_store(url, s3_endpoint_url=s3_endpoint_url, s3_region=s3_region)
+
+
+def object_store_for(settings: Settings) -> ObjectStore:
+    """The object store a process's settings name, opened once per process (clients are reusable)."""
+    return _cached_store(settings.object_store, settings.s3_endpoint_url, settings.s3_region)

@@ -329,6 +329,14 @@ class TrainingJob(Base):
     trained_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(200))
+    # The lease of a running job: its worker refreshes it while the job runs; one that ran
+    # out means the worker died, and the reconciler queues the job again.
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The queue message that carries the job now, so a lost message can be told from a waiting one.
+    task_id: Mapped[str | None] = mapped_column(String(100))
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Optimizer steps run again after resuming from a checkpoint (never part of the final adapter twice).
+    steps_redone: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     result_adapter_version_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON)

@@ -52,6 +52,12 @@ def create_celery(settings: Settings | None = None) -> Celery:
         worker_hijack_root_logger=False,
         beat_schedule={
             "prune-dead-workers": {"task": "mint.system.prune_workers", "schedule": PRUNE_WORKERS_EVERY_S},
+            # Expires: a reconcile that waited longer than one period is superseded by the next.
+            "reconcile-jobs": {
+                "task": "mint.system.reconcile",
+                "schedule": settings.reconcile_every_s,
+                "options": {"expires": settings.reconcile_every_s},
+            },
         },
         beat_schedule_filename=str(settings.home / "beat-schedule"),
     )

@@ -29,6 +29,11 @@ def current_worker_id() -> str | None:
     return _state["worker_id"]
 
 
+def process_identity() -> str:
+    """This process, uniquely: the worker's name and pid (a restarted worker of the same name differs)."""
+    return f"{current_worker_id() or socket.gethostname()}/{os.getpid()}"
+
+
 def _base_model_of(queues: list[str]) -> str | None:
     bases = [base for base in map(base_of_queue, queues) if base is not None]
     return bases[0] if len(bases) == 1 else None

@@ -13,9 +13,13 @@ from typing import Any
 from celery import shared_task
 
 from mint.config import get_settings
+from mint.services.job_runner import run_job
+from mint.services.reconciler import reconcile_jobs
 from mint.services.workers import prune_stale_workers
 from mint.storage.db import session_scope
 from mint.worker import signals
+from mint.worker.dispatch import TaskSender, pending_task_ids
+from mint.worker.resident import resident_base
 
 
 @shared_task(name="mint.system.ping", acks_late=True, ignore_result=False)
@@ -34,3 +38,24 @@ def prune_workers() -> int:
     """Drop worker rows whose process stopped heartbeating (killed, host lost)."""
     with session_scope(get_settings().database) as session:
         return prune_stale_workers(session)
+
+
+@shared_task(name="mint.jobs.run", acks_late=True, ignore_result=True)
+def run_fine_tuning_job(job_id: str) -> str:
+    """Run one fine-tuning job on this worker's resident base (a duplicate message returns at once)."""
+    return run_job(get_settings(), job_id, signals.process_identity(), resident_base)
+
+
+@shared_task(name="mint.system.reconcile", acks_late=True, ignore_result=True, time_limit=120)
+def reconcile() -> dict[str, list[str]]:
+    """Requeue jobs whose worker died and re-send jobs whose queue message was lost."""
+    settings = get_settings()
+    with session_scope(settings.database) as session:
+        report = reconcile_jobs(
+            session,
+            lease_s=settings.job_lease_s,
+            grace_s=settings.requeue_grace_s,
+            pending=pending_task_ids(settings),
+            send=TaskSender(settings),
+        )
+    return report.as_dict()

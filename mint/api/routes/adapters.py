@@ -1,0 +1,76 @@
+"""Adapters and their versions: list, read, and download a version in PEFT format (a tar of
+`adapter_config.json` and `adapter_model.safetensors`, whose sha256 is the version's)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+from fastapi.responses import Response
+from sqlalchemy import select
+
+from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from mint.api.pagination import After, Limit, id_path, page_of
+from mint.schemas.adapters import AdapterPublic, AdapterVersionPublic
+from mint.schemas.common import Page
+from mint.services import adapters
+from mint.storage.objects import object_store_for
+from mint.storage.queries import owned_by, paginate
+from mint.storage.tables import Adapter, AdapterVersion
+
+router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
+
+AdapterId = Annotated[str, id_path("The adapter's id, e.g. `adapter_...`.")]
+Version = Annotated[int, Path(ge=1, le=1_000_000, description="The version number, from 1.")]
+
+
+def _public(adapter: Adapter, version: AdapterVersion) -> AdapterVersionPublic:
+    wire = AdapterVersionPublic.model_validate(version)
+    return wire.model_copy(update={"model": adapters.model_ref_of(adapter, version)})
+
+
+@router.get("", response_model=Page[AdapterPublic])
+def list_adapters(
+    session: SessionDep, principal: CurrentPrincipal, after: After = None, limit: Limit = 20
+) -> Page[AdapterPublic]:
+    result = paginate(session, owned_by(Adapter, principal.organization_id), Adapter, after=after, limit=limit)
+    return page_of(result, AdapterPublic)
+
+
+@router.get("/{adapter_id}", response_model=AdapterPublic)
+def get_adapter(adapter_id: AdapterId, session: SessionDep, principal: CurrentPrincipal) -> Adapter:
+    return adapters.get_adapter(session, principal.organization_id, adapter_id)
+
+
+@router.get("/{adapter_id}/versions", response_model=list[AdapterVersionPublic])
+def list_versions(
+    adapter_id: AdapterId, session: SessionDep, principal: CurrentPrincipal
+) -> list[AdapterVersionPublic]:
+    """Every version of the adapter, newest first; `model` is the reference to evaluate or deploy."""
+    adapter = adapters.get_adapter(session, principal.organization_id, adapter_id)
+    rows = session.execute(
+        select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id).order_by(AdapterVersion.version.desc())
+    ).scalars()
+    return [_public(adapter, row) for row in rows]
+
+
+@router.get("/{adapter_id}/versions/{version}", response_model=AdapterVersionPublic)
+def get_version(
+    adapter_id: AdapterId, version: Version, session: SessionDep, principal: CurrentPrincipal
+) -> AdapterVersionPublic:
+    row = adapters.get_version(session, principal.organization_id, adapter_id, version)
+    return _public(adapters.get_adapter(session, principal.organization_id, adapter_id), row)
+
+
+@router.get("/{adapter_id}/versions/{version}/download", response_class=Response)
+def download_version(
+    adapter_id: AdapterId, version: Version, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> Response:
+    """The version's PEFT files as a tar archive; `peft.PeftModel.from_pretrained` loads the unpacked folder."""
+    row = adapters.get_version(session, principal.organization_id, adapter_id, version)
+    data = object_store_for(settings).get_bytes(row.object_key)
+    return Response(
+        data,
+        media_type="application/x-tar",
+        headers={"Content-Disposition": f'attachment; filename="{row.sha256[:16]}.tar"', "X-Mint-SHA256": row.sha256},
+    )

@@ -1,0 +1,135 @@
+"""Datasets and their OpenAI-shaped twin, files: streamed JSONL uploads, validated row by row.
+
+`POST /v1/files` is what the official `openai` client's `files.create` sends (multipart,
+`file` and `purpose`); `POST /v1/datasets` takes the same upload with Mint's answer shape.
+Both may name the `kind` (chat | preference | prompts); otherwise the first row decides.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Request, UploadFile
+from fastapi.responses import Response
+
+from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from mint.api.pagination import After, Limit, id_path, page_of
+from mint.errors import PayloadTooLarge
+from mint.schemas.common import Page
+from mint.schemas.datasets import DatasetKind, DatasetPublic, FileObject
+from mint.services import datasets
+from mint.storage.objects import object_store_for
+from mint.storage.queries import owned_by, paginate
+from mint.storage.tables import Dataset
+
+router = APIRouter(tags=["datasets"])
+
+DatasetId = Annotated[str, id_path("The dataset's id, e.g. `file_...`.")]
+# Room for the multipart envelope around the file itself.
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+
+
+def _upload(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: CurrentPrincipal,
+    file: UploadFile,
+    purpose: str,
+    kind: DatasetKind | None,
+) -> Dataset:
+    declared = int(request.headers.get("content-length") or 0)
+    if declared > settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES:
+        raise PayloadTooLarge(f"the upload is {declared} bytes; the limit is {settings.max_upload_bytes}", param="file")
+    return datasets.store_dataset(
+        session,
+        object_store_for(settings),
+        organization_id=principal.organization_id,
+        filename=file.filename or "upload.jsonl",
+        source=file.file,
+        kind=kind,
+        purpose=purpose,
+        max_bytes=settings.max_upload_bytes,
+    )
+
+
+def _content(session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal, dataset_id: str) -> Response:
+    dataset = datasets.get_dataset(session, principal.organization_id, dataset_id)
+    body = object_store_for(settings).get_bytes(dataset.object_key or "")
+    return Response(body, media_type="application/jsonl")
+
+
+Upload = Annotated[UploadFile, Form(description="The JSONL file, one row per line.")]
+Purpose = Annotated[str, Form(max_length=50, pattern=r"^[a-z0-9_-]+$")]
+Kind = Annotated[
+    DatasetKind | None, Form(description="chat | preference | prompts; read from the first row if omitted.")
+]
+
+
+@router.post("/v1/datasets", response_model=DatasetPublic, status_code=201)
+def upload_dataset(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: CurrentPrincipal,
+    file: Upload,
+    kind: Kind = None,
+    purpose: Purpose = "fine-tune",
+) -> Dataset:
+    """Upload a JSONL dataset; it is validated row by row and stored only if every row is valid."""
+    return _upload(request, session, settings, principal, file, purpose, kind)
+
+
+@router.get("/v1/datasets", response_model=Page[DatasetPublic])
+def list_datasets(
+    session: SessionDep, principal: CurrentPrincipal, after: After = None, limit: Limit = 20
+) -> Page[DatasetPublic]:
+    result = paginate(session, owned_by(Dataset, principal.organization_id), Dataset, after=after, limit=limit)
+    return page_of(result, DatasetPublic)
+
+
+@router.get("/v1/datasets/{dataset_id}", response_model=DatasetPublic)
+def get_dataset(dataset_id: DatasetId, session: SessionDep, principal: CurrentPrincipal) -> Dataset:
+    return datasets.get_dataset(session, principal.organization_id, dataset_id)
+
+
+@router.get("/v1/datasets/{dataset_id}/content", response_class=Response)
+def dataset_content(
+    dataset_id: DatasetId, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> Response:
+    """The dataset's JSONL, as stored."""
+    return _content(session, settings, principal, dataset_id)
+
+
+@router.post("/v1/files", response_model=FileObject, status_code=200)
+def upload_file(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: CurrentPrincipal,
+    file: Upload,
+    purpose: Purpose = "fine-tune",
+    kind: Kind = None,
+) -> Dataset:
+    """OpenAI's `files.create`: the same validated upload, answered as a file object."""
+    return _upload(request, session, settings, principal, file, purpose, kind)
+
+
+@router.get("/v1/files", response_model=Page[FileObject])
+def list_files(
+    session: SessionDep, principal: CurrentPrincipal, after: After = None, limit: Limit = 20
+) -> Page[FileObject]:
+    result = paginate(session, owned_by(Dataset, principal.organization_id), Dataset, after=after, limit=limit)
+    return page_of(result, FileObject)
+
+
+@router.get("/v1/files/{dataset_id}", response_model=FileObject)
+def get_file(dataset_id: DatasetId, session: SessionDep, principal: CurrentPrincipal) -> Any:
+    return datasets.get_dataset(session, principal.organization_id, dataset_id)
+
+
+@router.get("/v1/files/{dataset_id}/content", response_class=Response)
+def file_content(
+    dataset_id: DatasetId, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> Response:
+    return _content(session, settings, principal, dataset_id)

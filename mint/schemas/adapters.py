@@ -1,0 +1,37 @@
+"""Wire types for adapters and their immutable versions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from mint.schemas.common import WireModel
+
+
+class AdapterPublic(WireModel):
+    id: str
+    object: Literal["adapter"] = "adapter"
+    name: str
+    base_model: str
+    description: str
+    created_at: datetime
+
+
+class AdapterVersionPublic(WireModel):
+    """One version: a PEFT adapter in the object store, named by its sha256."""
+
+    id: str
+    object: Literal["adapter.version"] = "adapter.version"
+    adapter_id: str
+    version: int
+    model: str | None = None
+    sha256: str
+    size_bytes: int
+    base_model: str
+    rank: int
+    alpha: float
+    targets: dict[str, Any]
+    training_job_id: str | None
+    metrics: dict[str, Any]
+    status: str
+    created_at: datetime

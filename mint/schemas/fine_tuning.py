@@ -1,0 +1,195 @@
+"""Wire types for fine-tuning jobs, shaped like OpenAI's so its client works unchanged.
+
+A request is OpenAI's `fine_tuning.jobs.create` body (`model`, `training_file`, `method`
+with `supervised` | `dpo` | `reinforcement` hyperparameters, `seed`, `suffix`, `metadata`)
+plus Mint's own fields: the LoRA adapter (`lora`), an exact number of optimizer `steps`, an
+absolute `learning_rate`, and `checkpoint_interval`. Times are Unix seconds, as OpenAI's.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
+
+from mint.schemas.common import ID_PATTERN, WireModel
+
+Auto = Literal["auto"]
+MethodType = Literal["supervised", "dpo", "reinforcement"]
+JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled"]
+SUFFIX_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SupervisedHyperparameters(_Strict):
+    batch_size: int | Auto = Field(default="auto", description="Examples per optimizer step (`auto`: up to 8).")
+    learning_rate_multiplier: float | Auto = Field(
+        default="auto", description="Scales the base's default learning rate for the method."
+    )
+    n_epochs: int | Auto = Field(default="auto", description="Passes over the training file (`auto`: 3).")
+
+    def model_post_init(self, _context: Any) -> None:
+        _check_positive(self)
+
+
+class DpoHyperparameters(SupervisedHyperparameters):
+    beta: float | Auto = Field(default="auto", description="DPO temperature (`auto`: 0.1).")
+
+
+class ReinforcementHyperparameters(SupervisedHyperparameters):
+    group_size: int | Auto = Field(default="auto", description="Samples per prompt (`auto`: 4).")
+    max_tokens: int = Field(default=32, ge=1, le=4096, description="Longest sampled completion.")
+    temperature: float = Field(default=1.0, gt=0, le=2.0)
+    kl_beta: float = Field(default=0.0, ge=0, description="KL penalty towards the base.")
+
+
+def _check_positive(hyperparameters: BaseModel) -> None:
+    for name, value in hyperparameters:
+        if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0 and name != "kl_beta":
+            raise ValueError(f"{name} must be positive or 'auto'")
+
+
+class SupervisedMethod(_Strict):
+    hyperparameters: SupervisedHyperparameters = Field(default_factory=SupervisedHyperparameters)
+
+
+class DpoMethod(_Strict):
+    hyperparameters: DpoHyperparameters = Field(default_factory=DpoHyperparameters)
+
+
+class ReinforcementMethod(_Strict):
+    grader: dict[str, Any] = Field(
+        description='A grader of Mint\'s closed registry, e.g. `{"type": "numeric", "config": {"tolerance": 0}}`.'
+    )
+    hyperparameters: ReinforcementHyperparameters = Field(default_factory=ReinforcementHyperparameters)
+
+
+class Method(_Strict):
+    type: MethodType
+    supervised: SupervisedMethod | None = None
+    dpo: DpoMethod | None = None
+    reinforcement: ReinforcementMethod | None = None
+
+
+class LoraSpec(_Strict):
+    """The adapter to train; omitted fields take the base's registry defaults."""
+
+    rank: int | None = Field(default=None, ge=1, le=1024)
+    alpha: float | None = Field(default=None, gt=0)
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+    train_experts: bool = True
+    target_modules: list[str] | None = None
+    target_parameters: list[str] | None = None
+
+
+class FineTuningJobCreate(_Strict):
+    model: str = Field(max_length=100, pattern=ID_PATTERN, description="The base model, e.g. `tiny-glm-moe`.")
+    training_file: str = Field(max_length=100, pattern=ID_PATTERN, description="A dataset (file) id.")
+    validation_file: str | None = Field(default=None, max_length=100, pattern=ID_PATTERN)
+    method: Method | None = Field(default=None, description="supervised (default) | dpo | reinforcement.")
+    hyperparameters: SupervisedHyperparameters | None = Field(
+        default=None, description="OpenAI's older place for supervised hyperparameters."
+    )
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    suffix: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=SUFFIX_PATTERN,
+        description="Names the adapter; a job with the same suffix adds a new version to it.",
+    )
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    integrations: list[dict[str, Any]] | None = Field(default=None, description="Accepted and ignored.")
+    # Mint's own fields.
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    steps: int | None = Field(default=None, ge=1, le=1_000_000, description="Optimizer steps; overrides n_epochs.")
+    learning_rate: float | None = Field(default=None, gt=0, le=1.0, description="Overrides the multiplier.")
+    checkpoint_interval: int | None = Field(
+        default=None, ge=1, description="Steps between resumable checkpoints (`None`: about 5 per job)."
+    )
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+
+
+def _unix(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp())
+
+
+class FineTuningJob(WireModel):
+    """A fine-tuning job as OpenAI's client reads it, with Mint's progress fields."""
+
+    id: str
+    object: Literal["fine_tuning.job"] = "fine_tuning.job"
+    created_at: datetime
+    finished_at: datetime | None
+    model: str
+    fine_tuned_model: str | None = Field(description="`adapter@version` once the job succeeded: a model reference.")
+    organization_id: str
+    status: JobStatus
+    training_file: str
+    validation_file: str | None
+    hyperparameters: dict[str, Any]
+    method: dict[str, Any]
+    seed: int
+    suffix: str | None
+    metadata: dict[str, str] | None = None
+    trained_tokens: int | None
+    error: JobError | None
+    result_files: list[str] = Field(default_factory=list)
+    estimated_finish: int | None = None
+    integrations: list[dict[str, Any]] | None = None
+    # Mint's fields.
+    lora: dict[str, Any]
+    total_steps: int
+    completed_steps: int
+    attempts: int
+    steps_redone: int
+    adapter_version_id: str | None
+    started_at: datetime | None
+
+    @field_serializer("created_at", "finished_at", "started_at")
+    def _times(self, moment: datetime | None) -> int | None:
+        return _unix(moment)
+
+
+class FineTuningJobEvent(WireModel):
+    id: str
+    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
+    created_at: datetime
+    level: Literal["info", "warning", "error"]
+    message: str
+    type: Literal["message", "metrics"]
+    data: dict[str, Any]
+
+    @field_serializer("created_at")
+    def _time(self, moment: datetime) -> int | None:
+        return _unix(moment)
+
+
+class FineTuningJobCheckpoint(WireModel):
+    id: str
+    object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
+    created_at: datetime
+    fine_tuned_model_checkpoint: str
+    fine_tuning_job_id: str
+    metrics: dict[str, Any]
+    step_number: int
+
+    @field_serializer("created_at")
+    def _time(self, moment: datetime) -> int | None:
+        return _unix(moment)
+
+
+class EventPage(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FineTuningJobEvent]
+    has_more: bool

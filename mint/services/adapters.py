@@ -1,0 +1,173 @@
+"""Adapters and their versions: immutable PEFT adapters in the object store, named by content.
+
+A version is one tar archive of the two PEFT files (`adapter_config.json`,
+`adapter_model.safetensors`), written deterministically (sorted names, zero times and
+owners) so the same weights always give the same sha256. The archive is stored under that
+hash (`adapters/sha256/<hex>.tar`), which is also the key of the serving cache: a new
+version is a new key, never a stale cache hit.
+
+Model references name what to sample from: a base (`tiny-glm-moe`) or an adapter version
+(`my-adapter@3`; `my-adapter` alone is its newest ready version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from mint.errors import Conflict, InvalidRequest, NotFound
+from mint.storage.objects import ObjectStore
+from mint.storage.queries import get_owned
+from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, new_id
+
+PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
+MAX_ARCHIVE_BYTES = 8 * 1024**3
+
+
+def archive_adapter(folder: Path) -> bytes:
+    """The PEFT files of `folder` as a deterministic, uncompressed tar."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name in PEFT_FILES:
+            data = (folder / name).read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def extract_adapter(data: bytes, folder: Path) -> Path:
+    """Write the PEFT files of an archive into `folder`; anything else in it is refused."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+        members = archive.getmembers()
+        names = sorted(member.name for member in members)
+        if names != sorted(PEFT_FILES) or not all(member.isfile() for member in members):
+            raise InvalidRequest(f"an adapter archive holds exactly {', '.join(PEFT_FILES)}", param="file")
+        for member in members:
+            source = archive.extractfile(member)
+            assert source is not None  # a regular file, checked above
+            (folder / member.name).write_bytes(source.read())
+    return folder
+
+
+def object_key_of(sha256: str) -> str:
+    return f"adapters/sha256/{sha256}.tar"
+
+
+def _adapter_named(session: Session, organization_id: str, name: str) -> Adapter | None:
+    return session.execute(
+        select(Adapter).where(Adapter.organization_id == organization_id, Adapter.name == name)
+    ).scalar_one_or_none()
+
+
+def ensure_adapter(session: Session, *, organization_id: str, name: str, base_model: str) -> Adapter:
+    """The organization's adapter `name` on `base_model`, created if new; another base is a conflict."""
+    adapter = _adapter_named(session, organization_id, name)
+    if adapter is None:
+        adapter = Adapter(id=new_id("adapter"), organization_id=organization_id, name=name, base_model=base_model)
+        session.add(adapter)
+        session.flush()
+    elif adapter.base_model != base_model:
+        raise Conflict(
+            f"adapter {name!r} belongs to base {adapter.base_model!r}, not {base_model!r}; choose another name",
+            param="suffix",
+        )
+    return adapter
+
+
+def register_version(
+    session: Session,
+    store: ObjectStore,
+    *,
+    organization_id: str,
+    name: str,
+    base_model: str,
+    archive: bytes,
+    lora: dict[str, Any],
+    training_job_id: str | None = None,
+    metrics: dict[str, Any] | None = None,
+) -> AdapterVersion:
+    """Store an adapter archive (once per content) and record it as the adapter's next version."""
+    sha256 = hashlib.sha256(archive).hexdigest()
+    key = object_key_of(sha256)
+    if not store.exists(key):
+        store.put_bytes(key, archive)
+    adapter = ensure_adapter(session, organization_id=organization_id, name=name, base_model=base_model)
+    newest = session.execute(
+        select(func.max(AdapterVersion.version)).where(AdapterVersion.adapter_id == adapter.id)
+    ).scalar_one()
+    version = AdapterVersion(
+        id=new_id("adv"),
+        adapter_id=adapter.id,
+        version=(newest or 0) + 1,
+        object_key=key,
+        sha256=sha256,
+        size_bytes=len(archive),
+        base_model=base_model,
+        rank=int(lora.get("rank", 0)),
+        alpha=float(lora.get("alpha", 0.0)),
+        targets={"modules": lora.get("targets", [])},
+        training_job_id=training_job_id,
+        metrics=metrics or {},
+    )
+    session.add(version)
+    session.flush()
+    return version
+
+
+def get_adapter(session: Session, organization_id: str, adapter_id: str) -> Adapter:
+    return get_owned(session, Adapter, adapter_id, organization_id=organization_id, noun="adapter")
+
+
+def get_version(session: Session, organization_id: str, adapter_id: str, version: int) -> AdapterVersion:
+    adapter = get_adapter(session, organization_id, adapter_id)
+    row = session.execute(
+        select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id, AdapterVersion.version == version)
+    ).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"adapter {adapter.name!r} has no version {version}", param="version")
+    return row
+
+
+def model_ref_of(adapter: Adapter, version: AdapterVersion) -> str:
+    return f"{adapter.name}@{version.version}"
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """What a model reference names: a base, and the adapter version on it (None: the base itself)."""
+
+    ref: str
+    base_model: str
+    adapter_version: AdapterVersion | None
+
+
+def resolve_model_ref(session: Session, organization_id: str, ref: str) -> ResolvedModel:
+    """`base`, `adapter@version` or `adapter` (its newest ready version) -> ResolvedModel."""
+    name, _, version_text = ref.partition("@")
+    if not version_text:
+        base = session.get(BaseModelRow, ref)
+        if base is not None:
+            if not base.enabled:
+                raise InvalidRequest(f"base model {ref!r} is disabled on this platform", param="model")
+            return ResolvedModel(ref=ref, base_model=base.name, adapter_version=None)
+    adapter = _adapter_named(session, organization_id, name)
+    if adapter is None:
+        raise NotFound(f"no base model or adapter named {name!r}; list them at /v1/base_models and /v1/adapters")
+    query = select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id, AdapterVersion.status == "ready")
+    if version_text:
+        if not version_text.isdigit():
+            raise InvalidRequest(f"{ref!r}: the version after '@' must be a number, e.g. {name}@1", param="model")
+        query = query.where(AdapterVersion.version == int(version_text))
+    row = session.execute(query.order_by(AdapterVersion.version.desc()).limit(1)).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"adapter {name!r} has no ready version {version_text or ''}".rstrip(), param="model")
+    return ResolvedModel(ref=model_ref_of(adapter, row), base_model=adapter.base_model, adapter_version=row)

@@ -1,0 +1,211 @@
+"""Datasets: JSONL uploads, validated row by row, stored once per content hash.
+
+An upload is streamed to a local spool file while it is hashed and measured (past the size
+limit it is refused at once), then every line is checked by the validator of its kind:
+
+- `chat`: OpenAI chat rows `{"messages": [...], "tools"?: [...]}`, for supervised jobs;
+- `preference`: `{"input": {...}, "preferred_output": [...], "non_preferred_output": [...]}`,
+  for DPO jobs;
+- `prompts`: conversations that end before the assistant's turn, with a `reference` and
+  optional scripted `environment`, for reinforcement jobs.
+
+The kind is given, or read from the first row. A file with any invalid row is refused as a
+whole with errors that name the line and the field, and nothing is stored. Content lives in
+the object store under its sha256 (`datasets/sha256/<hex>.jsonl`), so identical content is
+stored once; uploading the same file twice returns the same dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, BinaryIO
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from mint.errors import InvalidRequest, NotFound, PayloadTooLarge
+from mint.storage.objects import ObjectStore
+from mint.storage.queries import get_owned
+from mint.storage.tables import DATASET_KINDS, Dataset, new_id
+from mint.trainer.chat_data import validate_chat_row, validate_preference_row, validate_prompt_row
+
+VALIDATORS: dict[str, Callable[[Any], list[str]]] = {
+    "chat": validate_chat_row,
+    "preference": validate_preference_row,
+    "prompts": validate_prompt_row,
+}
+# Which dataset kind each fine-tuning method trains on.
+KIND_OF_METHOD = {"sft": "chat", "dpo": "preference", "rl": "prompts"}
+MAX_REPORTED_ERRORS = 20
+SPOOL_IN_MEMORY_BYTES = 8 * 1024 * 1024
+CHUNK_BYTES = 1024 * 1024
+
+
+def object_key_of(sha256: str) -> str:
+    return f"datasets/sha256/{sha256}.jsonl"
+
+
+def infer_kind(row: Any) -> str:
+    """The kind a first row looks like: DPO fields, a finished conversation, or a prompt."""
+    if isinstance(row, dict) and ("preferred_output" in row or "non_preferred_output" in row):
+        return "preference"
+    messages = row.get("messages") if isinstance(row, dict) else None
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        return "chat" if messages[-1].get("role") == "assistant" else "prompts"
+    return "chat"
+
+
+def _spool(source: BinaryIO | Iterable[bytes], max_bytes: int) -> tuple[BinaryIO, str, int]:
+    """Copy the upload to a spool file, hashing as it goes; refuse it past `max_bytes`."""
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)  # noqa: SIM115 - returned open
+    digest, size = hashlib.sha256(), 0
+    chunks = iter(lambda: source.read(CHUNK_BYTES), b"") if hasattr(source, "read") else iter(source)
+    for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            spool.close()
+            raise PayloadTooLarge(
+                f"the file is larger than the {max_bytes}-byte upload limit; split it into smaller files",
+                param="file",
+            )
+        digest.update(chunk)
+        spool.write(chunk)
+    spool.seek(0)
+    return spool, digest.hexdigest(), size
+
+
+def _rows(spool: BinaryIO) -> Iterator[tuple[int, Any | None, str | None]]:
+    """(line number, parsed row or None, parse error or None) for each non-blank line."""
+    for number, line in enumerate(spool, start=1):
+        raw = line.decode("utf-8")
+        if not raw.strip():
+            continue
+        try:
+            yield number, json.loads(raw), None
+        except json.JSONDecodeError as exc:
+            yield number, None, f"not valid JSON ({exc.msg} at column {exc.colno}); write one JSON object per line"
+
+
+def validate_rows(spool: BinaryIO, kind: str | None) -> tuple[str, int, list[str]]:
+    """(kind, row count, errors as `line N: field: problem`) of a JSONL file."""
+    count, errors = 0, []
+    try:
+        for number, row, parse_error in _rows(spool):
+            count += 1
+            if parse_error is None and kind is None:
+                kind = infer_kind(row)
+            problems = [parse_error] if parse_error else VALIDATORS[kind or "chat"](row)
+            errors += [f"line {number}: {problem}" for problem in problems]
+            if len(errors) >= MAX_REPORTED_ERRORS:
+                break
+    except UnicodeDecodeError as exc:
+        errors.append(f"the file is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSONL")
+    return kind or "chat", count, errors[:MAX_REPORTED_ERRORS]
+
+
+def _refuse(kind: str, errors: list[str], count: int) -> InvalidRequest:
+    shown = "; ".join(errors[:5])
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    if not errors:
+        return InvalidRequest("the file holds no rows; write one JSON object per line", param="file")
+    return InvalidRequest(f"invalid {kind} dataset, nothing was stored: {shown}{more}", param="file")
+
+
+def store_dataset(
+    session: Session,
+    store: ObjectStore,
+    *,
+    organization_id: str,
+    filename: str,
+    source: BinaryIO | Iterable[bytes],
+    kind: str | None = None,
+    purpose: str = "fine-tune",
+    max_bytes: int,
+    source_eval_run_id: str | None = None,
+) -> Dataset:
+    """Validate an upload and record it; the same content and kind again returns the same dataset."""
+    if kind is not None and kind not in DATASET_KINDS:
+        raise InvalidRequest(f"unknown dataset kind {kind!r}; use one of: {', '.join(DATASET_KINDS)}", param="kind")
+    spool, sha256, size = _spool(source, max_bytes)
+    with spool:
+        kind, count, errors = validate_rows(spool, kind)
+        if errors or count == 0:
+            raise _refuse(kind, errors, count)
+        existing = session.execute(
+            select(Dataset).where(
+                Dataset.organization_id == organization_id, Dataset.sha256 == sha256, Dataset.kind == kind
+            )
+        ).scalar_one_or_none()
+        if existing is not None:
+            return existing
+        key = object_key_of(sha256)
+        if not store.exists(key):
+            spool.seek(0)
+            store.put(key, spool, max_bytes=max_bytes)
+    dataset = Dataset(
+        id=new_id("file"),
+        organization_id=organization_id,
+        filename=filename,
+        purpose=purpose,
+        kind=kind,
+        status="ready",
+        object_key=key,
+        sha256=sha256,
+        size_bytes=size,
+        row_count=count,
+        validation_report={"rows": count, "errors": []},
+        source_eval_run_id=source_eval_run_id,
+    )
+    session.add(dataset)
+    session.flush()
+    return dataset
+
+
+def create_dataset_from_rows(
+    session: Session,
+    store: ObjectStore,
+    *,
+    organization_id: str,
+    kind: str,
+    rows: list[dict[str, Any]],
+    filename: str,
+    source_eval_run_id: str | None = None,
+) -> Dataset:
+    """A dataset made by Mint itself (e.g. mined from failed trajectories), validated like an upload."""
+    content = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode()
+    return store_dataset(
+        session,
+        store,
+        organization_id=organization_id,
+        filename=filename,
+        source=io.BytesIO(content),
+        kind=kind,
+        max_bytes=max(len(content), 1),
+        source_eval_run_id=source_eval_run_id,
+    )
+
+
+def get_dataset(session: Session, organization_id: str, dataset_id: str) -> Dataset:
+    return get_owned(session, Dataset, dataset_id, organization_id=organization_id, noun="dataset")
+
+
+def read_rows(store: ObjectStore, dataset: Dataset) -> list[dict[str, Any]]:
+    """Every row of a stored dataset, in file order."""
+    if dataset.object_key is None:
+        raise NotFound(f"dataset {dataset.id!r} has no stored content", param="id")
+    text = store.get_bytes(dataset.object_key).decode("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def require_kind(dataset: Dataset, kind: str, param: str) -> None:
+    """Refuse a dataset of another kind, saying which kind the job needs."""
+    if dataset.status != "ready":
+        raise InvalidRequest(f"dataset {dataset.id!r} is {dataset.status}, not ready", param=param)
+    if dataset.kind != kind:
+        raise InvalidRequest(
+            f"dataset {dataset.id!r} holds {dataset.kind} rows, but this method trains on {kind} rows", param=param
+        )

@@ -1,0 +1,315 @@
+"""Fine-tuning jobs, as the API sees them: create, read, cancel, events and checkpoints.
+
+The row is the truth (DESIGN.md section 2). Each status change has one owner:
+- the API: `validating_files -> queued` (files checked at creation) and `queued -> cancelled`;
+- the worker that claims the job: `queued -> running -> succeeded | failed | cancelled`;
+- the reconciler: `running -> queued` when the worker's lease ran out (it died).
+A job is committed before its message is sent, so a worker never looks for a row that is
+not there, and a message lost between the two is re-sent by the reconciler.
+
+`Idempotency-Key`: a create retried with the same key returns the first job; the same key
+with another body is a conflict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from mint.errors import Conflict, InvalidRequest
+from mint.evals.graders import GraderSpec
+from mint.schemas.base_models import BaseModelSpec
+from mint.schemas.fine_tuning import FineTuningJobCreate, Method
+from mint.services.adapters import model_ref_of
+from mint.services.auth import Principal
+from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
+from mint.storage.queries import get_owned
+from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Checkpoint, JobEvent, TrainingJob, new_id, utcnow
+from mint.trainer.types import LoraOptions
+
+log = logging.getLogger(__name__)
+
+RUN_JOB_TASK = "mint.jobs.run"
+METHOD_OF_TYPE = {"supervised": "sft", "dpo": "dpo", "reinforcement": "rl"}
+TYPE_OF_METHOD = {method: kind for kind, method in METHOD_OF_TYPE.items()}
+# Defaults an `auto` hyperparameter takes.
+DEFAULT_EPOCHS = 3
+DEFAULT_BATCH = {"sft": 8, "dpo": 4, "rl": 4}
+DEFAULT_LEARNING_RATE = {"sft": 4e-4, "dpo": 1e-4, "rl": 1e-4}
+DEFAULT_BETA = 0.1
+DEFAULT_GROUP_SIZE = 4
+CHECKPOINTS_PER_JOB = 5
+
+# Sends a task by name, with string arguments and a chosen message id, to the queue of the
+# workers that hold `base_model` (`send(task, args=[...], task_id=..., base_model=...)`).
+SendTask = Callable[..., None]
+
+
+def emit_event(
+    session: Session,
+    job_id: str,
+    message: str,
+    *,
+    level: str = "info",
+    type: str = "message",
+    data: dict[str, Any] | None = None,
+) -> JobEvent:
+    event = JobEvent(job_id=job_id, level=level, type=type, message=message, data=data or {})
+    session.add(event)
+    return event
+
+
+def _request_hash(body: FineTuningJobCreate) -> str:
+    return hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def _method_of(body: FineTuningJobCreate) -> Method:
+    method = body.method or Method(type="supervised")
+    if method.type == "reinforcement" and method.reinforcement is None:
+        raise InvalidRequest(
+            'method.reinforcement.grader is required for reinforcement jobs, e.g. {"type": "exact", "config": {}}',
+            param="method.reinforcement",
+        )
+    if body.hyperparameters is not None and method.type == "supervised" and method.supervised is None:
+        method = Method(type="supervised", supervised={"hyperparameters": body.hyperparameters})  # type: ignore[arg-type]
+    return method
+
+
+def _resolve(value: Any, default: Any) -> Any:
+    return default if value == "auto" else value
+
+
+def resolve_plan(body: FineTuningJobCreate, method: Method, rows: int) -> dict[str, Any]:
+    """The concrete hyperparameters of a job: `auto` values filled in, steps counted."""
+    kind = METHOD_OF_TYPE[method.type]
+    section = getattr(method, method.type)
+    hyper = section.hyperparameters if section is not None else None
+    batch = min(_resolve(getattr(hyper, "batch_size", "auto"), DEFAULT_BATCH[kind]), rows)
+    epochs = _resolve(getattr(hyper, "n_epochs", "auto"), DEFAULT_EPOCHS)
+    multiplier = _resolve(getattr(hyper, "learning_rate_multiplier", "auto"), 1.0)
+    steps = body.steps or epochs * math.ceil(rows / batch)
+    plan: dict[str, Any] = {
+        "batch_size": batch,
+        "n_epochs": epochs if body.steps is None else steps * batch / rows,
+        "learning_rate_multiplier": multiplier,
+        "learning_rate": body.learning_rate or DEFAULT_LEARNING_RATE[kind] * multiplier,
+        "steps": steps,
+        "checkpoint_interval": body.checkpoint_interval or max(1, steps // CHECKPOINTS_PER_JOB),
+    }
+    if kind == "dpo":
+        plan["beta"] = _resolve(getattr(hyper, "beta", "auto"), DEFAULT_BETA)
+    if kind == "rl":
+        assert method.reinforcement is not None
+        rl = method.reinforcement.hyperparameters
+        plan |= {
+            "group_size": _resolve(rl.group_size, DEFAULT_GROUP_SIZE),
+            "max_tokens": rl.max_tokens,
+            "temperature": rl.temperature,
+            "kl_beta": rl.kl_beta,
+            "grader": GraderSpec.model_validate(method.reinforcement.grader).model_dump(),
+        }
+    return plan
+
+
+def _check_lora(body: FineTuningJobCreate, seed: int) -> dict[str, Any]:
+    try:
+        options = LoraOptions.model_validate({**body.lora.model_dump(exclude_none=True), "seed": seed})
+    except ValidationError as exc:
+        raise InvalidRequest(f"lora: {exc.errors()[0]['msg']}", param="lora") from None
+    return options.model_dump(exclude_none=True)
+
+
+def _base_model(session: Session, name: str) -> BaseModelRow:
+    base = session.get(BaseModelRow, name)
+    if base is None or not base.enabled:
+        raise InvalidRequest(f"no enabled base model {name!r}; list them at /v1/base_models", param="model")
+    return base
+
+
+def _existing(session: Session, organization_id: str, key: str, request_hash: str) -> TrainingJob | None:
+    job = session.execute(
+        select(TrainingJob).where(TrainingJob.organization_id == organization_id, TrainingJob.idempotency_key == key)
+    ).scalar_one_or_none()
+    if job is not None and job.spec.get("request_sha256") != request_hash:
+        raise Conflict(
+            f"Idempotency-Key {key!r} was used for another request; use a new key for a new job",
+            param="Idempotency-Key",
+        )
+    return job
+
+
+def create_job(
+    session: Session,
+    principal: Principal,
+    body: FineTuningJobCreate,
+    *,
+    send: SendTask,
+    idempotency_key: str | None = None,
+) -> TrainingJob:
+    """Check the request and its files, record the job (queued) and send it to its base's queue."""
+    request_hash = _request_hash(body)
+    if idempotency_key is not None:
+        existing = _existing(session, principal.organization_id, idempotency_key, request_hash)
+        if existing is not None:
+            return existing
+    base = _base_model(session, body.model)
+    method = _method_of(body)
+    kind = METHOD_OF_TYPE[method.type]
+    seed = body.seed if body.seed is not None else int.from_bytes(uuid.uuid4().bytes[:3])
+    lora = _check_lora(body, seed)
+    BaseModelSpec.model_validate(base.spec)  # the registry entry the worker will load
+    job = TrainingJob(
+        id=new_id("ftjob"),
+        organization_id=principal.organization_id,
+        base_model=base.name,
+        method=kind,
+        status="validating_files",
+        training_dataset_id=body.training_file,
+        validation_dataset_id=body.validation_file,
+        suffix=body.suffix,
+        seed=seed,
+        idempotency_key=idempotency_key,
+    )
+    training = get_dataset(session, principal.organization_id, body.training_file)
+    require_kind(training, KIND_OF_METHOD[kind], "training_file")
+    if body.validation_file is not None:
+        require_kind(
+            get_dataset(session, principal.organization_id, body.validation_file), training.kind, "validation_file"
+        )
+    plan = resolve_plan(body, method, training.row_count)
+    job.spec = {
+        "request": body.model_dump(mode="json", exclude_none=True),
+        "request_sha256": request_hash,
+        "plan": plan,
+        "lora": lora,
+        "adapter_name": body.suffix or f"ft-{job.id.removeprefix('ftjob_')}",
+        "metadata": body.metadata or {},
+    }
+    job.total_steps = plan["steps"]
+    session.add(job)
+    session.flush()
+    emit_event(session, job.id, f"Validating training file: {training.id} ({training.row_count} {training.kind} rows)")
+    emit_event(session, job.id, f"Files validated; {plan['steps']} optimizer steps planned", data={"plan": plan})
+    mark_queued(session, job, reason="Job enqueued")
+    session.commit()
+    send_job(job, send)
+    return job
+
+
+def mark_queued(session: Session, job: TrainingJob, *, reason: str) -> None:
+    """Give the job a new message id and queue it; the caller commits, then sends."""
+    job.status = "queued"
+    job.task_id = f"{job.id}:{uuid.uuid4().hex[:12]}"
+    job.enqueued_at = utcnow()
+    job.worker_id = None
+    job.heartbeat_at = None
+    emit_event(session, job.id, reason, data={"task_id": job.task_id})
+
+
+def send_job(job: TrainingJob, send: SendTask) -> None:
+    """Publish the job's message. A failure is left to the reconciler: the row is committed."""
+    try:
+        send(RUN_JOB_TASK, args=[job.id], task_id=job.task_id, base_model=job.base_model)
+    except Exception:  # noqa: BLE001 - the broker may be down; the reconciler re-sends queued jobs
+        log.warning("could not send job %s now; the reconciler will", job.id, exc_info=True)
+
+
+def get_job(session: Session, organization_id: str, job_id: str) -> TrainingJob:
+    return get_owned(session, TrainingJob, job_id, organization_id=organization_id, noun="fine-tuning job")
+
+
+def cancel_job(session: Session, principal: Principal, job_id: str) -> TrainingJob:
+    """A queued job is cancelled at once; a running one stops after its current optimizer step."""
+    job = get_job(session, principal.organization_id, job_id)
+    if job.status in ("succeeded", "failed", "cancelled"):
+        raise Conflict(f"job {job.id} already {job.status}; only queued or running jobs can be cancelled")
+    now = utcnow()
+    cancelled = session.execute(
+        update(TrainingJob)
+        .where(TrainingJob.id == job.id, TrainingJob.status.in_(("validating_files", "queued")))
+        .values(status="cancelled", cancel_requested_at=now, finished_at=now)
+    ).rowcount
+    if cancelled:
+        emit_event(session, job.id, "Job cancelled before it started")
+    else:
+        session.execute(update(TrainingJob).where(TrainingJob.id == job.id).values(cancel_requested_at=now))
+        emit_event(session, job.id, "Cancellation requested; the job stops after its current step")
+    session.flush()
+    session.refresh(job)
+    return job
+
+
+def list_events(session: Session, job: TrainingJob, *, after: str | None, limit: int) -> tuple[list[JobEvent], bool]:
+    """Events newest first, as OpenAI lists them; `after` is an event id from a previous page."""
+    query = select(JobEvent).where(JobEvent.job_id == job.id)
+    if after is not None:
+        if not after.isdigit():
+            raise InvalidRequest(
+                f"Unknown cursor {after!r}: pass the last event id of the previous page.", param="after"
+            )
+        query = query.where(JobEvent.id < int(after))
+    rows = list(session.execute(query.order_by(JobEvent.id.desc()).limit(limit + 1)).scalars())
+    return rows[:limit], len(rows) > limit
+
+
+def list_checkpoints(session: Session, job: TrainingJob) -> list[Checkpoint]:
+    return list(
+        session.execute(
+            select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step.desc())
+        ).scalars()
+    )
+
+
+def job_view(job: TrainingJob, fine_tuned_model: str | None) -> dict[str, Any]:
+    """The job in OpenAI's shape (see `mint.schemas.fine_tuning.FineTuningJob`)."""
+    plan = job.spec.get("plan", {})
+    hyperparameters = {key: plan[key] for key in ("batch_size", "learning_rate_multiplier", "n_epochs") if key in plan}
+    method_type = TYPE_OF_METHOD[job.method]
+    extra = {key: plan[key] for key in ("beta",) if key in plan}
+    method: dict[str, Any] = {"type": method_type, method_type: {"hyperparameters": hyperparameters | extra}}
+    if job.method == "rl":
+        method[method_type]["grader"] = plan.get("grader")
+    error = job.error
+    return {
+        "id": job.id,
+        "created_at": job.created_at,
+        "finished_at": job.finished_at,
+        "started_at": job.started_at,
+        "model": job.base_model,
+        "fine_tuned_model": fine_tuned_model,
+        "organization_id": job.organization_id,
+        "status": job.status,
+        "training_file": job.training_dataset_id,
+        "validation_file": job.validation_dataset_id,
+        "hyperparameters": hyperparameters,
+        "method": method,
+        "seed": job.seed,
+        "suffix": job.suffix,
+        "metadata": job.spec.get("metadata") or None,
+        "trained_tokens": job.trained_tokens if job.status == "succeeded" else None,
+        "error": error,
+        "lora": job.spec.get("lora", {}),
+        "total_steps": job.total_steps,
+        "completed_steps": job.completed_steps,
+        "attempts": job.attempts,
+        "steps_redone": job.steps_redone,
+        "adapter_version_id": job.result_adapter_version_id,
+    }
+
+
+def fine_tuned_model_of(session: Session, job: TrainingJob) -> str | None:
+    """The model reference (`adapter@version`) a succeeded job produced."""
+    if job.result_adapter_version_id is None:
+        return None
+    version = session.get(AdapterVersion, job.result_adapter_version_id)
+    adapter = session.get(Adapter, version.adapter_id) if version is not None else None
+    return model_ref_of(adapter, version) if adapter is not None and version is not None else None

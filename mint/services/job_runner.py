@@ -1,0 +1,481 @@
+"""Running a fine-tuning job on the worker that holds its base: claim, train, checkpoint, finish.
+
+The run is safe against any process dying at any moment:
+- **Claim.** A conditional update moves the job `queued -> running` for exactly one worker;
+  a duplicate or stale message finds it running or finished and returns.
+- **Lease.** While the job runs, a thread renews `heartbeat_at`; the reconciler queues a
+  job again once its lease runs out, and every write below is conditional on the job still
+  being this worker's, so a worker that lost its lease stops without touching the row.
+- **Checkpoints** every `checkpoint_interval` steps hold the adapter, the Adam moments and
+  the step (`TrainingSession.save_state`), stored in the object store and recorded in
+  `checkpoints`. A resumed job loads the newest one and continues from its step with the
+  same seeded batch plan, so the final adapter has had each of its steps exactly once;
+  steps the dead worker ran after that checkpoint are counted in `steps_redone`.
+- **Finish.** The adapter is stored (content-addressed) before the transaction that
+  records its version and marks the job succeeded, so a crash in between redoes the
+  finish, never half of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from mint.config import Settings
+from mint.errors import InvalidRequest, MintError
+from mint.evals.graders import GraderSpec
+from mint.services import adapters, datasets
+from mint.services.fine_tuning import emit_event
+from mint.services.usage import record_usage
+from mint.storage.db import session_scope
+from mint.storage.objects import ObjectStore, object_store_for
+from mint.storage.tables import Checkpoint, Dataset, TrainingJob, new_id, utcnow
+from mint.trainer.recipes.common import StepReport
+
+if TYPE_CHECKING:
+    from mint.trainer.session import ResidentBase, TrainingSession
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+@dataclass
+class JobContext:
+    """What one attempt at a job knows: ids, the plan, and where it is in it."""
+
+    job_id: str
+    organization_id: str
+    base_model: str
+    method: str
+    plan: dict[str, Any]
+    lora: dict[str, Any]
+    adapter_name: str
+    seed: int
+    worker_id: str
+    start_step: int = 0
+    tokens_at_start: int = 0
+    trained_tokens: int = 0
+
+
+class LostLease(Exception):
+    """The job is no longer this worker's (cancelled, or queued again after its lease ran out)."""
+
+
+def claim(session: Session, job_id: str, worker_id: str) -> TrainingJob | None:
+    """Move a queued job to running for this worker; None if another worker has it or it ended."""
+    now = utcnow()
+    claimed = session.execute(
+        update(TrainingJob)
+        .where(TrainingJob.id == job_id, TrainingJob.status == "queued")
+        .values(
+            status="running",
+            worker_id=worker_id,
+            heartbeat_at=now,
+            attempts=TrainingJob.attempts + 1,
+        )
+    ).rowcount
+    if not claimed:
+        return None
+    job = session.get(TrainingJob, job_id)
+    assert job is not None
+    if job.started_at is None:
+        job.started_at = now
+    return job
+
+
+def _ours(job_id: str, worker_id: str) -> Any:
+    return (TrainingJob.id == job_id, TrainingJob.worker_id == worker_id, TrainingJob.status == "running")
+
+
+class LeaseKeeper:
+    """Renews a running job's lease from a background thread, every quarter of the lease."""
+
+    def __init__(self, settings: Settings, job_id: str, worker_id: str) -> None:
+        self.settings, self.job_id, self.worker_id = settings, job_id, worker_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id}", daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.job_lease_s / 4):
+            try:
+                with session_scope(self.settings.database) as session:
+                    session.execute(
+                        update(TrainingJob).where(*_ours(self.job_id, self.worker_id)).values(heartbeat_at=utcnow())
+                    )
+            except Exception:  # noqa: BLE001 - a missed renewal is retried; the lease allows for it
+                log.warning("could not renew the lease of job %s", self.job_id, exc_info=True)
+
+
+def _checkpoint_key(job_id: str, step: int) -> str:
+    return f"checkpoints/{job_id}/step-{step:07d}.tar"
+
+
+def _pack_folder(folder: Path) -> bytes:
+    with tempfile.TemporaryFile() as spool:
+        with tarfile.open(fileobj=spool, mode="w") as archive:
+            for path in sorted(folder.iterdir()):
+                archive.add(path, arcname=path.name, recursive=False)
+        spool.seek(0)
+        return spool.read()
+
+
+def _unpack_folder(data: bytes, folder: Path) -> None:
+    import io
+
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+        archive.extractall(folder, filter="data")
+
+
+class JobRun:
+    """One attempt at one job on this worker's resident base."""
+
+    def __init__(self, settings: Settings, resident: ResidentBase, context: JobContext) -> None:
+        self.settings = settings
+        self.store: ObjectStore = object_store_for(settings)
+        self.resident = resident
+        self.context = context
+        self.session_id = context.job_id
+
+    # ---- state ------------------------------------------------------------------------------
+
+    def open_session(self) -> TrainingSession:
+        """The job's LoRA session: from its newest checkpoint, or fresh with the job's seed."""
+        from mint.trainer.types import LoraOptions
+
+        if self.session_id in {s.session_id for s in self.resident.sessions}:
+            self.resident.close(self.session_id)  # left open by an attempt that failed in this process
+        with session_scope(self.settings.database) as session:
+            newest = (
+                session.execute(
+                    select(Checkpoint).where(Checkpoint.job_id == self.context.job_id).order_by(Checkpoint.step.desc())
+                )
+                .scalars()
+                .first()
+            )
+            snapshot = (
+                (newest.step, newest.object_key, int(newest.metrics.get("trained_tokens", 0))) if newest else None
+            )
+        if snapshot is None:
+            options = LoraOptions.model_validate(self.context.lora)
+            return self.resident.create_session(options, session_id=self.session_id)
+        step, key, tokens = snapshot
+        with tempfile.TemporaryDirectory(prefix="mint-resume-") as scratch:
+            _unpack_folder(self.store.get_bytes(key), Path(scratch))
+            training = self.resident.create_session_from_state(Path(scratch), session_id=self.session_id)
+        self.context.start_step, self.context.tokens_at_start = step, tokens
+        self.context.trained_tokens = tokens
+        return training
+
+    def save_checkpoint(self, training: TrainingSession, report: StepReport) -> None:
+        with tempfile.TemporaryDirectory(prefix="mint-ckpt-") as scratch:
+            training.save_state(Path(scratch))
+            data = _pack_folder(Path(scratch))
+        key = _checkpoint_key(self.context.job_id, report.step)
+        info = self.store.put_bytes(key, data)
+        metrics = {**_rounded(report.metrics), "trained_tokens": self.context.trained_tokens}
+        with session_scope(self.settings.database) as session:
+            self._require_ours(session)
+            existing = session.execute(
+                select(Checkpoint).where(Checkpoint.job_id == self.context.job_id, Checkpoint.step == report.step)
+            ).scalar_one_or_none()
+            if existing is None:
+                session.add(
+                    Checkpoint(
+                        id=new_id("ftckpt"),
+                        job_id=self.context.job_id,
+                        step=report.step,
+                        object_key=key,
+                        sha256=info.sha256,
+                        size_bytes=info.size_bytes,
+                        metrics=metrics,
+                    )
+                )
+            else:  # the same step, redone after a resume: the same state, rewritten
+                existing.sha256, existing.size_bytes, existing.metrics = info.sha256, info.size_bytes, metrics
+            emit_event(
+                session, self.context.job_id, f"Checkpoint saved at step {report.step}", data={"step": report.step}
+            )
+
+    def _require_ours(self, session: Session) -> TrainingJob:
+        job = session.execute(
+            select(TrainingJob).where(*_ours(self.context.job_id, self.context.worker_id))
+        ).scalar_one_or_none()
+        if job is None:
+            raise LostLease(self.context.job_id)
+        return job
+
+    # ---- the step callback ------------------------------------------------------------------
+
+    def on_step(self, training: TrainingSession, report: StepReport) -> bool:
+        """Record the step; checkpoint when due; False stops the recipe (a cancel was requested)."""
+        self.context.trained_tokens += int(report.metrics.get("trained_tokens", report.metrics.get("tokens", 0)))
+        plan = self.context.plan
+        with session_scope(self.settings.database) as session:
+            job = self._require_ours(session)
+            job.completed_steps = report.step
+            job.trained_tokens = self.context.trained_tokens
+            job.heartbeat_at = utcnow()
+            emit_event(
+                session,
+                job.id,
+                f"Step {report.step}/{plan['steps']}: "
+                + ", ".join(f"{name} {value:.4g}" for name, value in report.metrics.items() if name in SHOWN),
+                type="metrics",
+                data={"step": report.step, "learning_rate": report.learning_rate, **_rounded(report.metrics)},
+            )
+            cancel = job.cancel_requested_at is not None
+        due = report.step % plan["checkpoint_interval"] == 0 and report.step < plan["steps"]
+        if due and not cancel:
+            self.save_checkpoint(training, report)
+        return not cancel
+
+    # ---- the whole attempt ------------------------------------------------------------------
+
+    def run(self) -> None:
+        training = self.open_session()
+        try:
+            self._note_resume()
+            reports = self._train(training)
+            finished = bool(reports) and reports[-1].step == self.context.plan["steps"]
+            if self.context.start_step == self.context.plan["steps"]:
+                finished = True
+            if finished:
+                self.finish(training)
+            else:
+                self.stop_cancelled()
+        finally:
+            self.resident.close(self.session_id)
+
+    def _note_resume(self) -> None:
+        with session_scope(self.settings.database) as session:
+            job = self._require_ours(session)
+            redone = max(0, job.completed_steps - self.context.start_step)
+            where = f"from checkpoint at step {self.context.start_step}" if self.context.start_step else "from step 0"
+            if job.attempts > 1:
+                job.steps_redone += redone
+                emit_event(
+                    session,
+                    job.id,
+                    f"Resuming {where} on {self.context.worker_id} (attempt {job.attempts}; {redone} steps redone)",
+                    level="warning",
+                    data={"start_step": self.context.start_step, "steps_redone": redone, "attempt": job.attempts},
+                )
+            else:
+                emit_event(session, job.id, f"Training started on {self.context.worker_id}")
+            job.completed_steps = self.context.start_step
+            job.trained_tokens = self.context.trained_tokens
+
+    def _train(self, training: TrainingSession) -> list[StepReport]:
+        from mint.trainer.recipes.dpo import DpoConfig, run_dpo
+        from mint.trainer.recipes.rl import RlConfig, run_rl
+        from mint.trainer.recipes.sft import SftConfig, run_sft
+
+        plan, context = self.context.plan, self.context
+        rows = self._rows()
+        tokenizer = self.resident.tokenizer
+
+        def on_step(report: StepReport) -> bool:
+            return self.on_step(training, report)
+
+        common = {"start_step": context.start_step, "on_step": on_step}
+        if context.method == "sft":
+            from mint.trainer.chat_data import render_chat
+
+            examples = [
+                _rendered(index, lambda row=row: render_chat(tokenizer, row["messages"], row.get("tools")))
+                for index, row in enumerate(rows)
+            ]
+            config = SftConfig(
+                steps=plan["steps"],
+                batch_size=plan["batch_size"],
+                learning_rate=plan["learning_rate"],
+                seed=context.seed,
+            )
+            return run_sft(training, examples, config, **common)
+        if context.method == "dpo":
+            from mint.trainer.chat_data import render_preference
+
+            pairs = [
+                _rendered(index, lambda row=row: render_preference(tokenizer, row)) for index, row in enumerate(rows)
+            ]
+            config_dpo = DpoConfig(
+                steps=plan["steps"],
+                pairs_per_step=plan["batch_size"],
+                beta=plan["beta"],
+                learning_rate=plan["learning_rate"],
+                seed=context.seed,
+            )
+            return run_dpo(training, pairs, config_dpo, **common)
+        from mint.trainer.chat_data import render_prompt
+        from mint.trainer.recipes.rl import RlPrompt
+
+        grader = GraderSpec.model_validate(plan["grader"])
+        prompts = [
+            RlPrompt(
+                prompt_tokens=_rendered(
+                    index, lambda row=row: render_prompt(tokenizer, row["messages"], row.get("tools"))
+                ),
+                reference=row.get("reference"),
+                grader=grader,
+            )
+            for index, row in enumerate(rows)
+        ]
+        config_rl = RlConfig(
+            steps=plan["steps"],
+            prompts_per_step=plan["batch_size"],
+            group_size=plan["group_size"],
+            max_tokens=plan["max_tokens"],
+            temperature=plan["temperature"],
+            learning_rate=plan["learning_rate"],
+            kl_beta=plan["kl_beta"],
+            seed=context.seed,
+        )
+        reference = self.resident if plan["kl_beta"] > 0 else None
+        return run_rl(training, prompts, config_rl, decode=tokenizer.decode, reference=reference, **common)
+
+    def _rows(self) -> list[dict[str, Any]]:
+        with session_scope(self.settings.database) as session:
+            job = session.get(TrainingJob, self.context.job_id)
+            assert job is not None
+            dataset = session.get(Dataset, job.training_dataset_id)
+            assert dataset is not None
+            session.expunge(dataset)
+        return datasets.read_rows(self.store, dataset)
+
+    def finish(self, training: TrainingSession) -> None:
+        """Store the adapter, then in one transaction record its version and mark the job succeeded."""
+        context = self.context
+        with tempfile.TemporaryDirectory(prefix="mint-adapter-") as scratch:
+            training.save_weights_for_sampler(Path(scratch))
+            archive = adapters.archive_adapter(Path(scratch))
+        with session_scope(self.settings.database) as session:
+            job = self._require_ours(session)
+            version = adapters.register_version(
+                session,
+                self.store,
+                organization_id=context.organization_id,
+                name=context.adapter_name,
+                base_model=context.base_model,
+                archive=archive,
+                lora={
+                    **context.lora,
+                    "targets": [*training.targets.target_modules, *training.targets.target_parameters],
+                },
+                training_job_id=job.id,
+                metrics={
+                    "optimizer_steps": training.step,
+                    "trained_tokens": context.trained_tokens,
+                    "method": job.method,
+                },
+            )
+            job.status, job.finished_at = "succeeded", utcnow()
+            job.result_adapter_version_id = version.id
+            job.completed_steps, job.trained_tokens = context.plan["steps"], context.trained_tokens
+            record_usage(
+                session,
+                organization_id=context.organization_id,
+                kind="trained",
+                tokens=context.trained_tokens,
+                base_model=context.base_model,
+                model_ref=f"{context.adapter_name}@{version.version}",
+                resource_type="training_job",
+                resource_id=job.id,
+            )
+            emit_event(
+                session,
+                job.id,
+                f"Job succeeded: {context.adapter_name}@{version.version} ({training.step} optimizer steps)",
+                data={"model": f"{context.adapter_name}@{version.version}", "adapter_version_id": version.id},
+            )
+
+    def stop_cancelled(self) -> None:
+        with session_scope(self.settings.database) as session:
+            job = self._require_ours(session)
+            job.status, job.finished_at = "cancelled", utcnow()
+            emit_event(session, job.id, f"Job cancelled after step {job.completed_steps}")
+
+
+SHOWN = ("loss", "reward", "accuracy", "tokens_per_second")
+
+
+def _rounded(metrics: dict[str, float]) -> dict[str, float]:
+    return {name: round(float(value), 6) for name, value in metrics.items()}
+
+
+def _rendered(index: int, render: Callable[[], Any]) -> Any:
+    """Render one row, naming its line when the base's chat template refuses it."""
+    try:
+        return render()
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"line {index + 1}: {exc.message}", param=exc.param) from None
+
+
+def fail(settings: Settings, job_id: str, worker_id: str, code: str, message: str) -> None:
+    with session_scope(settings.database) as session:
+        failed = session.execute(
+            update(TrainingJob)
+            .where(*_ours(job_id, worker_id))
+            .values(status="failed", finished_at=utcnow(), error={"code": code, "message": message, "param": None})
+        ).rowcount
+        if failed:
+            emit_event(session, job_id, f"Job failed: {message}", level="error")
+
+
+def run_job(settings: Settings, job_id: str, worker_id: str, load_base: Callable[[str], ResidentBase]) -> str:
+    """Claim and run one job; returns what happened (for logs and tests)."""
+    with session_scope(settings.database) as session:
+        job = claim(session, job_id, worker_id)
+        if job is None:
+            return "not-claimed"
+        context = JobContext(
+            job_id=job.id,
+            organization_id=job.organization_id,
+            base_model=job.base_model,
+            method=job.method,
+            plan=dict(job.spec["plan"]),
+            lora=dict(job.spec["lora"]),
+            adapter_name=job.spec["adapter_name"],
+            seed=job.seed,
+            worker_id=worker_id,
+        )
+    started = time.perf_counter()
+    try:
+        with LeaseKeeper(settings, job_id, worker_id):
+            JobRun(settings, load_base(context.base_model), context).run()
+    except LostLease:
+        log.warning("job %s is no longer this worker's; stopped", job_id)
+        return "lost-lease"
+    except MintError as exc:
+        fail(
+            settings,
+            job_id,
+            worker_id,
+            "invalid_training_file" if isinstance(exc, InvalidRequest) else exc.type,
+            exc.message,
+        )
+        return "failed"
+    except Exception as exc:
+        log.exception("job %s failed", job_id)
+        fail(settings, job_id, worker_id, "internal_error", f"{type(exc).__name__}: {exc}")
+        return "failed"
+    log.info("job %s done in %.1f s", job_id, time.perf_counter() - started)
+    return "done"

@@ -1,0 +1,111 @@
+"""The reconciler: puts back to work the jobs that no process is working on.
+
+The database row is the truth, the queue only a notice; the reconciler repairs the notice
+(DESIGN.md section 2). It runs periodically (Celery beat) and on demand
+(`mint admin jobs requeue`), and takes two kinds of action:
+
+- a **running** job whose lease ran out (its worker died: SIGKILL, lost host) is queued again
+  with a new message; the next worker resumes it from its newest checkpoint. If a cancel was
+  requested, it is cancelled instead.
+- a **queued** job whose message the broker no longer holds (Redis restarted, a message taken
+  by a worker that died on the embedded broker, a send that failed after the commit) is sent
+  again. Jobs queued less than `requeue_grace_s` ago are left alone, so a message in flight is
+  never duplicated; where the broker cannot be read, older queued jobs are re-sent, and the
+  claim (one conditional update) makes a duplicate harmless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from mint.errors import Conflict, NotFound
+from mint.services.fine_tuning import SendTask, emit_event, mark_queued, send_job
+from mint.storage.tables import TrainingJob, as_utc, utcnow
+
+# The task ids a base's queue still holds (waiting or taken, not acknowledged); None: unknown.
+PendingTaskIds = Callable[[str], frozenset[str] | None]
+
+
+@dataclass
+class ReconcileReport:
+    requeued_lost_workers: list[str] = field(default_factory=list)
+    resent_lost_messages: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {
+            "requeued_lost_workers": self.requeued_lost_workers,
+            "resent_lost_messages": self.resent_lost_messages,
+            "cancelled": self.cancelled,
+        }
+
+
+def _expired_running(session: Session, lease_s: float) -> list[TrainingJob]:
+    cutoff = utcnow() - timedelta(seconds=lease_s)
+    running = session.execute(select(TrainingJob).where(TrainingJob.status == "running")).scalars()
+    return [job for job in running if job.heartbeat_at is None or as_utc(job.heartbeat_at) < cutoff]
+
+
+def _stranded_queued(session: Session, grace_s: float, pending: PendingTaskIds) -> list[TrainingJob]:
+    cutoff = utcnow() - timedelta(seconds=grace_s)
+    queued = session.execute(select(TrainingJob).where(TrainingJob.status == "queued")).scalars()
+    stranded: list[TrainingJob] = []
+    known: dict[str, frozenset[str] | None] = {}
+    for job in queued:
+        if job.enqueued_at is not None and as_utc(job.enqueued_at) > cutoff:
+            continue
+        if job.base_model not in known:
+            known[job.base_model] = pending(job.base_model)
+        held = known[job.base_model]
+        if held is None or job.task_id not in held:
+            stranded.append(job)
+    return stranded
+
+
+def reconcile_jobs(
+    session: Session, *, lease_s: float, grace_s: float, pending: PendingTaskIds, send: SendTask
+) -> ReconcileReport:
+    """Requeue jobs of dead workers and re-send lost messages; commits before sending."""
+    report = ReconcileReport()
+    to_send: list[TrainingJob] = []
+    for job in _expired_running(session, lease_s):
+        if job.cancel_requested_at is not None:
+            job.status, job.finished_at = "cancelled", utcnow()
+            emit_event(session, job.id, f"Job cancelled; its worker {job.worker_id} had stopped")
+            report.cancelled.append(job.id)
+            continue
+        mark_queued(
+            session,
+            job,
+            reason=f"Worker {job.worker_id} stopped renewing the job's lease; "
+            "queued again to resume from the last checkpoint",
+        )
+        report.requeued_lost_workers.append(job.id)
+        to_send.append(job)
+    for job in _stranded_queued(session, grace_s, pending):
+        mark_queued(session, job, reason="The job's queue message was lost; sent again")
+        report.resent_lost_messages.append(job.id)
+        to_send.append(job)
+    session.commit()
+    for job in to_send:
+        send_job(job, send)
+    return report
+
+
+def requeue_job(session: Session, job_id: str, *, send: SendTask) -> TrainingJob:
+    """An operator's requeue: a queued job's message is sent again; a running one is taken from its
+    worker (which stops at its next step) and queued to resume from its last checkpoint."""
+    job = session.get(TrainingJob, job_id)
+    if job is None:
+        raise NotFound(f"no fine-tuning job {job_id!r}", param="job_id")
+    if job.status not in ("queued", "running"):
+        raise Conflict(f"job {job.id} is {job.status}; only queued or running jobs can be requeued")
+    mark_queued(session, job, reason="Queued again by an operator")
+    session.commit()
+    send_job(job, send)
+    return job

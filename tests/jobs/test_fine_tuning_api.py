@@ -1,0 +1,130 @@
+"""Fine-tuning jobs over HTTP, before any worker runs them: validation of the request and
+its files, idempotent creation, listing, events and cancelling a queued job; and the same
+through the official `openai` client on a real socket.
+
+Jobs here are on `tiny-qwen3-moe`, whose queue no worker of this suite consumes, so they stay
+queued (the tests that run jobs use `tiny-glm-moe`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.conftest import LiveServer, Tenant
+from tests.jobs.conftest import chat_rows, jsonl, preference_rows, prompt_rows, upload
+
+IDLE_BASE = "tiny-qwen3-moe"
+
+
+def _create(client: TestClient, tenant: Tenant, body: dict[str, Any], **headers: str) -> Any:
+    return client.post("/v1/fine_tuning/jobs", headers={**tenant.headers("developer"), **headers}, json=body)
+
+
+def test_create_queues_the_job_with_its_plan(client: TestClient, tenant: Tenant) -> None:
+    file = upload(client, tenant, chat_rows(10))
+    response = _create(
+        client,
+        tenant,
+        {
+            "model": IDLE_BASE,
+            "training_file": file["id"],
+            "suffix": "support-bot",
+            "seed": 7,
+            "method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 4, "n_epochs": 2}}},
+            "lora": {"rank": 4},
+        },
+    )
+    assert response.status_code == 200, response.text
+    job = response.json()
+    assert job["object"] == "fine_tuning.job" and job["status"] == "queued"
+    assert job["model"] == IDLE_BASE and job["training_file"] == file["id"] and job["seed"] == 7
+    assert job["hyperparameters"] == {"batch_size": 4, "learning_rate_multiplier": 1.0, "n_epochs": 2}
+    assert job["total_steps"] == 6 and job["lora"]["rank"] == 4 and job["fine_tuned_model"] is None
+    assert isinstance(job["created_at"], int)
+    events = client.get(f"/v1/fine_tuning/jobs/{job['id']}/events", headers=tenant.headers("viewer")).json()
+    messages = [event["message"] for event in events["data"]]
+    assert messages[0] == "Job enqueued" and messages[-1].startswith("Validating training file")
+    assert client.get("/v1/fine_tuning/jobs", headers=tenant.headers("viewer")).json()["data"][0]["id"] == job["id"]
+
+
+def test_bad_requests_say_what_to_fix(client: TestClient, tenant: Tenant, other_tenant: Tenant) -> None:
+    chat = upload(client, tenant, chat_rows(3))
+    prefs = upload(client, tenant, preference_rows(3))
+    theirs = upload(client, other_tenant, chat_rows(3))
+    cases = [
+        ({"model": "no-such-base", "training_file": chat["id"]}, 400, "no enabled base model"),
+        ({"model": IDLE_BASE, "training_file": theirs["id"]}, 404, "No dataset"),
+        ({"model": IDLE_BASE, "training_file": prefs["id"]}, 400, "holds preference rows"),
+        ({"model": IDLE_BASE, "training_file": chat["id"], "method": {"type": "dpo"}}, 400, "holds chat rows"),
+        ({"model": IDLE_BASE, "training_file": chat["id"], "method": {"type": "reinforcement"}}, 400, "grader"),
+        ({"model": IDLE_BASE, "training_file": chat["id"], "lora": {"rank": 0}}, 422, "rank"),
+        ({"model": IDLE_BASE, "training_file": chat["id"], "suffix": "has space"}, 422, "suffix"),
+        ({"model": IDLE_BASE, "training_file": chat["id"], "unknown_field": 1}, 422, "unknown_field"),
+    ]
+    for body, status, words in cases:
+        response = _create(client, tenant, body)
+        assert response.status_code == status, (body, response.text)
+        assert words in response.text, (body, response.text)
+    prompts = upload(client, tenant, prompt_rows(2))
+    grader = {"type": "no-such-grader"}
+    bad_grader = _create(
+        client,
+        tenant,
+        {
+            "model": IDLE_BASE,
+            "training_file": prompts["id"],
+            "method": {"type": "reinforcement", "reinforcement": {"grader": grader}},
+        },
+    )
+    assert bad_grader.status_code == 400 and "unknown grader type" in bad_grader.text
+
+
+def test_idempotency_key_returns_the_first_job(client: TestClient, tenant: Tenant) -> None:
+    file = upload(client, tenant, chat_rows(4))
+    body = {"model": IDLE_BASE, "training_file": file["id"], "steps": 2}
+    first = _create(client, tenant, body, **{"Idempotency-Key": "retry-1"}).json()
+    second = _create(client, tenant, body, **{"Idempotency-Key": "retry-1"}).json()
+    assert first["id"] == second["id"]
+    other = _create(client, tenant, {**body, "steps": 3}, **{"Idempotency-Key": "retry-1"})
+    assert other.status_code == 409 and "Idempotency-Key" in other.text
+
+
+def test_cancel_a_queued_job(client: TestClient, tenant: Tenant) -> None:
+    file = upload(client, tenant, chat_rows(4))
+    job = _create(client, tenant, {"model": IDLE_BASE, "training_file": file["id"], "steps": 2}).json()
+    cancelled = client.post(f"/v1/fine_tuning/jobs/{job['id']}/cancel", headers=tenant.headers("developer")).json()
+    assert cancelled["status"] == "cancelled" and cancelled["finished_at"] is not None
+    again = client.post(f"/v1/fine_tuning/jobs/{job['id']}/cancel", headers=tenant.headers("developer"))
+    assert again.status_code == 409
+
+
+def test_openai_client_fine_tuning_jobs(live_server: LiveServer, tenant: Tenant) -> None:
+    from openai import NotFoundError, OpenAI
+
+    client = OpenAI(base_url=f"{live_server.url}/v1", api_key=tenant.keys["developer"], max_retries=0)
+    file = client.files.create(file=("prefs.jsonl", jsonl(preference_rows(4))), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=IDLE_BASE,
+        training_file=file.id,
+        method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.2, "batch_size": 2}}},
+        suffix="prefs",
+        seed=3,
+        extra_body={"lora": {"rank": 2}, "steps": 3},
+    )
+    assert job.status == "queued" and job.method.type == "dpo" and job.seed == 3
+    assert job.method.dpo.hyperparameters.beta == 0.2
+    assert client.fine_tuning.jobs.retrieve(job.id).id == job.id
+    assert job.id in [listed.id for listed in client.fine_tuning.jobs.list(limit=5)]
+    events = client.fine_tuning.jobs.list_events(job.id, limit=2)
+    assert len(events.data) == 2 and events.has_more and events.data[0].object == "fine_tuning.job.event"
+    older = client.fine_tuning.jobs.list_events(job.id, after=events.data[-1].id, limit=10)
+    assert older.data and all(int(e.id) < int(events.data[-1].id) for e in older.data)
+    assert list(client.fine_tuning.jobs.checkpoints.list(job.id)) == []
+    assert client.fine_tuning.jobs.cancel(job.id).status == "cancelled"
+    try:
+        client.fine_tuning.jobs.retrieve("ftjob_missing")
+    except NotFoundError as exc:
+        assert "No fine-tuning job" in str(exc)
+    else:
+        raise AssertionError("a missing job was found")
