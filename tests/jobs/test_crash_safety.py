@@ -1,0 +1,150 @@
+"""Crash safety with real processes: a worker killed with SIGKILL in the middle of a job, and
+a Redis broker restarted (losing every queued message) while jobs wait.
+
+The database row is the truth; the reconciler (run by `mint beat` every second here, with
+3-second leases) queues again a job whose worker stopped renewing its lease, and re-sends a
+queued job whose message the broker no longer holds.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from mint.config import Settings
+from tests.conftest import Tenant, free_port
+from tests.jobs.conftest import BASE, Workers, chat_rows, upload, wait_for
+
+pytestmark = pytest.mark.torch
+
+
+def _job(client: TestClient, tenant: Tenant, job_id: str) -> dict[str, Any]:
+    return client.get(f"/v1/fine_tuning/jobs/{job_id}", headers=tenant.headers("viewer")).json()
+
+
+def _succeeded(client: TestClient, tenant: Tenant, job_id: str) -> dict[str, Any]:
+    job = wait_for(
+        lambda: (j := _job(client, tenant, job_id))["status"] in ("succeeded", "failed", "cancelled") and j,
+        f"job {job_id} to finish",
+    )
+    assert job["status"] == "succeeded", job
+    return job
+
+
+def _sha256_of(client: TestClient, tenant: Tenant, job: dict[str, Any]) -> str:
+    name, version = job["fine_tuned_model"].split("@")
+    adapter = next(
+        a for a in client.get("/v1/adapters?limit=100", headers=tenant.headers()).json()["data"] if a["name"] == name
+    )
+    return client.get(f"/v1/adapters/{adapter['id']}/versions/{version}", headers=tenant.headers()).json()["sha256"]
+
+
+def _messages(client: TestClient, tenant: Tenant, job_id: str) -> list[str]:
+    events = client.get(f"/v1/fine_tuning/jobs/{job_id}/events?limit=100", headers=tenant.headers()).json()["data"]
+    return [event["message"] for event in events]
+
+
+def test_sigkilled_worker_job_resumes_from_its_checkpoint_with_no_step_lost_or_doubled(
+    client: TestClient, tenant: Tenant, workers: Workers
+) -> None:
+    file = upload(client, tenant, chat_rows(12))
+    body = {
+        "model": BASE,
+        "training_file": file["id"],
+        "seed": 5,
+        "steps": 16,
+        "checkpoint_interval": 4,
+        "learning_rate": 5e-3,
+        "method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 4}}},
+    }
+    victim = workers.start("victim")
+    workers.beat()
+    resumed = client.post(
+        "/v1/fine_tuning/jobs", headers=tenant.headers("developer"), json={**body, "suffix": "resumed"}
+    ).json()
+    wait_for(lambda: _job(client, tenant, resumed["id"])["completed_steps"] >= 6, "six steps before the kill")
+    victim.kill()
+    victim.wait()
+    at_kill = _job(client, tenant, resumed["id"])
+    assert at_kill["status"] == "running" and at_kill["completed_steps"] < 16
+
+    workers.start("rescuer")
+    job = _succeeded(client, tenant, resumed["id"])
+    assert job["attempts"] == 2 and job["completed_steps"] == 16
+    redone = at_kill["completed_steps"] % 4
+    assert job["steps_redone"] == redone, (job, at_kill)
+    messages = _messages(client, tenant, job["id"])
+    assert any("stopped renewing the job's lease" in message for message in messages)
+    assert any(f"Resuming from checkpoint at step {at_kill['completed_steps'] - redone}" in m for m in messages)
+
+    # The same job, never interrupted, gives the very same adapter: every step ran once.
+    control = client.post(
+        "/v1/fine_tuning/jobs", headers=tenant.headers("developer"), json={**body, "suffix": "uninterrupted"}
+    ).json()
+    uninterrupted = _succeeded(client, tenant, control["id"])
+    assert uninterrupted["attempts"] == 1 and uninterrupted["steps_redone"] == 0
+    assert _sha256_of(client, tenant, job) == _sha256_of(client, tenant, uninterrupted)
+
+
+@pytest.fixture
+def own_redis() -> Iterator[tuple[str, Any]]:
+    """A Redis server of this test's own (no persistence), and a function that restarts it empty."""
+    port = free_port()
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    state = {"process": subprocess.Popen(command, stdout=subprocess.DEVNULL)}
+
+    def ping() -> bool:
+        import redis
+
+        try:
+            return bool(redis.Redis(port=port).ping())
+        except redis.ConnectionError:
+            return False
+
+    def restart() -> None:
+        state["process"].kill()
+        state["process"].wait()
+        state["process"] = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        wait_for(ping, "redis to restart", timeout=30)
+
+    wait_for(ping, "redis to start", timeout=30)
+    try:
+        yield f"redis://127.0.0.1:{port}/0", restart
+    finally:
+        state["process"].kill()
+        state["process"].wait()
+
+
+def test_jobs_queued_when_redis_restarts_are_not_lost(
+    prepared: Settings, tenant: Tenant, workers: Workers, own_redis: tuple[str, Any]
+) -> None:
+    from mint.api.app import create_app
+
+    broker, restart = own_redis
+    import redis
+
+    with TestClient(create_app(prepared.model_copy(update={"broker_url": broker}))) as client:
+        file = upload(client, tenant, chat_rows(6))
+        ids = [
+            client.post(
+                "/v1/fine_tuning/jobs",
+                headers=tenant.headers("developer"),
+                json={"model": BASE, "training_file": file["id"], "steps": 2, "suffix": f"after-restart-{n}"},
+            ).json()["id"]
+            for n in range(2)
+        ]
+        assert redis.Redis.from_url(broker).llen(f"train.{BASE}") == 2
+        restart()
+        assert redis.Redis.from_url(broker).llen(f"train.{BASE}") == 0
+
+        env = {"MINT_BROKER_URL": broker, "MINT_RESULT_BACKEND_URL": broker}
+        workers.start("after-restart", env=env)
+        workers.beat(env=env)
+        for job_id in ids:
+            job = _succeeded(client, tenant, job_id)
+            assert job["attempts"] == 1
+            assert "The job's queue message was lost; sent again" in _messages(client, tenant, job_id)
