@@ -22,7 +22,9 @@ def test_every_json_route_has_typed_request_and_response_models(app: FastAPI) ->
             if "application/json" in content:
                 assert content["application/json"]["schema"] != {}, f"{method} {path} has an untyped response"
             if "requestBody" in operation:
-                schema = operation["requestBody"]["content"]["application/json"]["schema"]
+                body = operation["requestBody"]["content"]
+                # JSON bodies, or multipart file uploads (`files.create`), each with a named schema.
+                schema = (body.get("application/json") or body["multipart/form-data"])["schema"]
                 assert "$ref" in schema, f"{method} {path} has an untyped body"
     errors = document["components"]["schemas"]["ErrorBody"]
     assert errors["properties"]["error"]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 from fastapi.responses import Response
@@ -62,7 +62,15 @@ def get_version(
     return _public(adapters.get_adapter(session, principal.organization_id, adapter_id), row)
 
 
-@router.get("/{adapter_id}/versions/{version}/download", response_class=Response)
+TAR_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The PEFT files as a tar archive.",
+        "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.get("/{adapter_id}/versions/{version}/download", response_class=Response, responses=TAR_RESPONSE)
 def download_version(
     adapter_id: AdapterId, version: Version, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
 ) -> Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Form, Request, UploadFile
+from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 
 from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
@@ -59,7 +59,10 @@ def _content(session: SessionDep, settings: SettingsDep, principal: CurrentPrinc
     return Response(body, media_type="application/jsonl")
 
 
-Upload = Annotated[UploadFile, Form(description="The JSONL file, one row per line.")]
+JSONL_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The JSONL file.", "content": {"application/jsonl": {"schema": {"type": "string"}}}}
+}
+Upload = Annotated[UploadFile, File(description="The JSONL file, one row per line.")]
 Purpose = Annotated[str, Form(max_length=50, pattern=r"^[a-z0-9_-]+$")]
 Kind = Annotated[
     DatasetKind | None, Form(description="chat | preference | prompts; read from the first row if omitted.")
@@ -93,7 +96,7 @@ def get_dataset(dataset_id: DatasetId, session: SessionDep, principal: CurrentPr
     return datasets.get_dataset(session, principal.organization_id, dataset_id)
 
 
-@router.get("/v1/datasets/{dataset_id}/content", response_class=Response)
+@router.get("/v1/datasets/{dataset_id}/content", response_class=Response, responses=JSONL_RESPONSE)
 def dataset_content(
     dataset_id: DatasetId, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
 ) -> Response:
@@ -128,7 +131,7 @@ def get_file(dataset_id: DatasetId, session: SessionDep, principal: CurrentPrinc
     return datasets.get_dataset(session, principal.organization_id, dataset_id)
 
 
-@router.get("/v1/files/{dataset_id}/content", response_class=Response)
+@router.get("/v1/files/{dataset_id}/content", response_class=Response, responses=JSONL_RESPONSE)
 def file_content(
     dataset_id: DatasetId, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
 ) -> Response:
