@@ -9,18 +9,23 @@ import typer
 
 from mint.cli.output import console, emit, emit_one
 from mint.config import get_settings
+from mint.errors import ServiceUnavailable
 from mint.services import auth
 from mint.services.setup import initialize, prepare_database
 from mint.services.workers import list_workers
 from mint.storage import migrate
 from mint.storage.db import session_scope
 
-admin = typer.Typer(help="Operator commands: set-up, organizations, keys, models, workers.", no_args_is_help=True)
+admin = typer.Typer(
+    help="Operator commands: set-up, organizations, keys, models, workers, queues, jobs.", no_args_is_help=True
+)
 orgs = typer.Typer(help="Organizations (tenants).", no_args_is_help=True)
 keys = typer.Typer(help="API keys of an organization.", no_args_is_help=True)
 models = typer.Typer(help="Base models of the registry (configs/models).", no_args_is_help=True)
 workers = typer.Typer(help="Live Celery workers.", no_args_is_help=True)
+jobs = typer.Typer(help="Fine-tuning jobs of every organization: list, requeue, reconcile.", no_args_is_help=True)
 admin.add_typer(orgs, name="orgs")
+admin.add_typer(jobs, name="jobs")
 admin.add_typer(keys, name="keys")
 admin.add_typer(models, name="models")
 admin.add_typer(workers, name="workers")
@@ -178,3 +183,81 @@ def workers_list(as_json: JsonOpt = False) -> None:
             for w in list_workers(session)
         ]
     emit(rows, ["id", "base_model", "queues", "pid", "started_at", "last_seen_at"], as_json=as_json, title="workers")
+
+
+@admin.command("queues")
+def queues_command(as_json: JsonOpt = False) -> None:
+    """Messages waiting in each queue, and those taken by a worker but not yet acknowledged."""
+    from mint.schemas.base_models import enabled_base_names
+    from mint.storage.broker import queue_states
+    from mint.worker.queues import all_queues
+
+    settings = get_settings()
+    names = all_queues(enabled_base_names(settings.model_configs_dir))
+    states = queue_states(settings, names)
+    if states is None:
+        raise ServiceUnavailable(f"Mint cannot read queue depths on broker {settings.broker!r}", param="broker_url")
+    rows = [
+        {
+            "queue": name,
+            "waiting": states[name].waiting,
+            "in_flight": len(states[name].task_ids) - states[name].waiting,
+        }
+        for name in names
+    ]
+    emit(rows, ["queue", "waiting", "in_flight"], as_json=as_json, title=f"queues on {settings.broker.split('://')[0]}")
+
+
+JOB_COLUMNS = ["id", "organization_id", "base_model", "method", "status", "completed_steps", "total_steps", "attempts"]
+
+
+@jobs.command("list")
+def jobs_list(
+    status: Annotated[str | None, typer.Option(help="Only jobs in this state, e.g. running.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """The newest jobs of all organizations, with their progress and worker."""
+    from sqlalchemy import select
+
+    from mint.storage.tables import TrainingJob
+
+    with session_scope(get_settings().database) as session:
+        query = select(TrainingJob).order_by(TrainingJob.created_at.desc()).limit(limit)
+        if status is not None:
+            query = query.where(TrainingJob.status == status)
+        rows = [
+            {**{column: getattr(job, column) for column in JOB_COLUMNS}, "worker_id": job.worker_id}
+            for job in session.execute(query).scalars()
+        ]
+    emit(rows, [*JOB_COLUMNS, "worker_id"], as_json=as_json, title="fine-tuning jobs")
+
+
+@jobs.command("requeue")
+def jobs_requeue(job_id: str, as_json: JsonOpt = False) -> None:
+    """Send a queued job again, or take a running one from its worker to resume from its last checkpoint."""
+    from mint.services.reconciler import requeue_job
+    from mint.worker.dispatch import TaskSender
+
+    settings = get_settings()
+    with session_scope(settings.database) as session:
+        job = requeue_job(session, job_id, send=TaskSender(settings))
+        emit_one({"id": job.id, "status": job.status, "task_id": job.task_id}, as_json=as_json)
+
+
+@jobs.command("reconcile")
+def jobs_reconcile(as_json: JsonOpt = False) -> None:
+    """Run the reconciler once now (beat runs it periodically)."""
+    from mint.services.reconciler import reconcile_jobs
+    from mint.worker.dispatch import TaskSender, pending_task_ids
+
+    settings = get_settings()
+    with session_scope(settings.database) as session:
+        report = reconcile_jobs(
+            session,
+            lease_s=settings.job_lease_s,
+            grace_s=settings.requeue_grace_s,
+            pending=pending_task_ids(settings),
+            send=TaskSender(settings),
+        )
+    emit_one(report.as_dict(), as_json=as_json)
