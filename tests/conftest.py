@@ -16,9 +16,10 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -219,6 +220,17 @@ def client(app):  # type: ignore[no-untyped-def]
 
     with TestClient(app, raise_server_exceptions=False) as test_client:
         yield test_client
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 180.0) -> Any:
+    """Poll `condition` until it returns something true, and return that; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"gave up waiting for {what}")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -18,18 +17,9 @@ from mint.services.workers import list_workers
 from mint.storage.db import session_scope
 from mint.worker.app import create_celery
 from mint.worker.queues import EVALS_QUEUE, SERVING_QUEUE, SYSTEM_QUEUE, training_queue
+from tests.conftest import wait_for
 
 WAIT_S = 90.0
-
-
-def _wait_for(condition, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 @pytest.fixture
@@ -79,7 +69,7 @@ def test_payloads_must_be_json(prepared: Settings) -> None:
 
 
 def test_worker_consumes_its_queues_and_registers(prepared: Settings, worker: subprocess.Popen[bytes]) -> None:
-    worker_id = _wait_for(lambda: _registered(prepared), "the worker to register")[0]
+    worker_id = wait_for(lambda: _registered(prepared), "the worker to register")[0]
     app = create_celery(prepared)
     for queue in (training_queue("tiny-glm-moe"), EVALS_QUEUE):
         probe = str(uuid.uuid4())

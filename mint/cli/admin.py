@@ -218,17 +218,12 @@ def jobs_list(
     as_json: JsonOpt = False,
 ) -> None:
     """The newest jobs of all organizations, with their progress and worker."""
-    from sqlalchemy import select
-
-    from mint.storage.tables import TrainingJob
+    from mint.services.fine_tuning import list_all_jobs
 
     with session_scope(get_settings().database) as session:
-        query = select(TrainingJob).order_by(TrainingJob.created_at.desc()).limit(limit)
-        if status is not None:
-            query = query.where(TrainingJob.status == status)
         rows = [
             {**{column: getattr(job, column) for column in JOB_COLUMNS}, "worker_id": job.worker_id}
-            for job in session.execute(query).scalars()
+            for job in list_all_jobs(session, status=status, limit=limit)
         ]
     emit(rows, [*JOB_COLUMNS, "worker_id"], as_json=as_json, title="fine-tuning jobs")
 
@@ -248,16 +243,6 @@ def jobs_requeue(job_id: str, as_json: JsonOpt = False) -> None:
 @jobs.command("reconcile")
 def jobs_reconcile(as_json: JsonOpt = False) -> None:
     """Run the reconciler once now (beat runs it periodically)."""
-    from mint.services.reconciler import reconcile_jobs
-    from mint.worker.dispatch import TaskSender, pending_task_ids
+    from mint.worker.dispatch import run_reconciler
 
-    settings = get_settings()
-    with session_scope(settings.database) as session:
-        report = reconcile_jobs(
-            session,
-            lease_s=settings.job_lease_s,
-            grace_s=settings.requeue_grace_s,
-            pending=pending_task_ids(settings),
-            send=TaskSender(settings),
-        )
-    emit_one(report.as_dict(), as_json=as_json)
+    emit_one(run_reconciler(get_settings()).as_dict(), as_json=as_json)

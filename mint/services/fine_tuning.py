@@ -313,3 +313,11 @@ def fine_tuned_model_of(session: Session, job: TrainingJob) -> str | None:
     version = session.get(AdapterVersion, job.result_adapter_version_id)
     adapter = session.get(Adapter, version.adapter_id) if version is not None else None
     return model_ref_of(adapter, version) if adapter is not None and version is not None else None
+
+
+def list_all_jobs(session: Session, *, status: str | None = None, limit: int = 50) -> list[TrainingJob]:
+    """The newest jobs of every organization, for operators (`mint admin jobs list`)."""
+    query = select(TrainingJob).order_by(TrainingJob.created_at.desc()).limit(limit)
+    if status is not None:
+        query = query.where(TrainingJob.status == status)
+    return list(session.execute(query).scalars())

@@ -9,8 +9,9 @@ from __future__ import annotations
 from celery import Celery
 
 from mint.config import Settings
-from mint.services.reconciler import PendingTaskIds
+from mint.services.reconciler import PendingTaskIds, ReconcileReport, reconcile_jobs
 from mint.storage.broker import queue_states
+from mint.storage.db import session_scope
 from mint.worker.app import create_celery
 from mint.worker.queues import SYSTEM_QUEUE, training_queue
 
@@ -47,3 +48,15 @@ def pending_task_ids(settings: Settings) -> PendingTaskIds:
         return None if states is None else states[queue].task_ids
 
     return pending
+
+
+def run_reconciler(settings: Settings) -> ReconcileReport:
+    """One pass of the reconciler on `settings`' database and broker (beat's task, or an operator)."""
+    with session_scope(settings.database) as session:
+        return reconcile_jobs(
+            session,
+            lease_s=settings.job_lease_s,
+            grace_s=settings.requeue_grace_s,
+            pending=pending_task_ids(settings),
+            send=TaskSender(settings),
+        )

@@ -14,11 +14,10 @@ from celery import shared_task
 
 from mint.config import get_settings
 from mint.services.job_runner import run_job
-from mint.services.reconciler import reconcile_jobs
 from mint.services.workers import prune_stale_workers
 from mint.storage.db import session_scope
 from mint.worker import signals
-from mint.worker.dispatch import TaskSender, pending_task_ids
+from mint.worker.dispatch import run_reconciler
 from mint.worker.resident import resident_base
 
 
@@ -49,13 +48,4 @@ def run_fine_tuning_job(job_id: str) -> str:
 @shared_task(name="mint.system.reconcile", acks_late=True, ignore_result=True, time_limit=120)
 def reconcile() -> dict[str, list[str]]:
     """Requeue jobs whose worker died and re-send jobs whose queue message was lost."""
-    settings = get_settings()
-    with session_scope(settings.database) as session:
-        report = reconcile_jobs(
-            session,
-            lease_s=settings.job_lease_s,
-            grace_s=settings.requeue_grace_s,
-            pending=pending_task_ids(settings),
-            send=TaskSender(settings),
-        )
-    return report.as_dict()
+    return run_reconciler(get_settings()).as_dict()

@@ -12,8 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,19 +21,8 @@ from fastapi.testclient import TestClient
 from tests.conftest import Tenant
 
 BASE = "tiny-glm-moe"
-WAIT_S = 180.0
 # Short leases and a fast reconciler: a killed worker's job is requeued within seconds.
 FAST_RECOVERY = {"MINT_JOB_LEASE_S": "3", "MINT_RECONCILE_EVERY_S": "1", "MINT_REQUEUE_GRACE_S": "2"}
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 def jsonl(rows: list[dict[str, Any]]) -> bytes:
