@@ -13,7 +13,17 @@ from fastapi import FastAPI
 from mint import __version__
 from mint.api.errors import ERROR_RESPONSES, install_error_handlers
 from mint.api.metrics import record_request_metrics
-from mint.api.routes import adapters, api_keys, base_models, datasets, fine_tuning, health, organization
+from mint.api.routes import (
+    adapters,
+    api_keys,
+    base_models,
+    benchmarks,
+    datasets,
+    evals,
+    fine_tuning,
+    health,
+    organization,
+)
 from mint.config import Settings, get_settings
 
 DESCRIPTION = """Mint: evaluate, fine-tune, re-evaluate and deploy LoRA adapters on your own base models.
@@ -30,6 +40,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.middleware("http")(record_request_metrics)
     app.include_router(health.router)
-    for module in (organization, api_keys, base_models, datasets, fine_tuning, adapters):
+    for module in (organization, api_keys, base_models, datasets, fine_tuning, adapters, benchmarks, evals):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     return app

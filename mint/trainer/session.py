@@ -14,6 +14,7 @@ primitive at a time.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import threading
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from mint.errors import Conflict, InvalidRequest, NotFound
@@ -54,6 +56,47 @@ MAX_SAMPLES_PER_REQUEST = 256
 
 def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
+# PEFT options a saved adapter may carry only at these values (Mint trains plain LoRA), and
+# options that must be empty when present.
+_PLAIN_LORA = {"peft_type": "LORA", "use_dora": False, "use_rslora": False, "bias": "none"}
+_UNUSED_LORA = ("modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern")
+
+
+def _read_peft_adapter(folder: Path) -> tuple[LoraOptions, dict[str, torch.Tensor]]:
+    """The LoRA options and weights of a PEFT-format adapter folder (JSON and safetensors only)."""
+    config_file, weights_file = (folder / name for name in checkpoint.SAMPLER_FILES)
+    if not config_file.is_file() or not weights_file.is_file():
+        raise NotFound(
+            f"{folder} is not a PEFT adapter: it needs {' and '.join(checkpoint.SAMPLER_FILES)}", param="path"
+        )
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+        for key, plain in _PLAIN_LORA.items():
+            if config.get(key, plain) != plain:
+                raise ValueError(f"{key} is {config[key]!r}; Mint loads plain LoRA adapters ({key}: {plain!r})")
+        for key in _UNUSED_LORA:
+            if config.get(key):
+                raise ValueError(f"{key} is set; Mint loads plain LoRA adapters, without {key}")
+        if any(isinstance(config.get(key), str) for key in ("target_modules", "target_parameters")):
+            raise ValueError("targets written as one regex string are not supported; list the target names")
+        options = LoraOptions(
+            rank=int(config["r"]),
+            alpha=float(config["lora_alpha"]),
+            dropout=0.0,
+            target_modules=sorted(config.get("target_modules") or []),
+            target_parameters=sorted(config.get("target_parameters") or []),
+        )
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise InvalidRequest(f"{config_file} is not a usable LoRA config: {exc}", param="adapter") from exc
+    try:
+        weights = load_file(weights_file)
+    except Exception as exc:  # safetensors raises its own error types for a damaged file
+        raise InvalidRequest(f"{weights_file} cannot be read as safetensors: {exc}", param="adapter") from exc
+    return options, weights
 
 
 class ResidentBase:
@@ -153,6 +196,24 @@ class ResidentBase:
         session = self.create_session(state.options.model_copy(update={"seed": state.seed}), session_id=session_id)
         try:
             session.load_state(folder)
+        except Exception:
+            self.close(session.session_id)
+            raise
+        return session
+
+    def create_session_from_adapter(self, folder: Path, *, session_id: str | None = None) -> TrainingSession:
+        """A new session holding the PEFT-format adapter in `folder`, e.g. to sample with an adapter version.
+
+        Reads `adapter_config.json` and `adapter_model.safetensors` as `save_weights_for_sampler`
+        writes them: the session gets the same rank, alpha and targets, then the saved weights.
+        Its optimizer starts empty (Adam's moments are made at the first step). Refuses, with
+        InvalidRequest, an adapter this base cannot hold (another shape, or PEFT features Mint
+        does not train: DoRA, rsLoRA, per-layer ranks, extra saved modules).
+        """
+        options, weights = _read_peft_adapter(Path(folder))
+        session = self.create_session(options, session_id=session_id)
+        try:
+            session.load_adapter_weights(weights, source=str(folder))
         except Exception:
             self.close(session.session_id)
             raise
@@ -440,8 +501,28 @@ class TrainingSession:
                 parameter.grad = None
             self.step = state.step
 
+    def load_adapter_weights(self, weights: dict[str, torch.Tensor], *, source: str = "the adapter") -> None:
+        """Replace this adapter's weights with `weights` (by peft's saved key); names and shapes must match."""
+        shapes = {name: tuple(p.shape) for name, p in self._parameters.items()}
+        theirs = {name: tuple(t.shape) for name, t in weights.items()}
+        if shapes != theirs:
+            missing = sorted(set(shapes) - set(theirs))[:3]
+            unexpected = sorted(set(theirs) - set(shapes))[:3]
+            resized = sorted(name for name in set(shapes) & set(theirs) if shapes[name] != theirs[name])[:3]
+            raise InvalidRequest(
+                f"{source} does not fit base {self.base.spec.name!r}: missing {missing}, unexpected {unexpected}, "
+                f"other shapes {resized}; was it trained on another base model?",
+                param="adapter",
+            )
+        with self.base._lock, torch.no_grad():
+            for name, parameter in self._parameters.items():
+                parameter.copy_(weights[name])
+                parameter.grad = None
+
     def save_weights_for_sampler(self, folder: Path) -> Path:
         """The adapter in PEFT format (`adapter_config.json` + `adapter_model.safetensors`) in `folder`."""
-        with self.base._lock:
+        # Active while saving: peft's save_pretrained reads the active adapter's config, and the
+        # active one may be a session closed since (peft keeps its name after deleting it).
+        with self.base._use(self.session_id):
             self._live_optimizer()
             return checkpoint.write_sampler_weights(self.base._peft, self.session_id, Path(folder))

@@ -32,7 +32,12 @@ def create_celery(settings: Settings | None = None) -> Celery:
     """A configured Celery app for `settings` (the process settings by default)."""
     settings = settings or get_settings()
     settings.ensure_home()
-    app = Celery("mint", broker=settings.broker, backend=settings.result_backend, include=["mint.worker.tasks"])
+    app = Celery(
+        "mint",
+        broker=settings.broker,
+        backend=settings.result_backend,
+        include=["mint.worker.tasks", "mint.worker.eval_tasks"],
+    )
     bases = enabled_base_names(settings.model_configs_dir)
     app.conf.update(
         task_serializer="json",

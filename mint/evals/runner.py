@@ -1,0 +1,323 @@
+"""Running benchmark tasks against a model: batched turns, multi-step tool use, grading.
+
+The model is a `Generate` callable: given a batch of conversations (each with its tools),
+it returns one assistant turn per conversation with its token counts and latency. The runner
+calls it once per step for every task still going, so a batched engine serves a whole
+benchmark step in one call:
+
+    step 1: [task 1 prompt, task 2 prompt, ...]            -> one generate call
+    step 2: [task 1 + call + tool result, task 3 + ...]    -> one generate call
+    ...
+
+A task that offers tools (or scripts their results) continues while the model calls tools:
+its calls are answered by the task's scripted `Environment` and the next turn sees the
+results; it ends at the first turn without a call, or after `max_steps` turns. A task without
+tools ends after one turn. Each task is graded with its own grader on what the model and the
+environment added, and becomes a `TrajectoryRecord`.
+
+Nothing here imports torch: `SamplerGenerate` drives a resident base through its
+`sample_with` method (one prompt after another) behind the same `Generate` protocol that a
+batched serving engine implements.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mint.errors import InvalidRequest
+from mint.evals.benchmark import BenchmarkTask
+from mint.evals.environments import Environment, tool_calls_of
+from mint.evals.graders import GradeContext, output_text
+from mint.trainer.chat_data import render_prompt
+from mint.trainer.types import SampledSequence, SamplingParams
+
+DEFAULT_MAX_STEPS = 8
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One conversation to continue by one assistant turn; `seed` makes sampling reproducible."""
+
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Mapping[str, Any]] | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One assistant turn: its text (and structured tool calls, if the engine parses them).
+
+    `tokens_in` counts the prompt's tokens, `tokens_out` the generated ones. `error` says why
+    a request produced nothing (e.g. a prompt longer than the context); the task then ends.
+    """
+
+    text: str
+    tokens_in: int
+    tokens_out: int
+    latency_ms: float
+    tool_calls: list[dict[str, Any]] | None = None
+    error: str | None = None
+
+    def to_message(self) -> dict[str, Any]:
+        """The OpenAI assistant message of this turn."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        return message
+
+
+class Generate(Protocol):
+    """A model: one assistant turn for each request, in order."""
+
+    def __call__(self, requests: Sequence[GenerateRequest]) -> Sequence[Generation]: ...
+
+
+@dataclass(frozen=True)
+class TrajectoryRecord:
+    """Everything one task did: the whole conversation, the answer, its grade and its cost.
+
+    `messages` holds the task's messages followed by what the model and the environment added
+    (the first `prompt_length` are the task's). `error` is set when the task could not run to
+    its end (generation failed, the step limit was hit while calling tools, the grader failed).
+    """
+
+    task_id: str
+    messages: list[dict[str, Any]]
+    prompt_length: int
+    output: str
+    score: float
+    passed: bool
+    steps: int
+    tokens_in: int
+    tokens_out: int
+    latency_ms: float
+    error: str | None
+    detail: str
+
+    @property
+    def added(self) -> list[dict[str, Any]]:
+        """The messages the model and the environment added."""
+        return self.messages[self.prompt_length :]
+
+
+@dataclass
+class _Episode:
+    task: BenchmarkTask
+    environment: Environment
+    messages: list[dict[str, Any]]
+    steps: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    latency_ms: float = 0.0
+    error: str | None = None
+    done: bool = False
+    pending_calls: bool = field(default=False)
+
+
+def request_seed(seed: int, task_id: str, step: int) -> int:
+    """The sampling seed of one task's step: the same whatever the batch a task ran in."""
+    digest = hashlib.sha256(f"{seed}|{task_id}|{step}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFF_FFFF
+
+
+def _advance(episodes: list[_Episode], generate: Generate, step: int, seed: int) -> None:
+    """One batched turn for every episode still going."""
+    requests = [
+        GenerateRequest(
+            messages=list(episode.messages), tools=episode.task.tools, seed=request_seed(seed, episode.task.id, step)
+        )
+        for episode in episodes
+    ]
+    generations = list(generate(requests))
+    if len(generations) != len(requests):
+        raise InvalidRequest(
+            f"the model returned {len(generations)} turns for {len(requests)} requests; a Generate "
+            "implementation must answer every request, in order"
+        )
+    for episode, generation in zip(episodes, generations, strict=True):
+        episode.steps += 1
+        episode.tokens_in += generation.tokens_in
+        episode.tokens_out += generation.tokens_out
+        episode.latency_ms += generation.latency_ms
+        if generation.error is not None:
+            episode.error, episode.done = generation.error, True
+            continue
+        message = generation.to_message()
+        episode.messages.append(message)
+        calls = tool_calls_of(message) if episode.task.uses_tools else []
+        if calls:
+            episode.messages += episode.environment.step(message)
+            episode.pending_calls = True
+        else:
+            episode.done, episode.pending_calls = True, False
+
+
+def _record(episode: _Episode, max_steps: int, context: GradeContext | None) -> TrajectoryRecord:
+    task = episode.task
+    prompt_length = len(task.messages)
+    added = episode.messages[prompt_length:]
+    error = episode.error
+    if error is None and episode.pending_calls:
+        error = f"stopped after {max_steps} steps while the model was still calling tools"
+    score, passed, detail = 0.0, False, ""
+    try:
+        grade = task.grade(added, context=context)
+        score, passed, detail = grade.score, grade.passed, grade.detail
+    except InvalidRequest as exc:  # the benchmark's spec cannot be graded: the task's bug, not the model's
+        error = f"grading failed: {exc.message}"
+    except Exception as exc:  # a registered python grader that raised: recorded, the run goes on
+        error = f"grading failed: {type(exc).__name__}: {exc}"
+    return TrajectoryRecord(
+        task_id=task.id,
+        messages=episode.messages,
+        prompt_length=prompt_length,
+        output=output_text(added),
+        score=score,
+        passed=passed,
+        steps=episode.steps,
+        tokens_in=episode.tokens_in,
+        tokens_out=episode.tokens_out,
+        latency_ms=episode.latency_ms,
+        error=error,
+        detail=detail,
+    )
+
+
+def run_batch(
+    tasks: Sequence[BenchmarkTask],
+    generate: Generate,
+    *,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    seed: int = 0,
+    context: GradeContext | None = None,
+) -> list[TrajectoryRecord]:
+    """Run `tasks` together: each step sends every unfinished task's turn in one generate call."""
+    if max_steps < 1:
+        raise InvalidRequest(f"max_steps must be at least 1, got {max_steps}", param="max_steps")
+    episodes = [
+        _Episode(task=task, environment=task.make_environment(), messages=[dict(m) for m in task.messages])
+        for task in tasks
+    ]
+    for step in range(max_steps):
+        active = [episode for episode in episodes if not episode.done]
+        if not active:
+            break
+        _advance(active, generate, step, seed)
+    return [_record(episode, max_steps, context) for episode in episodes]
+
+
+def run_tasks(
+    tasks: Sequence[BenchmarkTask],
+    generate: Generate,
+    *,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    seed: int = 0,
+    batch_size: int | None = None,
+    context: GradeContext | None = None,
+    on_batch: Callable[[list[TrajectoryRecord]], None] | None = None,
+) -> list[TrajectoryRecord]:
+    """Run `tasks` in batches of `batch_size` (all at once for None); `on_batch` sees each batch's records.
+
+    A batch of 1 runs the tasks one at a time. Records come back in task order, and with the
+    same seed each task gets the same sampling seeds whatever the batch size.
+    """
+    if batch_size is not None and batch_size < 1:
+        raise InvalidRequest(f"batch_size must be at least 1, got {batch_size}", param="batch_size")
+    size = batch_size or max(len(tasks), 1)
+    records: list[TrajectoryRecord] = []
+    for start in range(0, len(tasks), size):
+        batch = run_batch(tasks[start : start + size], generate, max_steps=max_steps, seed=seed, context=context)
+        if on_batch is not None:
+            on_batch(batch)
+        records += batch
+    return records
+
+
+class Outcome(Protocol):
+    """What metrics read of a trajectory (a `TrajectoryRecord` or a stored row)."""
+
+    score: float
+    passed: bool
+    steps: int
+    tokens_in: int
+    tokens_out: int
+    latency_ms: float
+    error: str | None
+
+
+def summarize(outcomes: Sequence[Outcome]) -> dict[str, float | int]:
+    """Accuracy beside efficiency: pass rate, mean score, and mean steps, tokens and latency per task."""
+    if not outcomes:
+        return {"tasks": 0, "passed": 0, "errors": 0, "accuracy": 0.0, "mean_score": 0.0}
+    return {
+        "tasks": len(outcomes),
+        "passed": sum(o.passed for o in outcomes),
+        "errors": sum(o.error is not None for o in outcomes),
+        "accuracy": sum(o.passed for o in outcomes) / len(outcomes),
+        "mean_score": statistics.fmean(o.score for o in outcomes),
+        "mean_steps": statistics.fmean(o.steps for o in outcomes),
+        "mean_tokens_in": statistics.fmean(o.tokens_in for o in outcomes),
+        "mean_tokens_out": statistics.fmean(o.tokens_out for o in outcomes),
+        "mean_latency_ms": statistics.fmean(o.latency_ms for o in outcomes),
+    }
+
+
+# ---- a resident base behind the Generate protocol --------------------------------------------
+
+
+class Sampler(Protocol):
+    """What `SamplerGenerate` needs of a resident base (`mint.trainer.session.ResidentBase`)."""
+
+    tokenizer: Any
+
+    def sample_with(
+        self, adapter_name: str | None, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int
+    ) -> list[SampledSequence]: ...
+
+
+class SamplerGenerate:
+    """`Generate` over a resident base's sampler: prompts rendered with the base's chat template
+    exactly as in training (`render_prompt`), then sampled one after another under an adapter
+    (None: the base itself). A prompt the base refuses (longer than its context) becomes a
+    turn with `error` set; other failures propagate.
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        *,
+        adapter_name: str | None = None,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+    ) -> None:
+        self.sampler = sampler
+        self.adapter_name = adapter_name
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+
+    def __call__(self, requests: Sequence[GenerateRequest]) -> list[Generation]:
+        return [self._one(request) for request in requests]
+
+    def _one(self, request: GenerateRequest) -> Generation:
+        started = time.perf_counter()
+        tokenizer = self.sampler.tokenizer
+        prompt: list[int] = []
+        try:
+            prompt = render_prompt(tokenizer, request.messages, request.tools)
+            params = SamplingParams(
+                max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, seed=request.seed
+            )
+            sequence = self.sampler.sample_with(self.adapter_name, prompt, params, 1)[0]
+        except InvalidRequest as exc:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            return Generation(text="", tokens_in=len(prompt), tokens_out=0, latency_ms=elapsed_ms, error=exc.message)
+        text = tokenizer.decode(sequence.tokens, skip_special_tokens=True).strip()
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        return Generation(text=text, tokens_in=len(prompt), tokens_out=len(sequence.tokens), latency_ms=elapsed_ms)
