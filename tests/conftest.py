@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -257,3 +260,50 @@ def live_server(app) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
     yield LiveServer(url=f"http://127.0.0.1:{port}")
     server.should_exit = True
     thread.join(timeout=10)
+
+
+# Short leases and a fast reconciler: a killed worker's job is requeued within seconds.
+FAST_RECOVERY = {"MINT_JOB_LEASE_S": "3", "MINT_RECONCILE_EVERY_S": "1", "MINT_REQUEUE_GRACE_S": "2"}
+TRAINING_BASE = "tiny-glm-moe"
+
+
+class Workers:
+    """Starts and stops worker subprocesses for one test."""
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, env: dict[str, str] | None = None, base: str = TRAINING_BASE) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mint", "worker", "--base", base, "--name", f"{name}@%h"],
+            env={**os.environ, **FAST_RECOVERY, **(env or {})},
+        )
+        self.processes.append(process)
+        return process
+
+    def beat(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mint", "beat"], env={**os.environ, **FAST_RECOVERY, **(env or {})}
+        )
+        self.processes.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture
+def workers() -> Iterator[Workers]:
+    running = Workers()
+    try:
+        yield running
+    finally:
+        running.stop_all()

@@ -8,21 +8,13 @@ short leases so the reconciler acts within seconds. Each test's workers are stop
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 
 from tests.conftest import Tenant
 
 BASE = "tiny-glm-moe"
-# Short leases and a fast reconciler: a killed worker's job is requeued within seconds.
-FAST_RECOVERY = {"MINT_JOB_LEASE_S": "3", "MINT_RECONCILE_EVERY_S": "1", "MINT_REQUEUE_GRACE_S": "2"}
 
 
 def jsonl(rows: list[dict[str, Any]]) -> bytes:
@@ -63,45 +55,3 @@ def upload(
     )
     assert response.status_code == 201, response.text
     return response.json()
-
-
-class Workers:
-    """Starts and stops worker subprocesses for one test."""
-
-    def __init__(self) -> None:
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    def start(self, name: str, env: dict[str, str] | None = None, base: str = BASE) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mint", "worker", "--base", base, "--name", f"{name}@%h"],
-            env={**os.environ, **FAST_RECOVERY, **(env or {})},
-        )
-        self.processes.append(process)
-        return process
-
-    def beat(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mint", "beat"], env={**os.environ, **FAST_RECOVERY, **(env or {})}
-        )
-        self.processes.append(process)
-        return process
-
-    def stop_all(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-@pytest.fixture
-def workers() -> Iterator[Workers]:
-    running = Workers()
-    try:
-        yield running
-    finally:
-        running.stop_all()

@@ -16,8 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from mint.config import Settings
-from tests.conftest import Tenant, free_port
-from tests.jobs.conftest import BASE, Workers, chat_rows, upload, wait_for
+from tests.conftest import Tenant, Workers, free_port, wait_for
+from tests.jobs.conftest import BASE, chat_rows, upload
 
 pytestmark = pytest.mark.torch
 

@@ -16,8 +16,8 @@ from sqlalchemy import select
 from mint.config import Settings
 from mint.storage.db import session_scope
 from mint.storage.tables import UsageRecord
-from tests.conftest import Tenant
-from tests.jobs.conftest import BASE, Workers, chat_rows, preference_rows, prompt_rows, upload, wait_for
+from tests.conftest import Tenant, Workers, wait_for
+from tests.jobs.conftest import BASE, chat_rows, preference_rows, prompt_rows, upload
 
 pytestmark = pytest.mark.torch
 
