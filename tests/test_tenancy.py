@@ -30,6 +30,7 @@ SELF_ROUTES = {
     "/v1/files",
     "/v1/fine_tuning/jobs",
     "/v1/adapters",
+    "/v1/deployments",
 }
 # Routes that name other resources by id in the query or the body, not the path; their
 # tenancy (another organization's ids are 404) is checked in tests/evals/test_evals_api.py.
@@ -95,7 +96,22 @@ def _adapter(client: TestClient, owner: Tenant) -> str:
         return version.adapter_id
 
 
+def _deployment(client: TestClient, owner: Tenant) -> str:
+    from mint.config import get_settings
+    from mint.storage.db import session_scope
+    from mint.storage.tables import Adapter
+
+    adapter_id = _adapter(client, owner)
+    with session_scope(get_settings().database) as session:
+        name = session.get(Adapter, adapter_id).name  # type: ignore[union-attr]
+    body = {"name": f"dep-{secrets.token_hex(4)}", "model": f"{name}@1"}
+    response = client.post("/v1/deployments", headers=owner.headers("developer"), json=body)
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
 RESOURCE_MAKERS: dict[str, ResourceMaker] = {
+    "deployment_id": _deployment,
     "key_id": lambda client, owner: owner.key_ids["viewer"],
     "dataset_id": _dataset,
     "job_id": _job,

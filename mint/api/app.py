@@ -19,6 +19,7 @@ from mint.api.routes import (
     base_models,
     benchmarks,
     datasets,
+    deployments,
     evals,
     fine_tuning,
     health,
@@ -40,6 +41,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.middleware("http")(record_request_metrics)
     app.include_router(health.router)
-    for module in (organization, api_keys, base_models, datasets, fine_tuning, adapters, benchmarks, evals):
+    for module in (
+        organization,
+        api_keys,
+        base_models,
+        datasets,
+        fine_tuning,
+        adapters,
+        benchmarks,
+        evals,
+        deployments,
+    ):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     return app

@@ -1,0 +1,112 @@
+"""Deployments: create, promote a version, roll back, withdraw, and the revision history.
+
+Every change is a revision and an audit-log entry. Send the deployment's name as `model`
+to `/v1/chat/completions`; each response names the adapter version that served it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from mint.api.deps import CurrentPrincipal, SessionDep
+from mint.api.pagination import After, Limit, id_path
+from mint.schemas.common import Page
+from mint.schemas.deployments import (
+    DeploymentCreate,
+    DeploymentPublic,
+    PromoteRequest,
+    RevisionPublic,
+    RollbackRequest,
+    WithdrawRequest,
+)
+from mint.services import deployments
+from mint.storage.queries import owned_by, paginate
+from mint.storage.tables import Deployment
+
+router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
+
+DeploymentId = Annotated[str, id_path("The deployment's id (`deploy_...`) or name.")]
+
+
+def _public(session: SessionDep, deployment: Deployment) -> DeploymentPublic:
+    wire = DeploymentPublic.model_validate(deployment)
+    serving = RevisionPublic.model_validate(deployments.current_revision(session, deployment))
+    return wire.model_copy(update={"serving": serving})
+
+
+@router.post("", response_model=DeploymentPublic, status_code=201)
+def create_deployment(body: DeploymentCreate, session: SessionDep, principal: CurrentPrincipal) -> DeploymentPublic:
+    """Serve an adapter version (or a mixture) under a stable name; revision 1."""
+    deployment = deployments.create_deployment(
+        session, principal, name=body.name, model=body.model, mixture=body.mixture, gate=body.gate, reason=body.reason
+    )
+    return _public(session, deployment)
+
+
+@router.get("", response_model=Page[DeploymentPublic])
+def list_deployments(
+    session: SessionDep, principal: CurrentPrincipal, after: After = None, limit: Limit = 20
+) -> Page[DeploymentPublic]:
+    result = paginate(session, owned_by(Deployment, principal.organization_id), Deployment, after=after, limit=limit)
+    data = [_public(session, row) for row in result.rows]
+    return Page[DeploymentPublic](
+        data=data,
+        has_more=result.has_more,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+    )
+
+
+@router.get("/{deployment_id}", response_model=DeploymentPublic)
+def get_deployment(deployment_id: DeploymentId, session: SessionDep, principal: CurrentPrincipal) -> DeploymentPublic:
+    return _public(session, deployments.get_deployment(session, principal.organization_id, deployment_id))
+
+
+@router.get("/{deployment_id}/revisions", response_model=list[RevisionPublic])
+def list_revisions(
+    deployment_id: DeploymentId, session: SessionDep, principal: CurrentPrincipal
+) -> list[RevisionPublic]:
+    """Every revision, newest first: what served, why, and the gate's verdict."""
+    deployment = deployments.get_deployment(session, principal.organization_id, deployment_id)
+    return [RevisionPublic.model_validate(row) for row in deployments.revisions(session, deployment)]
+
+
+@router.post(
+    "/{deployment_id}/promote",
+    response_model=DeploymentPublic,
+    responses={409: {"description": "The gate refused the promotion; `error.verdict` holds its numbers."}},
+)
+def promote(
+    deployment_id: DeploymentId, body: PromoteRequest, session: SessionDep, principal: CurrentPrincipal
+) -> DeploymentPublic | JSONResponse:
+    """Serve another version; a gated deployment first checks the candidate's eval against production's."""
+    try:
+        deployment = deployments.promote(
+            session, principal, deployment_id, model=body.model, mixture=body.mixture, reason=body.reason
+        )
+    except deployments.GateRefused as refused:
+        error = {"type": refused.type, "message": refused.message, "param": refused.param, "verdict": refused.verdict}
+        return JSONResponse({"error": error}, status_code=409)
+    return _public(session, deployment)
+
+
+@router.post("/{deployment_id}/rollback", response_model=DeploymentPublic)
+def rollback(
+    deployment_id: DeploymentId, body: RollbackRequest, session: SessionDep, principal: CurrentPrincipal
+) -> DeploymentPublic:
+    """Serve again what an earlier revision served (the previous one by default)."""
+    deployment = deployments.rollback(
+        session, principal, deployment_id, to_revision=body.to_revision, reason=body.reason
+    )
+    return _public(session, deployment)
+
+
+@router.post("/{deployment_id}/withdraw", response_model=DeploymentPublic)
+def withdraw(
+    deployment_id: DeploymentId, body: WithdrawRequest, session: SessionDep, principal: CurrentPrincipal
+) -> DeploymentPublic:
+    """Stop serving until a version is promoted again."""
+    return _public(session, deployments.withdraw(session, principal, deployment_id, reason=body.reason))

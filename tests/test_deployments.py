@@ -1,0 +1,128 @@
+"""Deployments over HTTP: create, promote, roll back, withdraw; every change a revision and
+an audit-log entry; bad requests say what to fix.
+
+Adapter versions are registered through the adapters service (jobs make them in real use;
+the job tests cover that path) with small random archives: deployments only name them.
+Gates are exercised with real eval runs in tests/test_loop.py.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from mint.config import Settings
+from mint.services.adapters import register_version
+from mint.storage.db import session_scope
+from mint.storage.objects import object_store_for
+from tests.conftest import Tenant
+
+
+def _versions(settings: Settings, tenant: Tenant, name: str, count: int, base: str = "tiny-glm-moe") -> list[str]:
+    refs = []
+    with session_scope(settings.database) as session:
+        for _ in range(count):
+            version = register_version(
+                session,
+                object_store_for(settings),
+                organization_id=tenant.organization_id,
+                name=name,
+                base_model=base,
+                archive=secrets.token_bytes(128),
+                lora={"rank": 2, "alpha": 4.0},
+            )
+            refs.append(f"{name}@{version.version}")
+    return refs
+
+
+def _post(client: TestClient, tenant: Tenant, path: str, body: dict[str, Any]) -> Any:
+    return client.post(path, headers=tenant.headers("developer"), json=body)
+
+
+def test_promote_rollback_withdraw_each_make_a_revision(client: TestClient, tenant: Tenant, prepared: Settings) -> None:
+    v1, v2, v3 = _versions(prepared, tenant, "support", 3)
+    created = _post(client, tenant, "/v1/deployments", {"name": "support-prod", "model": v1, "reason": "first"})
+    assert created.status_code == 201, created.text
+    deployment = created.json()
+    assert deployment["current_revision"] == 1 and deployment["serving"]["routing"]["model"] == v1
+    path = f"/v1/deployments/{deployment['id']}"
+
+    assert _post(client, tenant, f"{path}/promote", {"model": v2}).json()["serving"]["routing"]["model"] == v2
+    assert _post(client, tenant, f"{path}/promote", {"model": v3}).json()["serving"]["routing"]["model"] == v3
+    rolled = _post(client, tenant, f"{path}/rollback", {}).json()
+    assert rolled["serving"]["routing"]["model"] == v2 and rolled["serving"]["action"] == "rollback"
+    back_to_first = _post(client, tenant, "/v1/deployments/support-prod/rollback", {"to_revision": 1}).json()
+    assert back_to_first["serving"]["routing"]["model"] == v1
+    withdrawn = _post(client, tenant, f"{path}/withdraw", {"reason": "incident"}).json()
+    assert withdrawn["status"] == "withdrawn"
+    assert _post(client, tenant, f"{path}/withdraw", {}).status_code == 409
+    again = _post(client, tenant, f"{path}/promote", {"model": v3}).json()
+    assert again["status"] == "active" and again["current_revision"] == 7
+
+    history = client.get(f"{path}/revisions", headers=tenant.headers("viewer")).json()
+    assert [r["action"] for r in history] == [
+        "promote",
+        "withdraw",
+        "rollback",
+        "rollback",
+        "promote",
+        "promote",
+        "create",
+    ]
+    audit = client.get("/v1/audit_log?limit=50", headers=tenant.headers("admin")).json()["data"]
+    deployment_actions = [entry["action"] for entry in audit if entry["resource_id"] == deployment["id"]]
+    assert len(deployment_actions) == 7 and "deployment.rollback" in deployment_actions
+
+
+def test_bad_deployments_say_what_to_fix(client: TestClient, tenant: Tenant, prepared: Settings) -> None:
+    (glm,) = _versions(prepared, tenant, "glm-line", 1)
+    (qwen,) = _versions(prepared, tenant, "qwen-line", 1, base="tiny-qwen3-moe")
+    cases = [
+        ({"name": "a", "model": "tiny-glm-moe"}, 400, "is a base model"),
+        ({"name": "b", "model": "nobody@1"}, 404, "no base model or adapter"),
+        ({"name": "c"}, 400, "either `model`"),
+        ({"name": "d", "model": glm, "mixture": {}}, 400, "either `model`"),
+        ({"name": "bad@name", "model": glm}, 422, "name"),
+        (
+            {
+                "name": "e",
+                "mixture": {
+                    "adapters": [glm, qwen],
+                    "policy": {"type": "rules", "rules": [{"adapter": qwen, "keywords": ["x"]}], "default": glm},
+                },
+            },
+            400,
+            "one base model",
+        ),
+    ]
+    for body, status, words in cases:
+        response = _post(client, tenant, "/v1/deployments", body)
+        assert response.status_code == status and words in response.text, (body, response.text)
+    created = _post(client, tenant, "/v1/deployments", {"name": "glm-prod", "model": glm}).json()
+    assert _post(client, tenant, "/v1/deployments", {"name": "glm-prod", "model": glm}).status_code == 409
+    other_base = _post(client, tenant, f"/v1/deployments/{created['id']}/promote", {"model": qwen})
+    assert other_base.status_code == 400 and "tiny-glm-moe" in other_base.text
+    nothing_earlier = _post(client, tenant, f"/v1/deployments/{created['id']}/rollback", {})
+    assert nothing_earlier.status_code == 409 and "no earlier revision" in nothing_earlier.text
+    assert client.post("/v1/deployments", headers=tenant.headers("viewer"), json={"name": "v"}).status_code == 403
+
+
+def test_a_mixture_deployment_records_its_routing(client: TestClient, tenant: Tenant, prepared: Settings) -> None:
+    billing, shipping = _versions(prepared, tenant, "billing", 1) + _versions(prepared, tenant, "shipping", 1)
+    mixture = {
+        "adapters": [billing, shipping],
+        "policy": {
+            "type": "rules",
+            "rules": [{"adapter": shipping, "keywords": ["parcel", "delivery"]}],
+            "default": billing,
+        },
+    }
+    response = _post(client, tenant, "/v1/deployments", {"name": "helpdesk", "mixture": mixture})
+    assert response.status_code == 201, response.text
+    deployment = response.json()
+    assert deployment["kind"] == "mixture"
+    assert set(deployment["serving"]["routing"]["versions"]) == {billing, shipping}
+    single = _post(client, tenant, f"/v1/deployments/{deployment['id']}/promote", {"model": billing})
+    assert single.status_code == 400 and "mixture deployment" in single.text
