@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from mint.config import Settings
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 
 UP_WAIT_S = 180.0
 
@@ -68,13 +68,18 @@ def test_models_list_names_the_registry(prepared: Settings) -> None:
 
 @pytest.mark.slow
 def test_up_starts_the_platform_on_embedded_defaults(tmp_path: Path) -> None:
-    """`mint up` with nothing but MINT_HOME set: API, worker and beat, ready, with a key."""
+    """`mint up` with nothing but MINT_HOME set: API, worker, beat and a serving node, ready, with a key."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINT_")}
     env |= {"MINT_HOME": str(tmp_path / "home"), "MINT_API_PORT": str(port)}
     log_path = tmp_path / "up.log"
     with log_path.open("w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "mint", "up"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mint", "up", "--serve", "tiny-glm-moe"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + UP_WAIT_S
         while "Mint is up" not in log_path.read_text() and process.poll() is None and time.monotonic() < deadline:
@@ -86,6 +91,19 @@ def test_up_starts_the_platform_on_embedded_defaults(tmp_path: Path) -> None:
         assert oct((tmp_path / "home" / "admin.key").stat().st_mode & 0o777) == "0o600"
         me = httpx.get(f"http://127.0.0.1:{port}/v1/organization", headers={"Authorization": f"Bearer {key}"})
         assert me.status_code == 200 and me.json()["name"] == "default"
+
+        def answered() -> httpx.Response | None:
+            chat = {"model": "tiny-glm-moe", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+            response = httpx.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                json=chat,
+                timeout=60,
+            )
+            return response if response.status_code != 503 else None
+
+        reply = wait_for(answered, "the serving node to answer")
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1, reply.text
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=60)

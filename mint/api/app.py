@@ -11,6 +11,7 @@ import logging
 from fastapi import FastAPI
 
 from mint import __version__
+from mint.api import openai
 from mint.api.errors import ERROR_RESPONSES, install_error_handlers
 from mint.api.metrics import record_request_metrics
 from mint.api.routes import (
@@ -51,6 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         benchmarks,
         evals,
         deployments,
+        openai,
     ):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     return app

@@ -18,6 +18,7 @@ app = typer.Typer(
 app.command("api")(processes.api)
 app.command("worker")(processes.worker)
 app.command("beat")(processes.beat)
+app.command("serve")(processes.serve)
 app.command("up")(processes.up)
 app.add_typer(admin, name="admin")
 

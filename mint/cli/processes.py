@@ -88,10 +88,34 @@ def beat(loglevel: str = "INFO") -> None:
     celery_app.start(["beat", "--loglevel", loglevel])
 
 
+def serve(
+    base: Annotated[str, typer.Option(help="The base model this node serves, with its adapters.")],
+    host: Annotated[str, typer.Option(help="Bind address; the API must reach it.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port of the node's internal API.")] = 8100,
+    url: Annotated[str | None, typer.Option(help="URL the API uses to reach this node; from host and port.")] = None,
+) -> None:
+    """Run a serving node: the base resident, the multi-LoRA engine and the adapter cache."""
+    import uvicorn
+
+    from mint.api.node_app import create_node_app
+    from mint.schemas.base_models import enabled_base_names
+
+    settings = get_settings()
+    bases = enabled_base_names(settings.model_configs_dir)
+    if base not in bases:
+        raise typer.BadParameter(f"unknown or disabled base {base!r}; enabled: {', '.join(bases)}", param_hint="--base")
+    app = create_node_app(settings, base, url or f"http://{host}:{port}")
+    uvicorn.run(app, host=host, port=port, log_level=settings.log_level.lower())
+
+
 def up(
     org: Annotated[str, typer.Option("--org", help="First organization, on a new installation.")] = "default",
+    serve_bases: Annotated[
+        str | None,
+        typer.Option("--serve", help="Comma-separated bases to run serving nodes for (default: every enabled base)."),
+    ] = None,
 ) -> None:
-    """Run the API, a worker for every queue, and beat, on the current settings
+    """Run the API, a worker for every queue, beat, and serving nodes, on the current settings
     (the embedded defaults under MINT_HOME unless set otherwise). Ctrl-C stops all."""
     from mint.services.setup import initialize
 
@@ -102,7 +126,14 @@ def up(
         _write_secret(key_file, result.admin_key)
     # SIGTERM (a service manager, `timeout`, `make` interrupted) stops the children too.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    children = [_spawn("api"), _spawn("worker"), _spawn("beat")]
+    from mint.schemas.base_models import enabled_base_names
+
+    served = enabled_base_names(settings.model_configs_dir) if serve_bases is None else serve_bases.split(",")
+    nodes = [
+        _spawn("serve", "--base", base, "--port", str(settings.api_port + 100 + index))
+        for index, base in enumerate(name for name in served if name)
+    ]
+    children = [_spawn("api"), _spawn("worker"), _spawn("beat"), *nodes]
     try:
         _wait_ready(settings, children)
         console.print(
@@ -134,8 +165,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _spawn(command: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "mint", command], env=os.environ.copy(), preexec_fn=_die_with_parent)
+def _spawn(*command: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mint", *command], env=os.environ.copy(), preexec_fn=_die_with_parent
+    )
 
 
 def _wait_ready(settings: Settings, children: list[subprocess.Popen[bytes]]) -> None:

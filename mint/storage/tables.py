@@ -191,6 +191,20 @@ class Worker(Base):
     last_seen_at: Mapped[datetime] = _created()
 
 
+class ServingNode(Base):
+    """A live serving node (`mint serve --base NAME`): where the API forwards inference for a base."""
+
+    __tablename__ = "serving_nodes"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    base_model: Mapped[str] = mapped_column(String(100), index=True)
+    url: Mapped[str] = mapped_column(String(500))
+    hostname: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = _created()
+    last_seen_at: Mapped[datetime] = _created()
+
+
 # --- data ---------------------------------------------------------------------------------
 
 

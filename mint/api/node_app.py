@@ -1,0 +1,192 @@
+"""The internal HTTP app of a serving node (`mint serve --base NAME`).
+
+It holds one `mint.serving.node.ServingNode` (loaded at start-up; torch is imported here,
+never in the public API process) and answers the public API, which forwards each inference
+request with its model already resolved. Replies stream as JSON lines: first what served the
+request (`{"served": ...}`), then one line per batch of new tokens of one choice. The node
+registers itself in the database with its URL and heartbeats, so the API finds it.
+
+Routes: `POST /internal/v1/complete`, `GET /internal/v1/cache`, `POST /internal/v1/cache/pin`
+and `/unpin`, `GET /healthz`, `GET /metrics` (the cache's per-tier counters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+
+from mint.api.errors import install_error_handlers
+from mint.config import Settings
+from mint.evals.environments import parse_tool_calls
+from mint.schemas.base_models import get_base_model_spec
+from mint.schemas.inference import AdapterOnNode, NodeCompletion
+from mint.services.serving_nodes import HEARTBEAT_EVERY_S, heartbeat, register_node, unregister_node
+from mint.storage.db import session_scope
+from mint.storage.objects import object_store_for
+
+log = logging.getLogger(__name__)
+
+
+class PinRequest(BaseModel):
+    adapter: AdapterOnNode
+
+
+def _assistant_message(text: str, call_prefix: str) -> dict[str, Any]:
+    """The reply as an OpenAI assistant message: tool calls when the text makes them."""
+    calls = parse_tool_calls(text)
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [call.to_openai(f"call_{call_prefix}_{index}") for index, call in enumerate(calls)],
+    }
+
+
+def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
+    """The node app for `base_model`, reachable by the API at `url`."""
+    node_id = f"{base_model}@{socket.gethostname()}/{os.getpid()}"
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        from mint.serving.cache import register_metrics
+        from mint.serving.node import ServingNode
+
+        spec = get_base_model_spec(base_model, settings.model_configs_dir)
+        node = await run_in_threadpool(
+            ServingNode,
+            spec,
+            settings.models_cache_dir,
+            object_store_for(settings),
+            ssd_dir=settings.home / "adapter-cache" / base_model,
+        )
+        registry = CollectorRegistry()
+        register_metrics(node.cache, registry)
+        state.update(node=node, registry=registry, stop=threading.Event())
+        with session_scope(settings.database) as session:
+            register_node(
+                session, node_id=node_id, base_model=base_model, url=url, hostname=socket.gethostname(), pid=os.getpid()
+            )
+        beating = threading.Thread(target=_heartbeat, args=(settings, node_id, state["stop"]), daemon=True)
+        beating.start()
+        try:
+            yield
+        finally:
+            state["stop"].set()
+            node.close()
+            with session_scope(settings.database) as session:
+                unregister_node(session, node_id)
+
+    app = FastAPI(title=f"Mint serving node ({base_model})", lifespan=lifespan)
+    install_error_handlers(app)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok", "base_model": base_model, "node_id": node_id}
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(state["registry"]), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/internal/v1/cache")
+    def cache_stats() -> dict[str, Any]:
+        stats = state["node"].cache.stats()
+        return {"node_id": node_id, "base_model": base_model, **asdict(stats)}
+
+    @app.post("/internal/v1/cache/pin")
+    def pin(body: PinRequest) -> dict[str, Any]:
+        node = state["node"]
+        node.know(_adapter(body.adapter))
+        node.cache.pin(body.adapter.sha256)
+        return {"pinned": body.adapter.sha256}
+
+    @app.post("/internal/v1/cache/unpin")
+    def unpin(body: PinRequest) -> dict[str, Any]:
+        state["node"].cache.unpin(body.adapter.sha256)
+        return {"unpinned": body.adapter.sha256}
+
+    @app.post("/internal/v1/complete")
+    async def complete(body: NodeCompletion) -> Response:
+        node = state["node"]
+        lines = _completion_lines(node, body)
+        if body.stream:
+            return StreamingResponse(iterate_in_threadpool(lines), media_type="application/x-ndjson")
+        return JSONResponse(await run_in_threadpool(_collect, list, lines))
+
+    return app
+
+
+def _adapter(wire: AdapterOnNode) -> Any:
+    from mint.serving.node import AdapterRef
+
+    return AdapterRef(ref=wire.ref, sha256=wire.sha256, object_key=wire.object_key)
+
+
+def _collect(gather: Any, lines: Iterator[str]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in gather(lines)]
+
+
+def _completion_lines(node: Any, body: NodeCompletion) -> Iterator[str]:
+    """JSON lines: what served the request, then each choice's new tokens, then its end."""
+    from mint.serving.node import NodeRequest
+
+    request = NodeRequest(
+        messages=body.messages,
+        prompt=body.prompt,
+        tools=body.tools,
+        adapter=_adapter(body.adapter) if body.adapter else None,
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=body.stop,
+        mixture=body.mixture,
+        metadata=body.metadata,
+    )
+    routed, decision = node.route(request)
+    served = {
+        "adapter": routed.adapter.ref if routed.adapter else None,
+        "sha256": routed.adapter.sha256 if routed.adapter else None,
+        "route": decision.model_dump(mode="json") if decision is not None else None,
+    }
+    yield json.dumps({"served": served}, default=str) + "\n"
+    for choice in range(body.n):
+        seeded = NodeRequest(**{**routed.__dict__, "seed": None if body.seed is None else body.seed + choice})
+        text = []
+        for event in node.stream(seeded):
+            text.append(event.text)
+            line = {"choice": choice, "text": event.text, "token_ids": event.token_ids, "logprobs": event.logprobs}
+            if event.finished:
+                line |= {
+                    "finish_reason": event.finish_reason,
+                    "usage": event.usage.model_dump() if event.usage else None,
+                }
+                if body.messages is not None:
+                    reply = _assistant_message("".join(text), hashlib.sha256("".join(text).encode()).hexdigest()[:12])
+                    line["message"] = reply
+                    node.remember(request, decision, reply)
+            yield json.dumps(line) + "\n"
+
+
+def _heartbeat(settings: Settings, node_id: str, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_EVERY_S):
+        try:
+            with session_scope(settings.database) as session:
+                heartbeat(session, node_id)
+        except Exception:  # noqa: BLE001 - a missed heartbeat is retried; liveness allows for it
+            log.warning("serving node heartbeat failed", exc_info=True)

@@ -1,0 +1,310 @@
+"""OpenAI-compatible inference: `/v1/models`, `/v1/chat/completions`, `/v1/completions`.
+
+The API resolves `model` (a base, `adapter@version` or a deployment) to what must serve it,
+picks a live serving node of that base (`mint serve --base NAME`), and forwards the request;
+the node streams back JSON lines, which become OpenAI's response or its server-sent events.
+Every response says which adapter version served it: the `mint` field of the body (and of
+the first streamed chunk) and the `X-Mint-Adapter` header. Tokens served are recorded as
+usage of the caller's organization.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from mint.api.deps import CurrentPrincipal, SettingsDep
+from mint.api.pagination import id_path
+from mint.config import Settings
+from mint.errors import MintError, NotFound, ServiceUnavailable
+from mint.schemas.inference import (
+    ChatCompletion,
+    ChatCompletionCreate,
+    CompletionCreate,
+    ModelCard,
+    ModelList,
+    NodeCompletion,
+    TextCompletion,
+)
+from mint.services.auth import Principal
+from mint.services.inference import ServingPlan, available_models, plan_for
+from mint.services.serving_nodes import node_for
+from mint.services.usage import record_usage
+from mint.storage.db import session_scope
+
+router = APIRouter(tags=["inference"])
+
+ModelName = Annotated[str, id_path("A base, `adapter@version`, or a deployment name.")]
+NODE_TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
+
+
+def _plan(settings: Settings, principal: Principal, model: str) -> tuple[ServingPlan, str]:
+    with session_scope(settings.database) as session:
+        plan = plan_for(session, principal.organization_id, model)
+        node = node_for(session, plan.base_model, plan.affinity)
+        return plan, node.url
+
+
+def _record(settings: Settings, principal: Principal, plan: ServingPlan, served: str | None, tokens: int) -> None:
+    with session_scope(settings.database) as session:
+        record_usage(
+            session,
+            organization_id=principal.organization_id,
+            kind="served",
+            tokens=tokens,
+            base_model=plan.base_model,
+            model_ref=served or plan.base_model,
+            resource_type="deployment" if plan.deployment else None,
+            resource_id=plan.deployment,
+        )
+
+
+def _mint_field(plan: ServingPlan, served: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "adapter": served.get("adapter"),
+        "adapter_sha256": served.get("sha256"),
+        "base_model": plan.base_model,
+        "deployment": plan.deployment,
+        "revision": plan.revision,
+        "route": served.get("route"),
+    }
+
+
+async def _node_lines(url: str, body: NodeCompletion) -> AsyncIterator[dict[str, Any]]:
+    """The node's JSON lines; its errors come back as Mint's (same type, status and message)."""
+    async with httpx.AsyncClient(timeout=NODE_TIMEOUT) as client:
+        try:
+            async with client.stream("POST", f"{url}/internal/v1/complete", json=body.model_dump()) as response:
+                if response.status_code >= 400:
+                    raise _node_error(response.status_code, (await response.aread()).decode())
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+        except httpx.TransportError as exc:
+            raise ServiceUnavailable(f"the serving node at {url} did not answer ({exc}); retry", param="model") from exc
+
+
+class NodeError(MintError):
+    """An error a serving node returned, passed on with its status."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        error = body.get("error", {})
+        super().__init__(str(error.get("message", "the serving node failed")), param=error.get("param"))
+        self.status = status
+        self.type = str(error.get("type", "node_error"))
+
+
+def _node_error(status: int, text: str) -> MintError:
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        body = {"error": {"message": text[:500]}}
+    return NodeError(status, body)
+
+
+def _node_request(plan: ServingPlan, body: ChatCompletionCreate | CompletionCreate, **prompt: Any) -> NodeCompletion:
+    return NodeCompletion(
+        **prompt,
+        adapter=plan.adapter,
+        mixture=plan.mixture,
+        metadata=body.metadata or {},
+        max_tokens=body.token_limit,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=body.stop or [],  # type: ignore[arg-type]
+        n=body.n,
+        stream=True,
+    )
+
+
+def _logprobs(line: dict[str, Any], chat: bool) -> dict[str, Any] | None:
+    if chat:
+        return {
+            "content": [
+                {"token": str(t), "logprob": lp, "bytes": None, "top_logprobs": []}
+                for t, lp in zip(line["token_ids"], line["logprobs"], strict=True)
+            ]
+        }
+    return {"tokens": [str(t) for t in line["token_ids"]], "token_logprobs": line["logprobs"]}
+
+
+async def _serve(
+    request_body: ChatCompletionCreate | CompletionCreate,
+    settings: Settings,
+    principal: Principal,
+    *,
+    chat: bool,
+    prompt: dict[str, Any],
+) -> Response:
+    plan, url = await run_in_threadpool(_plan, settings, principal, request_body.model)
+    node_body = _node_request(plan, request_body, **prompt)
+    completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    lines = _node_lines(url, node_body)
+    try:
+        first = await anext(lines)
+    except NodeError as error:
+        return _error_response(error)
+    served = first["served"]
+    mint = _mint_field(plan, served)
+    headers = {"X-Mint-Adapter": served.get("adapter") or plan.base_model}
+    if request_body.stream:
+        events = _sse(lines, request_body, plan, mint, settings, principal, completion_id, created, chat)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    choices: dict[int, dict[str, Any]] = {}
+    usage = {"prompt_tokens": 0, "completion_tokens": 0}
+    async for line in lines:
+        choice = choices.setdefault(line["choice"], {"text": [], "token_ids": [], "logprobs": []})
+        choice["text"].append(line["text"])
+        choice["token_ids"] += line["token_ids"]
+        choice["logprobs"] += line["logprobs"]
+        if "finish_reason" in line:
+            choice["finish_reason"] = line["finish_reason"]
+            choice["message"] = line.get("message")
+            usage["prompt_tokens"] = line["usage"]["prompt_tokens"]
+            usage["completion_tokens"] += line["usage"]["completion_tokens"]
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    await run_in_threadpool(_record, settings, principal, plan, served.get("adapter"), usage["total_tokens"])
+    body: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": request_body.model,
+        "choices": [
+            _choice(index, choice, chat, bool(request_body.logprobs)) for index, choice in sorted(choices.items())
+        ],
+        "usage": usage,
+        "system_fingerprint": (served.get("sha256") or "")[:16] or None,
+        "mint": mint,
+    }
+    return JSONResponse(body, headers=headers)
+
+
+def _choice(index: int, choice: dict[str, Any], chat: bool, with_logprobs: bool) -> dict[str, Any]:
+    text = "".join(choice["text"])
+    logprobs = _logprobs(choice, chat) if with_logprobs else None
+    finish = choice.get("finish_reason", "length")
+    if chat:
+        message = choice.get("message") or {"role": "assistant", "content": text}
+        return {
+            "index": index,
+            "message": message,
+            "finish_reason": "tool_calls" if message.get("tool_calls") else finish,
+            "logprobs": logprobs,
+        }
+    return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
+
+
+async def _sse(
+    lines: AsyncIterator[dict[str, Any]],
+    request_body: ChatCompletionCreate | CompletionCreate,
+    plan: ServingPlan,
+    mint: dict[str, Any],
+    settings: Settings,
+    principal: Principal,
+    completion_id: str,
+    created: int,
+    chat: bool,
+) -> AsyncIterator[bytes]:
+    """OpenAI's server-sent events; the first chunk of each choice carries the role and `mint`."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    started: set[int] = set()
+    total = 0
+    prompt_tokens = 0
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        body = {
+            "id": completion_id,
+            "object": kind,
+            "created": created,
+            "model": request_body.model,
+            "choices": choices,
+        }
+        return f"data: {json.dumps(body | extra)}\n\n".encode()
+
+    try:
+        async for line in lines:
+            index = line["choice"]
+            finish = line.get("finish_reason")
+            extra = {"mint": mint} if index not in started else {}
+            if chat:
+                delta: dict[str, Any] = {"content": line["text"]}
+                if index not in started:
+                    delta["role"] = "assistant"
+                message = line.get("message") or {}
+                if finish and message.get("tool_calls"):
+                    delta["tool_calls"] = [{**call, "index": n} for n, call in enumerate(message["tool_calls"])]
+                    finish = "tool_calls"
+                piece = {"index": index, "delta": delta, "finish_reason": finish}
+            else:
+                piece = {"index": index, "text": line["text"], "finish_reason": finish}
+            if request_body.logprobs:
+                piece["logprobs"] = _logprobs(line, chat)
+            started.add(index)
+            if finish:
+                prompt_tokens = line["usage"]["prompt_tokens"]
+                total += line["usage"]["completion_tokens"]
+            yield chunk([piece], **extra)
+    except MintError as error:
+        yield f"data: {json.dumps({'error': {'type': error.type, 'message': error.message}})}\n\n".encode()
+        return
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": total, "total_tokens": prompt_tokens + total}
+    await run_in_threadpool(_record, settings, principal, plan, mint.get("adapter"), usage["total_tokens"])
+    yield chunk([], usage=usage)
+    yield b"data: [DONE]\n\n"
+
+
+def _error_response(error: NodeError) -> JSONResponse:
+    return JSONResponse({"error": {"type": error.type, "message": error.message, "param": error.param}}, error.status)
+
+
+SSE = {"text/event-stream": {"schema": {"type": "string", "description": "OpenAI's server-sent events."}}}
+
+
+@router.post("/v1/chat/completions", response_model=None, responses={200: {"model": ChatCompletion, "content": SSE}})
+async def chat_completions(
+    body: ChatCompletionCreate, request: Request, settings: SettingsDep, principal: CurrentPrincipal
+) -> Response:
+    """OpenAI's chat completions, streaming included, on a base, an adapter version or a deployment."""
+    messages = [message.model_dump(exclude_none=True) for message in body.messages]
+    for message in messages:
+        if message["role"] == "developer":
+            message["role"] = "system"
+    return await _serve(body, settings, principal, chat=True, prompt={"messages": messages, "tools": body.tools})
+
+
+@router.post("/v1/completions", response_model=None, responses={200: {"model": TextCompletion, "content": SSE}})
+async def completions(body: CompletionCreate, settings: SettingsDep, principal: CurrentPrincipal) -> Response:
+    """OpenAI's text completions: the prompt is continued as is, without a chat template."""
+    return await _serve(body, settings, principal, chat=False, prompt={"prompt": body.prompt})
+
+
+def _models(settings: Settings, principal: Principal) -> list[dict[str, Any]]:
+    with session_scope(settings.database) as session:
+        return [
+            {"id": name, "object": "model", "created": int(created.timestamp()), "owned_by": owner}
+            for name, created, owner in available_models(session, principal.organization_id)
+        ]
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(settings: SettingsDep, principal: CurrentPrincipal) -> dict[str, Any]:
+    """Every model this organization can send: bases, adapter versions (`name@N`) and deployments."""
+    return {"object": "list", "data": await run_in_threadpool(_models, settings, principal)}
+
+
+@router.get("/v1/models/{model}", response_model=ModelCard)
+async def get_model(model: ModelName, settings: SettingsDep, principal: CurrentPrincipal) -> dict[str, Any]:
+    for entry in await run_in_threadpool(_models, settings, principal):
+        if entry["id"] == model:
+            return entry
+    raise NotFound(f"no model {model!r}; list them at /v1/models", param="model")

@@ -1,0 +1,137 @@
+"""Wire types of inference: OpenAI's chat and text completions, and the request the API forwards
+to a serving node once it has resolved the model."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mint.schemas.common import ID_PATTERN
+
+MAX_COMPLETION_TOKENS = 4096
+
+
+class _Lenient(BaseModel):
+    # OpenAI clients send fields Mint does not use (user, logit_bias, ...): accepted, ignored.
+    model_config = ConfigDict(extra="ignore")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class _Sampling(_Lenient):
+    model: str = Field(max_length=300, pattern=ID_PATTERN, description="A base, `adapter@version`, or a deployment.")
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_COMPLETION_TOKENS)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_COMPLETION_TOKENS)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=16)
+    seed: int | None = Field(default=None, ge=0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    logprobs: bool | int | None = None
+    metadata: dict[str, Any] | None = Field(default=None, description="Routing metadata for mixture deployments.")
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> list[str] | None:
+        stops = [value] if isinstance(value, str) else value
+        if stops is not None and (len(stops) > 4 or any(not stop for stop in stops)):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return stops
+
+    @property
+    def token_limit(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or 256
+
+
+class ChatCompletionCreate(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1000)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    tool_choice: Any = None
+
+
+class CompletionCreate(_Sampling):
+    prompt: str = Field(min_length=1, max_length=200_000)
+
+
+class AdapterOnNode(BaseModel):
+    ref: str
+    sha256: str
+    object_key: str
+
+
+class NodeCompletion(BaseModel):
+    """What the API forwards to a serving node: the prompt, what serves it, how to sample."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    adapter: AdapterOnNode | None = None
+    mixture: dict[str, Any] | None = Field(default=None, description="{revision_id, spec, versions: {ref: adapter}}")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    max_tokens: int = Field(ge=1, le=MAX_COMPLETION_TOKENS)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    n: int = Field(default=1, ge=1, le=16)
+    stream: bool = False
+
+
+class Served(BaseModel):
+    """Which adapter version served a response (Mint's extension of OpenAI's bodies)."""
+
+    adapter: str | None = Field(description="`name@version`; None when the base itself served.")
+    adapter_sha256: str | None
+    base_model: str
+    deployment: str | None
+    revision: int | None
+    route: dict[str, Any] | None = Field(description="For a mixture: the router's decision.")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[dict[str, Any]]
+    usage: Usage
+    system_fingerprint: str | None
+    mint: Served
+
+
+class TextCompletion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[dict[str, Any]]
+    usage: Usage
+    system_fingerprint: str | None
+    mint: Served
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

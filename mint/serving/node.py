@@ -1,0 +1,300 @@
+"""A serving node: one resident base, the multi-LoRA engine, the adapter cache, and the routers.
+
+`mint serve --base NAME` runs one `ServingNode` behind an internal HTTP app
+(`mint.api.node_app`); the public API resolves a model reference (a base, `adapter@version`
+or a deployment) to what must serve it and forwards the request here. A request carries
+the adapter version it needs by content hash and object key, so the node never reads the
+database: the cache fetches the version from the object store the first time (once, however
+many requests wait) and keeps it in its tiers (engine slots -> CPU RAM -> local SSD).
+
+Requests from concurrent HTTP calls are gathered into batches: a batcher thread takes what
+is waiting (up to the engine's batch size) and streams the batch through the engine, where
+requests on different adapters share each forward pass. Two batchers run, so a new batch
+starts while a long one is still decoding (the engine interleaves them step by step).
+
+Mixture deployments are routed here, where the MiniLM encoder and the engine are: a request
+names the deployment's revision and its spec, and the node keeps one `Router` per revision.
+A reply that makes a tool call is remembered, so the conversation's continuation returns to
+the adapter that made the call.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import queue
+import tarfile
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mint.errors import InvalidRequest
+from mint.schemas.base_models import BaseModelSpec
+from mint.serving.cache import TieredCache
+from mint.serving.engine import AdapterTensors, GenerateRequest, StreamEvent
+from mint.serving.router import MixtureSpec, RouteDecision, Router
+from mint.serving.tiers import CpuTier, EngineTier, LocalDiskTier, ObjectStoreTier
+from mint.storage.objects import ObjectStore
+
+log = logging.getLogger(__name__)
+
+BATCHERS = 2
+MAX_ROUTERS = 256
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """An adapter version as the API names it to a node: reference, content hash, object key."""
+
+    ref: str
+    sha256: str
+    object_key: str
+
+
+@dataclass
+class NodeRequest:
+    """One completion request after the API resolved its model."""
+
+    messages: list[dict[str, Any]] | None
+    prompt: str | None
+    tools: list[dict[str, Any]] | None
+    adapter: AdapterRef | None
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: list[str]
+    mixture: dict[str, Any] | None = None  # {"revision_id", "spec", "versions": {ref: AdapterRef fields}}
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Served:
+    """What served a request: the adapter version (None: the base) and, for a mixture, the route."""
+
+    adapter: AdapterRef | None
+    route: dict[str, Any] | None = None
+
+
+def decode_archive(payload: bytes) -> AdapterTensors:
+    """An adapter version's archive (the PEFT files in a tar) as tensors in memory."""
+    from safetensors.torch import load as load_safetensors
+
+    files: dict[str, bytes] = {}
+    with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as archive:
+        for member in archive.getmembers():
+            source = archive.extractfile(member) if member.isfile() else None
+            if source is not None:
+                files[member.name] = source.read()
+    if set(files) != {"adapter_config.json", "adapter_model.safetensors"}:
+        raise InvalidRequest(
+            "an adapter archive holds adapter_config.json and adapter_model.safetensors", param="model"
+        )
+    return AdapterTensors(
+        config=json.loads(files["adapter_config.json"]), tensors=load_safetensors(files["adapter_model.safetensors"])
+    )
+
+
+class _Pending:
+    """A request waiting for, or going through, a batch: its engine request and its event queue."""
+
+    def __init__(self, request: GenerateRequest) -> None:
+        self.request = request
+        self.events: queue.Queue[StreamEvent | BaseException] = queue.Queue()
+
+
+class ServingNode:
+    """The engine, the cache and the routers of one base on this machine."""
+
+    def __init__(
+        self,
+        spec: BaseModelSpec,
+        cache_dir: Path,
+        store: ObjectStore,
+        *,
+        ssd_dir: Path,
+        engine_slots: int = 8,
+        cpu_bytes: int = 2 * 1024**3,
+        ssd_bytes: int = 20 * 1024**3,
+        max_batch_size: int = 16,
+    ) -> None:
+        from mint.serving.torch_engine import TorchEngine
+
+        self.spec = spec
+        self.engine = TorchEngine.from_spec(spec, cache_dir, max_adapters=engine_slots, max_batch_size=max_batch_size)
+        self.tokenizer = self.engine.tokenizer
+        self._object_keys: dict[str, str] = {}
+        self.cache = TieredCache(
+            [
+                EngineTier(self.engine, max_entries=engine_slots, decode=decode_archive),
+                CpuTier(capacity_bytes=cpu_bytes),
+                LocalDiskTier(ssd_dir, capacity_bytes=ssd_bytes),
+            ],
+            ObjectStoreTier(store, self._object_key),
+        )
+        self._routers: OrderedDict[str, Router] = OrderedDict()
+        self._routers_lock = threading.Lock()
+        self._waiting: queue.Queue[_Pending] = queue.Queue()
+        self._stop = threading.Event()
+        self._batchers = [
+            threading.Thread(target=self._batch_loop, name=f"batcher-{n}", daemon=True) for n in range(BATCHERS)
+        ]
+        for thread in self._batchers:
+            thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    # ---- adapters ---------------------------------------------------------------------------
+
+    def _object_key(self, sha256: str) -> str:
+        from mint.errors import NotFound
+
+        key = self._object_keys.get(sha256)
+        if key is None:
+            raise NotFound(f"no adapter version with sha256 {sha256} was named to this node")
+        return key
+
+    def know(self, adapter: AdapterRef) -> None:
+        """Learn where an adapter version lives, so the cache can fetch it."""
+        self._object_keys[adapter.sha256] = adapter.object_key
+
+    # ---- routing ----------------------------------------------------------------------------
+
+    def _router(self, mixture: dict[str, Any]) -> Router:
+        revision = str(mixture["revision_id"])
+        with self._routers_lock:
+            router = self._routers.get(revision)
+            if router is not None:
+                self._routers.move_to_end(revision)
+                return router
+        from mint.serving.embeddings import get_encoder
+
+        spec = MixtureSpec.model_validate(mixture["spec"])
+        router = Router(spec, encoder=get_encoder(), generate=self._generate_for_router(mixture))
+        with self._routers_lock:
+            self._routers[revision] = router
+            while len(self._routers) > MAX_ROUTERS:
+                self._routers.popitem(last=False)
+        return router
+
+    def _generate_for_router(self, mixture: dict[str, Any]) -> Any:
+        def generate(adapters: Sequence[str], messages: Sequence[dict[str, Any]], *, max_tokens: int) -> list[str]:
+            versions = mixture["versions"]
+            requests = [
+                NodeRequest(
+                    messages=list(messages),
+                    prompt=None,
+                    tools=None,
+                    adapter=AdapterRef(**versions[ref]),
+                    max_tokens=max_tokens,
+                    temperature=0.0,
+                    top_p=1.0,
+                    seed=0,
+                    stop=[],
+                )
+                for ref in adapters
+            ]
+            return [self.complete(request)[0].text for request in requests]
+
+        return generate
+
+    def route(self, request: NodeRequest) -> tuple[NodeRequest, RouteDecision | None]:
+        """Pick the adapter of a mixture request (the request itself otherwise)."""
+        if request.mixture is None:
+            return request, None
+        router = self._router(request.mixture)
+        decision = router.route(request.messages or [], metadata=request.metadata)
+        chosen = AdapterRef(**request.mixture["versions"][decision.adapter])
+        routed = NodeRequest(**{**request.__dict__, "adapter": chosen, "mixture": None})
+        return routed, decision
+
+    def remember(self, request: NodeRequest, decision: RouteDecision | None, reply: dict[str, Any]) -> None:
+        """Keep the adapter of a reply that makes tool calls, so the continuation is routed back to it."""
+        if decision is None or request.mixture is None or request.messages is None or not reply.get("tool_calls"):
+            return
+        self._router(request.mixture).remember_tool_call([*request.messages, reply], decision.adapter)
+
+    # ---- generation -------------------------------------------------------------------------
+
+    def _prompt_tokens(self, request: NodeRequest) -> list[int]:
+        from mint.trainer.chat_data import render_prompt
+
+        if request.messages is not None:
+            return render_prompt(self.tokenizer, request.messages, request.tools)
+        assert request.prompt is not None
+        return list(self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"])
+
+    def _engine_request(self, request: NodeRequest) -> GenerateRequest:
+        return GenerateRequest(
+            adapter_id=request.adapter.sha256 if request.adapter else None,
+            prompt_tokens=self._prompt_tokens(request),
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop=request.stop,
+        )
+
+    def stream(self, request: NodeRequest) -> Iterator[StreamEvent]:
+        """Events of one request, generated in a batch with whatever else is waiting.
+
+        The adapter is leased for the whole request, so it cannot leave the engine mid-stream.
+        """
+        engine_request = self._engine_request(request)
+        lease = None
+        if request.adapter is not None:
+            self.know(request.adapter)
+            lease = self.cache.acquire(request.adapter.sha256)
+        try:
+            pending = _Pending(engine_request)
+            self._waiting.put(pending)
+            while True:
+                event = pending.events.get()
+                if isinstance(event, BaseException):
+                    raise event
+                yield event
+                if event.finished:
+                    return
+        finally:
+            if lease is not None:
+                lease.release()
+
+    def complete(self, request: NodeRequest) -> list[StreamEvent]:
+        """The request's events merged into one: its whole text, tokens, logprobs and usage."""
+        events = list(self.stream(request))
+        last = events[-1]
+        merged = StreamEvent(
+            index=0,
+            token_ids=[token for event in events for token in event.token_ids],
+            text="".join(event.text for event in events),
+            logprobs=[value for event in events for value in event.logprobs],
+            finish_reason=last.finish_reason,
+            stop_match=last.stop_match,
+            usage=last.usage,
+        )
+        return [merged]
+
+    def _batch_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                first = self._waiting.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            batch = [first]
+            while len(batch) < self.engine.max_batch_size:
+                try:
+                    batch.append(self._waiting.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                for event in self.engine.stream([pending.request for pending in batch]):
+                    batch[event.index].events.put(event.model_copy(update={"index": 0}))
+            except BaseException as error:  # noqa: BLE001 - handed to every waiting request
+                log.exception("a batch of %d requests failed", len(batch))
+                for pending in batch:
+                    pending.events.put(error)

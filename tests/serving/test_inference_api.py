@@ -1,0 +1,252 @@
+"""OpenAI-compatible inference end to end: the official `openai` client against the API on a
+real socket, which forwards to a real serving node process (`mint serve --base tiny-glm-moe`).
+
+Adapter versions are made by a few real training steps on the tiny base in this process and
+registered through the adapters service; the node fetches them from the object store.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from mint.config import Settings
+from mint.services import adapters
+from mint.services.serving_nodes import live_nodes
+from mint.storage.db import session_scope
+from mint.storage.objects import object_store_for
+from mint.storage.tables import Adapter, UsageRecord
+from tests.conftest import LiveServer, Tenant, free_port, make_tenant, wait_for
+
+pytestmark = [pytest.mark.torch, pytest.mark.integration]
+
+BASE = "tiny-glm-moe"
+QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+@pytest.fixture(scope="module")
+def node(prepared: Settings) -> Iterator[subprocess.Popen[bytes]]:
+    """A serving node of the tiny base, registered in the session's database."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mint", "serve", "--base", BASE, "--port", str(port)], env=os.environ.copy()
+    )
+
+    def registered() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"the serving node exited with {process.returncode}")
+        with session_scope(prepared.database) as session:
+            return any(node.url.endswith(f":{port}") for node in live_nodes(session, BASE))
+
+    try:
+        wait_for(registered, "the serving node to register")
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@pytest.fixture(scope="module")
+def owner(prepared: Settings) -> Tenant:
+    return make_tenant(prepared)
+
+
+def _train_version(settings: Settings, tenant: Tenant, resident: Any, folder: Path, answer: str) -> str:
+    """A version of adapter `answers` trained for a few steps to answer QUESTION with `answer`."""
+    from mint.trainer.chat_data import render_chat
+    from mint.trainer.types import AdamParams, Datum
+
+    session = resident.create_session()
+    try:
+        tokens, weights = render_chat(resident.tokenizer, [*QUESTION, {"role": "assistant", "content": answer}])
+        datum = Datum(model_input=tokens[:-1], loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights[1:]})
+        for _ in range(12):
+            session.forward_backward([datum], "cross_entropy")
+            session.optim_step(AdamParams(learning_rate=1e-2))
+        session.save_weights_for_sampler(folder)
+    finally:
+        resident.close(session.session_id)
+    with session_scope(settings.database) as db:
+        version = adapters.register_version(
+            db,
+            object_store_for(settings),
+            organization_id=tenant.organization_id,
+            name="answers",
+            base_model=BASE,
+            archive=adapters.archive_adapter(folder),
+            lora={"rank": 16, "alpha": 32},
+        )
+        return adapters.model_ref_of(db.get(Adapter, version.adapter_id), version)
+
+
+@pytest.fixture(scope="module")
+def versions(prepared: Settings, owner: Tenant, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    import torch
+
+    from mint.config import PROJECT_ROOT
+    from mint.schemas.base_models import get_base_model_spec
+    from mint.trainer.session import ResidentBase
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        resident = ResidentBase(
+            get_base_model_spec(BASE, PROJECT_ROOT / "configs" / "models"), prepared.models_cache_dir
+        )
+        root = tmp_path_factory.mktemp("serving-adapters")
+        return [_train_version(prepared, owner, resident, root / answer, answer) for answer in ("five", "It is 5.")]
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def client(live_server: LiveServer, owner: Tenant, node: Any) -> Any:
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{live_server.url}/v1", api_key=owner.keys["developer"], max_retries=0)
+
+
+def _ask(client: Any, model: str, **options: Any) -> Any:
+    return client.chat.completions.create(model=model, messages=QUESTION, max_tokens=6, temperature=0, **options)
+
+
+def test_base_and_adapter_versions_answer_and_say_what_served_them(client: Any, versions: list[str]) -> None:
+    base = _ask(client, BASE)
+    assert base.model_extra["mint"]["adapter"] is None and base.usage.completion_tokens >= 1
+    answers = {}
+    for ref in versions:
+        reply = _ask(client, ref)
+        assert reply.model_extra["mint"]["adapter"] == ref
+        assert len(reply.model_extra["mint"]["adapter_sha256"]) == 64
+        answers[ref] = reply.choices[0].message.content
+    assert answers[versions[0]] != answers[versions[1]], answers
+    assert answers[versions[0]].startswith("five")
+    # The same request again: served from the cache, the same greedy answer.
+    assert _ask(client, versions[0]).choices[0].message.content == answers[versions[0]]
+
+
+def test_streaming_gives_the_same_text_as_a_whole_response(client: Any, versions: list[str]) -> None:
+    whole = _ask(client, versions[1]).choices[0].message.content
+    chunks = list(_ask(client, versions[1], stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].model_extra["mint"]["adapter"] == versions[1]
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert text == whole
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_text_completions_models_and_errors(client: Any, versions: list[str], owner: Tenant) -> None:
+    from openai import NotFoundError
+
+    completion = client.completions.create(model=versions[0], prompt="Once upon a time", max_tokens=5, temperature=0)
+    assert completion.choices[0].text and completion.model_extra["mint"]["adapter"] == versions[0]
+    listed = {model.id for model in client.models.list()}
+    assert {BASE, *versions} <= listed
+    assert client.models.retrieve(versions[0]).id == versions[0]
+    with pytest.raises(NotFoundError, match="no base model or adapter"):
+        _ask(client, "nobody@1")
+
+
+def test_usage_counts_tokens_served(client: Any, versions: list[str], owner: Tenant, prepared: Settings) -> None:
+    reply = _ask(client, versions[0])
+    with session_scope(prepared.database) as session:
+        served = (
+            session.execute(
+                select(UsageRecord).where(
+                    UsageRecord.organization_id == owner.organization_id, UsageRecord.kind == "served"
+                )
+            )
+            .scalars()
+            .all()
+        )
+    assert served and served[-1].tokens == reply.usage.total_tokens and served[-1].model_ref == versions[0]
+
+
+def test_requests_during_promotions_and_rollbacks_are_each_served_wholly_by_one_version(
+    client: Any, versions: list[str], owner: Tenant, live_server: LiveServer
+) -> None:
+    import httpx
+
+    expected = {ref: _ask(client, ref).choices[0].message.content for ref in versions}
+    api = httpx.Client(base_url=live_server.url, headers=owner.headers("developer"), timeout=60)
+    created = api.post("/v1/deployments", json={"name": "answers-prod", "model": versions[0]})
+    assert created.status_code == 201, created.text
+    stop, results, failures = threading.Event(), [], []
+
+    def send() -> None:
+        streaming = False
+        while not stop.is_set():
+            try:
+                if streaming:
+                    chunks = list(_ask(client, "answers-prod", stream=True))
+                    served = chunks[0].model_extra["mint"]["adapter"]
+                    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                else:
+                    reply = _ask(client, "answers-prod")
+                    served, text = reply.model_extra["mint"]["adapter"], reply.choices[0].message.content
+                results.append((served, text))
+            except Exception as exc:  # noqa: BLE001 - every failure is reported below
+                failures.append(repr(exc))
+            streaming = not streaming
+
+    senders = [threading.Thread(target=send) for _ in range(2)]
+    for thread in senders:
+        thread.start()
+
+    def two_more() -> None:
+        seen = len(results)
+        wait_for(lambda: len(results) >= seen + 2, "two more requests")
+
+    for change in ({"model": versions[1]}, None, {"model": versions[1]}, None):
+        two_more()
+        path = "promote" if change else "rollback"
+        response = api.post(f"/v1/deployments/answers-prod/{path}", json=change or {})
+        assert response.status_code == 200, response.text
+    two_more()
+    stop.set()
+    for thread in senders:
+        thread.join()
+    assert failures == []
+    assert {served for served, _ in results} == set(versions)
+    assert all(text == expected[served] for served, text in results), results
+    history = api.get("/v1/deployments/answers-prod/revisions").json()
+    assert [r["action"] for r in history] == ["rollback", "promote", "rollback", "promote", "create"]
+
+
+def test_a_mixture_deployment_routes_by_rule(
+    client: Any, versions: list[str], live_server: LiveServer, owner: Tenant
+) -> None:
+    import httpx
+
+    mixture = {
+        "adapters": versions,
+        "policy": {
+            "type": "rules",
+            "rules": [{"adapter": versions[1], "keywords": ["sentence"]}],
+            "default": versions[0],
+        },
+    }
+    api = httpx.Client(base_url=live_server.url, headers=owner.headers("developer"), timeout=60)
+    assert api.post("/v1/deployments", json={"name": "answers-mix", "mixture": mixture}).status_code == 201
+    plain = _ask(client, "answers-mix")
+    assert plain.model_extra["mint"]["adapter"] == versions[0]
+    assert plain.model_extra["mint"]["route"]["decided_by"] == "default"
+    routed = client.chat.completions.create(
+        model="answers-mix",
+        messages=[{"role": "user", "content": "What is 2 + 3? Answer in a sentence."}],
+        max_tokens=4,
+        temperature=0,
+    )
+    assert routed.model_extra["mint"]["adapter"] == versions[1]
+    assert routed.model_extra["mint"]["route"]["decided_by"] == "rule"
