@@ -45,6 +45,10 @@ class PinRequest(BaseModel):
     adapter: AdapterOnNode
 
 
+class PrefetchRequest(BaseModel):
+    adapters: list[AdapterOnNode]
+
+
 def _assistant_message(text: str, call_prefix: str) -> dict[str, Any]:
     """The reply as an OpenAI assistant message: tool calls when the text makes them."""
     calls = parse_tool_calls(text)
@@ -119,6 +123,11 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
     def unpin(body: PinRequest) -> dict[str, Any]:
         state["node"].cache.unpin(body.adapter.sha256)
         return {"unpinned": body.adapter.sha256}
+
+    @app.post("/internal/v1/cache/prefetch")
+    def prefetch(body: PrefetchRequest) -> dict[str, Any]:
+        state["node"].prefetch([_adapter(adapter) for adapter in body.adapters])
+        return {"prefetching": [adapter.sha256 for adapter in body.adapters]}
 
     @app.post("/internal/v1/complete")
     async def complete(body: NodeCompletion) -> Response:

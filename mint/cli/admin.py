@@ -9,7 +9,7 @@ import typer
 
 from mint.cli.output import console, emit, emit_one
 from mint.config import get_settings
-from mint.errors import ServiceUnavailable
+from mint.errors import InvalidRequest, ServiceUnavailable
 from mint.services import auth
 from mint.services.setup import initialize, prepare_database
 from mint.services.workers import list_workers
@@ -24,8 +24,10 @@ keys = typer.Typer(help="API keys of an organization.", no_args_is_help=True)
 models = typer.Typer(help="Base models of the registry (configs/models).", no_args_is_help=True)
 workers = typer.Typer(help="Live Celery workers.", no_args_is_help=True)
 jobs = typer.Typer(help="Fine-tuning jobs of every organization: list, requeue, reconcile.", no_args_is_help=True)
+cache = typer.Typer(help="The adapter caches of the serving nodes: statistics, pins.", no_args_is_help=True)
 admin.add_typer(orgs, name="orgs")
 admin.add_typer(jobs, name="jobs")
+admin.add_typer(cache, name="cache")
 admin.add_typer(keys, name="keys")
 admin.add_typer(models, name="models")
 admin.add_typer(workers, name="workers")
@@ -246,3 +248,68 @@ def jobs_reconcile(as_json: JsonOpt = False) -> None:
     from mint.worker.dispatch import run_reconciler
 
     emit_one(run_reconciler(get_settings()).as_dict(), as_json=as_json)
+
+
+CACHE_COLUMNS = ["node", "tier", "hits", "misses", "promotions", "evictions", "entries", "bytes", "promotion_ms"]
+
+
+@cache.command("stats")
+def cache_stats(
+    base: Annotated[str | None, typer.Option(help="Only the nodes of this base.")] = None, as_json: JsonOpt = False
+) -> None:
+    """Per node and tier: hits, misses, promotions, evictions, what it holds, mean promotion time."""
+    from mint.services.node_client import call_node, node_urls
+
+    with session_scope(get_settings().database) as session:
+        urls = node_urls(session, base)
+    rows = []
+    for url in urls:
+        stats = call_node(url, "GET", "/internal/v1/cache")
+        for tier in stats["tiers"]:
+            latency = tier["promotion_latency"]
+            rows.append(
+                {
+                    "node": stats["node_id"],
+                    "tier": tier["name"],
+                    "hits": tier["hits"],
+                    "misses": tier["misses"],
+                    "promotions": tier["promotions"],
+                    "evictions": tier["evictions"],
+                    "entries": tier["resident_entries"],
+                    "bytes": tier["resident_bytes"],
+                    "promotion_ms": round(1000 * latency["sum_s"] / latency["count"], 2) if latency["count"] else None,
+                }
+            )
+    emit(rows, CACHE_COLUMNS, as_json=as_json, title="adapter caches")
+
+
+def _pin_target(model: str, org: str) -> tuple[str, dict[str, Any]]:
+    """The node that serves `model` (an adapter version of organization `org`) and the adapter's wire form."""
+    from mint.services.inference import plan_for
+    from mint.services.serving_nodes import node_for
+
+    with session_scope(get_settings().database) as session:
+        organization = auth.find_organization(session, org)
+        plan = plan_for(session, organization.id, model)
+        if plan.adapter is None:
+            raise InvalidRequest(f"{model!r} is not an adapter version; pin one such as name@1", param="model")
+        node = node_for(session, plan.base_model, plan.affinity)
+        return node.url, {"adapter": plan.adapter.model_dump()}
+
+
+@cache.command("pin")
+def cache_pin(model: str, org: OrgOpt, as_json: JsonOpt = False) -> None:
+    """Keep an adapter version loaded on the node that serves it (never evicted until unpinned)."""
+    from mint.services.node_client import call_node
+
+    url, body = _pin_target(model, org)
+    emit_one({"node": url, **call_node(url, "POST", "/internal/v1/cache/pin", body)}, as_json=as_json)
+
+
+@cache.command("unpin")
+def cache_unpin(model: str, org: OrgOpt, as_json: JsonOpt = False) -> None:
+    """Undo a pin; the adapter becomes evictable again."""
+    from mint.services.node_client import call_node
+
+    url, body = _pin_target(model, org)
+    emit_one({"node": url, **call_node(url, "POST", "/internal/v1/cache/unpin", body)}, as_json=as_json)

@@ -163,6 +163,20 @@ class ServingNode:
         """Learn where an adapter version lives, so the cache can fetch it."""
         self._object_keys[adapter.sha256] = adapter.object_key
 
+    def prefetch(self, adapters: Sequence[AdapterRef]) -> None:
+        """Warm the CPU and SSD tiers with adapters about to be asked for (a deployment's, a
+        mixture's), in the background: no engine slot is taken and no request waits for it."""
+        for adapter in adapters:
+            self.know(adapter)
+
+        def warm() -> None:
+            try:
+                self.cache.prefetch([adapter.sha256 for adapter in adapters])
+            except Exception:  # noqa: BLE001 - a prefetch is a hint; the request path fetches anyway
+                log.warning("prefetching %d adapters failed", len(adapters), exc_info=True)
+
+        threading.Thread(target=warm, name="prefetch", daemon=True).start()
+
     # ---- routing ----------------------------------------------------------------------------
 
     def _router(self, mixture: dict[str, Any]) -> Router:
@@ -176,6 +190,7 @@ class ServingNode:
 
         spec = MixtureSpec.model_validate(mixture["spec"])
         router = Router(spec, encoder=get_encoder(), generate=self._generate_for_router(mixture))
+        self.prefetch([AdapterRef(**version) for version in mixture["versions"].values()])
         with self._routers_lock:
             self._routers[revision] = router
             while len(self._routers) > MAX_ROUTERS:

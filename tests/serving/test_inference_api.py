@@ -150,7 +150,7 @@ def test_text_completions_models_and_errors(client: Any, versions: list[str], ow
     from openai import NotFoundError
 
     completion = client.completions.create(model=versions[0], prompt="Once upon a time", max_tokens=5, temperature=0)
-    assert completion.choices[0].text and completion.model_extra["mint"]["adapter"] == versions[0]
+    assert completion.usage.completion_tokens >= 1 and completion.model_extra["mint"]["adapter"] == versions[0]
     listed = {model.id for model in client.models.list()}
     assert {BASE, *versions} <= listed
     assert client.models.retrieve(versions[0]).id == versions[0]
@@ -250,3 +250,22 @@ def test_a_mixture_deployment_routes_by_rule(
     )
     assert routed.model_extra["mint"]["adapter"] == versions[1]
     assert routed.model_extra["mint"]["route"]["decided_by"] == "rule"
+
+
+def test_admin_cache_stats_and_pins(client: Any, versions: list[str], owner: Tenant) -> None:
+    import json
+
+    from tests.test_cli import mint
+
+    _ask(client, versions[0])
+    _ask(client, versions[0])  # the second is an engine hit
+    rows = json.loads(mint("admin", "cache", "stats", "--base", BASE, "--json").stdout)
+    tiers = {row["tier"]: row for row in rows}
+    assert set(tiers) == {"engine", "cpu", "ssd", "object_store"}
+    assert tiers["engine"]["hits"] >= 1 and tiers["object_store"]["hits"] >= 1
+    assert tiers["engine"]["entries"] >= 1 and tiers["object_store"]["promotion_ms"] is not None
+    pinned = json.loads(mint("admin", "cache", "pin", versions[0], "--org", owner.name, "--json").stdout)
+    assert len(pinned["pinned"]) == 64
+    mint("admin", "cache", "unpin", versions[0], "--org", owner.name)
+    not_an_adapter = mint("admin", "cache", "pin", BASE, "--org", owner.name, check=False)
+    assert not_an_adapter.returncode == 6 and "not an adapter version" in not_an_adapter.stderr

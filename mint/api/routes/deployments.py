@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, BackgroundTasks
 from fastapi.responses import JSONResponse
 
 from mint.api.deps import CurrentPrincipal, SessionDep
@@ -22,13 +22,23 @@ from mint.schemas.deployments import (
     RollbackRequest,
     WithdrawRequest,
 )
-from mint.services import deployments
+from mint.services import deployments, node_client
 from mint.storage.queries import owned_by, paginate
 from mint.storage.tables import Deployment
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
 
 DeploymentId = Annotated[str, id_path("The deployment's id (`deploy_...`) or name.")]
+
+
+def _prefetch_later(session: SessionDep, deployment: Deployment, tasks: BackgroundTasks) -> None:
+    """After the response: hint the base's serving nodes to warm what the deployment now serves."""
+    if deployment.status != "active":
+        return
+    adapters = node_client.deployment_adapters(session, deployment)
+    urls = node_client.node_urls(session, deployment.base_model)
+    if urls:
+        tasks.add_task(node_client.prefetch_on_nodes, urls, adapters)
 
 
 def _public(session: SessionDep, deployment: Deployment) -> DeploymentPublic:
@@ -38,11 +48,14 @@ def _public(session: SessionDep, deployment: Deployment) -> DeploymentPublic:
 
 
 @router.post("", response_model=DeploymentPublic, status_code=201)
-def create_deployment(body: DeploymentCreate, session: SessionDep, principal: CurrentPrincipal) -> DeploymentPublic:
+def create_deployment(
+    body: DeploymentCreate, session: SessionDep, principal: CurrentPrincipal, tasks: BackgroundTasks
+) -> DeploymentPublic:
     """Serve an adapter version (or a mixture) under a stable name; revision 1."""
     deployment = deployments.create_deployment(
         session, principal, name=body.name, model=body.model, mixture=body.mixture, gate=body.gate, reason=body.reason
     )
+    _prefetch_later(session, deployment, tasks)
     return _public(session, deployment)
 
 
@@ -80,7 +93,11 @@ def list_revisions(
     responses={409: {"description": "The gate refused the promotion; `error.verdict` holds its numbers."}},
 )
 def promote(
-    deployment_id: DeploymentId, body: PromoteRequest, session: SessionDep, principal: CurrentPrincipal
+    deployment_id: DeploymentId,
+    body: PromoteRequest,
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    tasks: BackgroundTasks,
 ) -> DeploymentPublic | JSONResponse:
     """Serve another version; a gated deployment first checks the candidate's eval against production's."""
     try:
@@ -90,6 +107,7 @@ def promote(
     except deployments.GateRefused as refused:
         error = {"type": refused.type, "message": refused.message, "param": refused.param, "verdict": refused.verdict}
         return JSONResponse({"error": error}, status_code=409)
+    _prefetch_later(session, deployment, tasks)
     return _public(session, deployment)
 
 

@@ -1,0 +1,1123 @@
+"""The adapter cache of a serving node: tiers of copies under one eviction policy, pure Python.
+
+Tiers, fastest first: the engine's adapter slots (GPU) -> CPU RAM -> local SSD, each with a
+budget (bytes and/or a number of entries), then the origin: the object store, which always
+has every adapter version, is never evicted and is never written here. `TieredCache.acquire`
+makes an adapter servable by promoting it into the first tier from the nearest tier that has
+a copy, and returns a `Lease`; the tiers themselves are small protocols (`Tier`, `Origin`)
+implemented in `mint.serving.tiers` and, for the policy's tests and benchmark, in memory.
+This module does no I/O of its own: it decides, and calls the tiers.
+
+Keys are adapter-version content hashes (sha256, 64 lowercase hex digits). A new version is a
+new key, so it can never be served from an entry cached for an older one.
+
+Placement. A promotion writes the adapter into every tier between its source and the engine
+(downloaded once, it also lands on the SSD and in RAM), so the lower tiers usually already
+hold what the engine holds. When a tier evicts a copy and no lower tier holds one, the copy
+is demoted: it moves to the nearest lower tier that can make room, read from the evicted tier
+if that tier can hand it back, else from a lower copy. The engine cannot hand back what it
+loaded (`Tier.readable` is False), and a demotion never downloads, so an engine copy with no
+copy below it is simply dropped: the origin still has it.
+
+Eviction policy: W-TinyLFU (Einziger, Friedman and Manes, "TinyLFU: A Highly Efficient Cache
+Admission Policy", 2017; the policy of Caffeine), weighted by bytes, in every tier. Requests
+for adapters follow a heavy-tailed (Zipf-like) popularity, and on such workloads recency alone
+is a poor predictor: plain LRU lets one burst of cold adapters push out the popular ones.
+W-TinyLFU keeps a compact frequency history of every key asked for, including keys no longer
+cached, in a count-min sketch that halves itself periodically (so popularity can change). A
+new entry goes into a small LRU window (1% of the tier); when the window overflows and the
+tier is full, its oldest entry must beat the main area's eviction victim on estimated
+frequency to stay, else it is the one evicted. The main area is a segmented LRU (probation,
+then protected after a second hit), so among equally frequent entries the least recent goes.
+The small window keeps the policy good on bursts of new adapters (a new version) and the
+frequency duel makes it close to LFU on stationary Zipf traffic; `bench/cache_policy.py`
+measures it against LRU and Belady's offline optimum. A request counts as a hit on every
+copy of the adapter, not only the one that served it: lower copies back up the upper ones,
+and a popular adapter that the engine serves all day must not look cold to the SSD. Every
+operation is O(1) (amortized for the sketch's halving): a hit moves the entry within each
+tier that holds it. `window_fraction=1.0` turns the policy into plain LRU, which the
+benchmark uses as its anchor.
+
+In-use and pinned entries are never evicted: a leased adapter keeps its engine copy (the
+engine serves from that copy; lower copies stay evictable), a pinned one keeps every copy.
+Such entries leave the policy's lists while held, so eviction never scans past them. When
+the engine cannot make room because leases and pins hold it, a promotion raises `CacheFull`
+rather than over-committing; room that other promotions hold only while they move is waited
+for. Lower tiers that cannot make room simply do not take the copy.
+
+Concurrency. One lock guards the bookkeeping and is held only for O(1) work, never across I/O.
+Every read or write of a key's copies happens under a per-key flight: one thread (the
+leader) moves the key while others wait for it, so however many requests ask for the same
+adapter, exactly one fetch happens, and followers of a promotion receive their leases from
+the leader. Victims get a flight of their own while they are deleted or demoted, so a key is
+never added and removed concurrently. Budgets are reserved when a move is planned, and the
+space a victim frees counts only for the promotion that evicted it until the victim is
+physically gone, so the bytes and entries a tier physically holds never exceed its budget,
+even for an instant. The API is synchronous and thread-safe; an asyncio server calls it
+through `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+import time
+from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
+
+from mint.errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
+
+log = logging.getLogger(__name__)
+
+_CONTENT_HASH = re.compile(r"[0-9a-f]{64}")
+WINDOW_FRACTION = 0.01  # of each tier, for new entries (W-TinyLFU's default)
+PROTECTED_FRACTION = 0.8  # of each tier's main area, for entries hit at least twice
+LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0)
+
+
+def validate_content_hash(key: str) -> str:
+    """Return `key` if it is a sha256 hex digest (64 lowercase hex digits), else raise InvalidRequest."""
+    if not isinstance(key, str) or not _CONTENT_HASH.fullmatch(key):
+        raise InvalidRequest(
+            f"adapter cache key {str(key)[:80]!r} is not a content hash: use the adapter version's sha256 "
+            "as 64 lowercase hex digits",
+            param="key",
+        )
+    return key
+
+
+def content_hash(payload: bytes) -> str:
+    """The key of a payload: its sha256 hex digest."""
+    return hashlib.sha256(payload).hexdigest()
+
+
+class CacheFull(ServiceUnavailable):
+    """A tier cannot make room: every entry in it is in use or pinned. Retry later, or unpin."""
+
+
+class Tier(Protocol):
+    """One bounded tier of copies. The cache decides what enters and leaves; the tier stores.
+
+    `capacity_bytes` and `max_entries` are the budget (at least one is set). `get` returns a
+    copy or raises NotFound; `put` stores one (replacing any); `delete` is idempotent.
+    `readable` is False for a tier that cannot hand back what it holds (an engine).
+    """
+
+    name: str
+    capacity_bytes: int | None
+    max_entries: int | None
+    readable: bool
+
+    def get(self, key: str) -> bytes: ...
+    def put(self, key: str, payload: bytes) -> None: ...
+    def delete(self, key: str) -> None: ...
+    def contains(self, key: str) -> bool: ...
+
+
+class Origin(Protocol):
+    """Where every adapter version lives (the object store): read-only here, never evicted.
+
+    `get` raises NotFound for a key that names no adapter version.
+    """
+
+    name: str
+
+    def get(self, key: str) -> bytes: ...
+
+
+# ---- statistics ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """A latency histogram: `buckets` are (upper bound in seconds, how many took at most that),
+    cumulative, the last bound infinite."""
+
+    count: int
+    sum_s: float
+    buckets: tuple[tuple[float, int], ...]
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """One tier's counters since start-up, and what it holds now.
+
+    `hits`: acquires whose nearest copy was here; `misses`: acquires that looked here and
+    found none. `promotions`: copies written here on the way up (acquire, pin, prefetch);
+    `demotions`: copies moved here from a faster tier that evicted them; `evictions`: copies
+    removed to make room. `promotion_latency`: promotions into the engine served from this
+    tier, from the first look to the lease. The origin's residency and budget are None.
+    """
+
+    name: str
+    hits: int
+    misses: int
+    promotions: int
+    demotions: int
+    evictions: int
+    resident_entries: int | None
+    resident_bytes: int | None
+    capacity_bytes: int | None
+    max_entries: int | None
+    promotion_latency: LatencyStats
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Every tier's statistics, fastest first and the origin last, and the cache's holds now."""
+
+    tiers: tuple[TierStats, ...]
+    leases: int  # leases held now
+    pinned: int  # adapters pinned now
+    prefetched: int  # copies warmed by `prefetch` since start-up
+
+    def tier(self, name: str) -> TierStats:
+        for stats in self.tiers:
+            if stats.name == name:
+                return stats
+        raise KeyError(name)
+
+
+class _Latency:
+    """Counts of latencies per bucket of `LATENCY_BUCKETS_S` (the last bucket is everything above)."""
+
+    __slots__ = ("counts", "sum_s")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.sum_s = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        self.sum_s += seconds
+
+    def snapshot(self) -> LatencyStats:
+        cumulative, buckets = 0, []
+        for bound, count in zip((*LATENCY_BUCKETS_S, float("inf")), self.counts, strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        return LatencyStats(count=cumulative, sum_s=self.sum_s, buckets=tuple(buckets))
+
+
+@dataclass
+class _Counters:
+    hits: int = 0
+    misses: int = 0
+    promotions: int = 0
+    demotions: int = 0
+    evictions: int = 0
+    latency: _Latency = field(default_factory=_Latency)
+
+
+# ---- frequency -------------------------------------------------------------------------------
+
+_HALVED = bytes(value >> 1 for value in range(256))
+
+
+class FrequencySketch:
+    """How often each key was requested lately, in 16 bytes per cached entry.
+
+    A count-min sketch: 4 rows of saturating counters (at most 15), each key counted in one
+    counter per row chosen by double hashing; the estimate is the smallest of its 4 counters,
+    so collisions can only overestimate, and the conservative update (only the smallest
+    counters grow) keeps that small. Each row has 4 counters per cached entry (as Caffeine's
+    sketch): with a catalogue far larger than the cache, most keys are asked for once, and a
+    narrower row lets their collisions drown the counts that matter. After 10 increments per
+    cached entry every counter is halved, so the history fades and a key that stops being
+    asked for loses its standing.
+    """
+
+    DEPTH = 4
+    MAX_COUNT = 15
+    COUNTERS_PER_ENTRY = 4  # per row
+
+    def __init__(self, expected_entries: int) -> None:
+        expected_entries = max(expected_entries, 1)
+        self.width = 1 << max(4, (self.COUNTERS_PER_ENTRY * expected_entries - 1).bit_length())
+        self.sample_size = 10 * expected_entries
+        self._mask = self.width - 1
+        self._table = bytearray(self.DEPTH * self.width)
+        self._additions = 0
+
+    def _counters(self, key: str) -> tuple[int, int, int, int]:
+        """The key's counter in each row (double hashing; the rows are unrolled: this is the hot path)."""
+        mask, width = self._mask, self.width
+        hashed = hash(key)  # str hashes are cached on the object: no work after the first call
+        low, step = hashed & 0xFFFFFFFF, ((hashed >> 32) & 0xFFFFFFFF) | 1
+        return (
+            low & mask,
+            width + ((low + step) & mask),
+            2 * width + ((low + 2 * step) & mask),
+            3 * width + ((low + 3 * step) & mask),
+        )
+
+    def increment(self, key: str) -> None:
+        table = self._table
+        first, second, third, fourth = self._counters(key)
+        smallest = min(table[first], table[second], table[third], table[fourth])
+        if smallest >= self.MAX_COUNT:
+            return
+        for index in (first, second, third, fourth):
+            if table[index] == smallest:
+                table[index] += 1
+        self._additions += 1
+        if self._additions >= self.sample_size:
+            self._table = self._table.translate(_HALVED)  # halve every counter, at C speed
+            self._additions //= 2
+
+    def estimate(self, key: str) -> int:
+        table = self._table
+        first, second, third, fourth = self._counters(key)
+        return min(table[first], table[second], table[third], table[fourth])
+
+
+# ---- bookkeeping -----------------------------------------------------------------------------
+
+# Where a copy sits in its tier: 2 bits per tier in `_Entry.segments` (tier i at bits 2i, 2i+1).
+_ABSENT, _WINDOW, _PROBATION, _PROTECTED = 0, 1, 2, 3
+
+
+class _Entry:
+    """One adapter version the cache tracks: its copies, holds and whether it is moving.
+
+    `segments` packs the segment of its copy in each tier (0 = no copy); `listed` has bit i
+    set while its copy in tier i is in that tier's eviction lists (not held), `durable`
+    while that copy is held by a lease or a pin. `flying` is True while a flight moves its
+    copies; it holds all of them for that while.
+    """
+
+    __slots__ = ("key", "size_bytes", "segments", "listed", "durable", "leases", "pins", "flying")
+
+    def __init__(self, key: str, size_bytes: int) -> None:
+        self.key = key
+        self.size_bytes = size_bytes
+        self.segments = 0
+        self.listed = 0
+        self.durable = 0
+        self.leases = 0
+        self.pins = 0
+        self.flying = False
+
+
+class _Flight:
+    """A move of one key in progress; others wait on `done`. A promotion grants leases to its waiters."""
+
+    __slots__ = ("done", "error", "grants_leases", "waiters", "source")
+
+    def __init__(self, *, grants_leases: bool) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.grants_leases = grants_leases
+        self.waiters = 0
+        self.source = ""  # the name of the tier the copy came from, once landed
+
+
+class _TierState:
+    """The policy's view of one tier: its W-TinyLFU segments, budget accounting and counters.
+
+    Accounting has two parts. The segment sizes count the copies placed in each segment
+    (held or not): they shape the policy. `used_*` counts what the tier may physically hold:
+    placed copies, copies being written, and victims not yet deleted; it never exceeds the
+    budget except by victims whose space their own promotion is about to reuse.
+    """
+
+    def __init__(self, tier: Tier, index: int, window_fraction: float) -> None:
+        self.tier = tier
+        self.index = index
+        self.bit = 1 << index
+        self.shift = 2 * index
+        self.capacity_bytes = tier.capacity_bytes
+        self.max_entries = tier.max_entries
+        cap, most = tier.capacity_bytes, tier.max_entries
+        self.window_bytes_max = None if cap is None else cap * window_fraction
+        self.window_entries_max = None if most is None else max(1, int(most * window_fraction))
+        self.protected_bytes_max = None if cap is None else PROTECTED_FRACTION * (cap - cap * window_fraction)
+        self.protected_entries_max = (
+            None if most is None else int(PROTECTED_FRACTION * (most - (self.window_entries_max or 0)))
+        )
+        self.lists: tuple[OrderedDict[str, _Entry], ...] = (OrderedDict(), OrderedDict(), OrderedDict(), OrderedDict())
+        self.segment_bytes = [0, 0, 0, 0]
+        self.segment_entries = [0, 0, 0, 0]
+        self.used_bytes = 0
+        self.used_entries = 0
+        self.evictable_bytes = 0
+        self.evictable_entries = 0
+        self.durable_bytes = 0  # placed copies held by leases or pins
+        self.durable_entries = 0
+        self.counters = _Counters()
+
+    # -- placement
+
+    def segment(self, entry: _Entry) -> int:
+        return (entry.segments >> self.shift) & 3
+
+    def holds(self, entry: _Entry) -> bool:
+        return (entry.segments >> self.shift) & 3 != _ABSENT
+
+    def place(self, entry: _Entry, segment: int) -> None:
+        """Record a copy in `segment` (not listed: `TieredCache._sync` lists it unless it is held)."""
+        entry.segments = (entry.segments & ~(3 << self.shift)) | (segment << self.shift)
+        self.segment_bytes[segment] += entry.size_bytes
+        self.segment_entries[segment] += 1
+
+    def unplace(self, entry: _Entry) -> None:
+        """Forget the copy (its space stays in `used_*` until released)."""
+        segment = self.segment(entry)
+        if entry.listed & self.bit:
+            self.unlink(entry)
+        if entry.durable & self.bit:
+            self.set_durable(entry, False)
+        entry.segments &= ~(3 << self.shift)
+        self.segment_bytes[segment] -= entry.size_bytes
+        self.segment_entries[segment] -= 1
+
+    def link(self, entry: _Entry) -> None:
+        self.lists[self.segment(entry)][entry.key] = entry  # at the most recent end
+        entry.listed |= self.bit
+        self.evictable_bytes += entry.size_bytes
+        self.evictable_entries += 1
+
+    def set_durable(self, entry: _Entry, durable: bool) -> None:
+        """Count the copy as held by a lease or a pin (or no longer)."""
+        sign = 1 if durable else -1
+        entry.durable ^= self.bit
+        self.durable_bytes += sign * entry.size_bytes
+        self.durable_entries += sign
+
+    def unlink(self, entry: _Entry) -> None:
+        del self.lists[self.segment(entry)][entry.key]
+        entry.listed &= ~self.bit
+        self.evictable_bytes -= entry.size_bytes
+        self.evictable_entries -= 1
+
+    def move(self, entry: _Entry, segment: int) -> None:
+        """Move the copy to another segment, at its most recent end if listed."""
+        listed = bool(entry.listed & self.bit)
+        if listed:
+            self.unlink(entry)
+        old = self.segment(entry)
+        self.segment_bytes[old] -= entry.size_bytes
+        self.segment_entries[old] -= 1
+        self.place(entry, segment)
+        if listed:
+            self.link(entry)
+
+    def touch(self, entry: _Entry) -> None:
+        """A hit: window and protected copies become most recent; probation ones are protected."""
+        segment = self.segment(entry)
+        if segment == _PROBATION:
+            self.move(entry, _PROTECTED)
+            self.settle()
+        elif entry.listed & self.bit:
+            self.lists[segment].move_to_end(entry.key)
+
+    def settle(self) -> None:
+        """Overflowing window entries enter probation; overflowing protected ones fall back to it.
+
+        The window keeps its newest entry even when that one alone is over its share (a large
+        adapter in a small tier), so a newcomer still has to win a duel to reach the main area.
+        """
+        window, protected = self.lists[_WINDOW], self.lists[_PROTECTED]
+        while len(window) > 1 and self._over(_WINDOW, self.window_bytes_max, self.window_entries_max):
+            self.move(window[next(iter(window))], _PROBATION)
+        while protected and self._over(_PROTECTED, self.protected_bytes_max, self.protected_entries_max):
+            self.move(protected[next(iter(protected))], _PROBATION)
+
+    def _over(self, segment: int, bytes_max: float | None, entries_max: int | None) -> bool:
+        return (bytes_max is not None and self.segment_bytes[segment] > bytes_max) or (
+            entries_max is not None and self.segment_entries[segment] > entries_max
+        )
+
+    # -- room
+
+    def fits(self, size_bytes: int, freed_bytes: int = 0, freed_entries: int = 0) -> bool:
+        """Whether one more copy of `size_bytes` fits once `freed_*` are gone."""
+        return (self.capacity_bytes is None or self.used_bytes - freed_bytes + size_bytes <= self.capacity_bytes) and (
+            self.max_entries is None or self.used_entries - freed_entries + 1 <= self.max_entries
+        )
+
+    def could_fit(self, size_bytes: int) -> bool:
+        """Whether it would fit after evicting every copy that is not held."""
+        return self.fits(size_bytes, self.evictable_bytes, self.evictable_entries)
+
+    def could_fit_later(self, size_bytes: int) -> bool:
+        """Whether it would fit once the moves in flight are done: only leases and pins hold room for good."""
+        return (self.capacity_bytes is None or self.durable_bytes + size_bytes <= self.capacity_bytes) and (
+            self.max_entries is None or self.durable_entries + 1 <= self.max_entries
+        )
+
+    def reserve(self, size_bytes: int) -> None:
+        self.used_bytes += size_bytes
+        self.used_entries += 1
+
+    def release(self, size_bytes: int) -> None:
+        self.used_bytes -= size_bytes
+        self.used_entries -= 1
+
+    def next_victim(self, incoming_bytes: int, sketch: FrequencySketch) -> _Entry:
+        """The copy to evict next for an incoming one (which will enter the window).
+
+        If the window is full, its oldest entry duels the main area's victim (the oldest in
+        probation, else in protected): the more frequent one stays, the incumbent on a tie,
+        and a winning candidate enters probation. Only listed copies take part; the caller
+        has checked with `could_fit` that there is one.
+        """
+        window, main = self.lists[_WINDOW], self.lists[_PROBATION] or self.lists[_PROTECTED]
+        window_full = (
+            self.window_bytes_max is not None and self.segment_bytes[_WINDOW] + incoming_bytes > self.window_bytes_max
+        ) or (self.window_entries_max is not None and self.segment_entries[_WINDOW] + 1 > self.window_entries_max)
+        victim = main[next(iter(main))] if main else None
+        if window and (window_full or victim is None):
+            candidate = window[next(iter(window))]
+            if victim is None or sketch.estimate(candidate.key) <= sketch.estimate(victim.key):
+                return candidate
+            self.move(candidate, _PROBATION)
+        assert victim is not None
+        return victim
+
+    def snapshot(self) -> TierStats:
+        counters = self.counters
+        return TierStats(
+            name=self.tier.name,
+            hits=counters.hits,
+            misses=counters.misses,
+            promotions=counters.promotions,
+            demotions=counters.demotions,
+            evictions=counters.evictions,
+            resident_entries=sum(self.segment_entries[1:]),
+            resident_bytes=sum(self.segment_bytes[1:]),
+            capacity_bytes=self.capacity_bytes,
+            max_entries=self.max_entries,
+            promotion_latency=counters.latency.snapshot(),
+        )
+
+
+@dataclass
+class _Eviction:
+    """A copy leaving `tier`, and where it is demoted to (`room` makes space there first)."""
+
+    entry: _Entry
+    tier: int
+    demote_to: int | None = None
+    read_from: int | None = None
+    room: list[_Eviction] = field(default_factory=list)
+    demoted: bool = False
+    source_lost: bool = False  # the copy to demote from was gone when read
+
+
+@dataclass
+class _Fill:
+    """A copy of the moving key to write into `tier`, once `room` is made."""
+
+    tier: int
+    room: list[_Eviction]
+    error: BaseException | None = None
+
+
+# ---- the cache -------------------------------------------------------------------------------
+
+
+class Lease:
+    """The right to serve one adapter version from the engine until released.
+
+    `key` is the id the engine knows the adapter by; `source` names the tier its copy came
+    from ("engine" on a hit). A context manager; `release()` twice is harmless.
+    """
+
+    __slots__ = ("key", "size_bytes", "source", "_cache", "_released")
+
+    def __init__(self, cache: TieredCache, key: str, size_bytes: int, source: str) -> None:
+        self.key = key
+        self.size_bytes = size_bytes
+        self.source = source
+        self._cache = cache
+        self._released = False
+
+    def release(self) -> None:
+        self._cache.release(self)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"Lease(key={self.key[:12]}..., source={self.source!r}, released={self._released})"
+
+
+class TieredCache:
+    """Adapter copies across `tiers` (fastest first; the first is the engine) above `origin`.
+
+    `expected_entries` is about how many adapters the tiers hold together; it sizes the
+    frequency sketch (16 bytes per entry, rounded up to a power of two) and how many requests
+    its history spans. `window_fraction` is W-TinyLFU's window share of each tier; 1.0 makes
+    the policy plain LRU. `clock` times promotions, in seconds.
+    """
+
+    def __init__(
+        self,
+        tiers: Sequence[Tier],
+        origin: Origin,
+        *,
+        expected_entries: int = 10_000,
+        window_fraction: float = WINDOW_FRACTION,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        _check_tiers(tiers, origin)
+        if not 0.0 < window_fraction <= 1.0:
+            raise InvalidRequest(f"window_fraction must be in (0, 1], not {window_fraction}", param="window_fraction")
+        self._tiers = list(tiers)
+        self._origin = origin
+        self._states = [_TierState(tier, index, window_fraction) for index, tier in enumerate(tiers)]
+        self._origin_index = len(tiers)
+        self._origin_counters = _Counters()
+        self._sketch = FrequencySketch(expected_entries)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._landed = threading.Condition(self._lock)  # notified whenever a flight lands
+        self._entries: dict[str, _Entry] = {}
+        self._flights: dict[str, _Flight] = {}
+        self._leases = 0
+        self._pinned = 0
+        self._prefetched = 0
+
+    @property
+    def tier_names(self) -> list[str]:
+        """The tiers' names, fastest first, the origin last."""
+        return [tier.name for tier in self._tiers] + [self._origin.name]
+
+    # -- public API
+
+    def acquire(self, key: str) -> Lease:
+        """Make the adapter version `key` servable by the engine and hold it there until released.
+
+        Blocks while the adapter is fetched (once, however many callers wait for it) and while
+        other promotions hold the room it needs. Raises InvalidRequest for a key that is not a
+        content hash, NotFound when the origin has no such version, CacheFull when leases and
+        pins hold all of the engine's room.
+        """
+        return self._promote(key, request=True)
+
+    def release(self, lease: Lease) -> None:
+        """Give back a lease; the adapter becomes evictable from the engine when none is left."""
+        with self._lock:
+            if lease._released:
+                return
+            lease._released = True
+            entry = self._entries[lease.key]
+            entry.leases -= 1
+            self._leases -= 1
+            if entry.leases == 0:
+                self._sync_tier(entry, self._states[0])  # leases hold the engine's copy only
+
+    def pin(self, key: str) -> None:
+        """Load the adapter into the engine and keep all its copies until `unpin` (pins count up)."""
+        lease = self._promote(key, request=False)
+        with self._lock:
+            entry = self._entries[key]
+            entry.pins += 1
+            if entry.pins == 1:
+                self._pinned += 1
+                self._sync(entry)
+        lease.release()
+
+    def unpin(self, key: str) -> None:
+        """Undo one `pin`; raises InvalidRequest if the adapter is not pinned."""
+        with self._lock:
+            entry = self._entries.get(validate_content_hash(key))
+            if entry is None or entry.pins == 0:
+                raise InvalidRequest(f"adapter {key[:12]}... is not pinned", param="key")
+            entry.pins -= 1
+            if entry.pins == 0:
+                self._pinned -= 1
+                self._sync(entry)
+
+    def prefetch(self, keys: Iterable[str], *, into: str | None = None) -> int:
+        """Warm the tier named `into` (default: the first below the engine) and those below it.
+
+        Takes no engine slot and counts no request. Keys already there or faster, or being
+        moved, are skipped. Returns how many copies were written into the `into` tier; raises
+        NotFound at the first version the origin does not have.
+        """
+        target = self._prefetch_target(into)
+        checked = [validate_content_hash(key) for key in keys]
+        return sum(self._warm(key, target) for key in checked)
+
+    def adopt(self, tier: str, key: str, size_bytes: int) -> bool:
+        """Count a copy the tier already holds (e.g. files left on the SSD by a previous process).
+
+        Adopted only if it fits without evicting anything and is not tracked there yet; returns
+        whether it was. The caller deletes copies that were not adopted.
+        """
+        validate_content_hash(key)
+        with self._lock:
+            state = self._state_named(tier)
+            entry = self._entries.get(key)
+            if entry is not None and state.holds(entry):
+                return entry.size_bytes == size_bytes
+            if (entry is not None and (entry.flying or entry.size_bytes != size_bytes)) or not state.fits(size_bytes):
+                return False
+            if entry is None:
+                entry = self._entries[key] = _Entry(key, size_bytes)
+            state.reserve(size_bytes)
+            state.place(entry, _WINDOW)
+            self._sync(entry)
+            state.settle()
+            return True
+
+    def stats(self) -> CacheStats:
+        """A snapshot of every tier's counters and residency."""
+        with self._lock:
+            origin = self._origin_counters
+            return CacheStats(
+                tiers=(
+                    *(state.snapshot() for state in self._states),
+                    TierStats(
+                        name=self._origin.name,
+                        hits=origin.hits,
+                        misses=origin.misses,
+                        promotions=0,
+                        demotions=0,
+                        evictions=0,
+                        resident_entries=None,
+                        resident_bytes=None,
+                        capacity_bytes=None,
+                        max_entries=None,
+                        promotion_latency=origin.latency.snapshot(),
+                    ),
+                ),
+                leases=self._leases,
+                pinned=self._pinned,
+                prefetched=self._prefetched,
+            )
+
+    # -- promotion
+
+    def _promote(self, key: str, *, request: bool) -> Lease:
+        """Lease `key` in the engine: a hit, a wait on another thread's promotion, or a promotion."""
+        engine = self._states[0]
+        first_look = True
+        while True:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is None:
+                    validate_content_hash(key)  # tracked keys were checked when first seen
+                elif engine.holds(entry):
+                    self._grant(entry, 1)  # before `touch`, which then only changes its segment
+                    if request and first_look:
+                        self._sketch.increment(key)
+                        engine.counters.hits += 1
+                        self._touch(entry)
+                    return Lease(self, key, entry.size_bytes, source=engine.tier.name)
+                if first_look:
+                    started = self._clock()
+                    if request:
+                        self._sketch.increment(key)
+                        engine.counters.misses += 1
+                    first_look = False
+                flight = self._flights.get(key)
+                if flight is None:
+                    entry, flight = self._take_off(key)
+                    break
+                if flight.grants_leases:
+                    flight.waiters += 1
+            flight.done.wait()
+            if flight.grants_leases:  # the leader granted our lease, or failed for us all
+                if flight.error is not None:
+                    raise flight.error
+                return Lease(self, key, self._entries[key].size_bytes, source=flight.source)
+            # An eviction or a prefetch of this key has finished: look again.
+        return self._lead_promotion(entry, flight, request=request, started=started)
+
+    def _lead_promotion(self, entry: _Entry, flight: _Flight, *, request: bool, started: float) -> Lease:
+        """Move `entry` into the engine for this thread and the flight's waiters."""
+        source, fills = self._move_up(entry, flight, target=0)
+        with self._lock:
+            failed = fills[0].error  # the first fill is the engine's (`_move_up` raised if it could not be)
+            self._commit_fills(entry, fills)
+            counters = self._counters(source)
+            if request:
+                for state in self._states[1:source]:
+                    state.counters.misses += 1
+                counters.hits += 1
+                self._touch(entry)
+            if failed is None:
+                counters.latency.observe(self._clock() - started)
+                self._grant(entry, 1 + flight.waiters)
+            flight.source = self.tier_names[source]
+            self._land(entry, flight, failed)
+        if failed is not None:
+            raise failed
+        return Lease(self, entry.key, entry.size_bytes, source=flight.source)
+
+    def _warm(self, key: str, target: int) -> bool:
+        """Prefetch one key into `target` and the tiers between it and its nearest copy."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if key in self._flights or (entry is not None and any(s.holds(entry) for s in self._states[: target + 1])):
+                return False
+            entry, flight = self._take_off(key, grants_leases=False)
+        _, fills = self._move_up(entry, flight, target=target)
+        with self._lock:
+            warmed = any(fill.tier == target and fill.error is None for fill in fills)
+            self._commit_fills(entry, fills)
+            self._prefetched += sum(fill.error is None for fill in fills)
+            self._land(entry, flight, None)
+        return warmed
+
+    def _take_off(self, key: str, *, grants_leases: bool = True) -> tuple[_Entry, _Flight]:
+        """Start a flight for `key` (under the lock): its copies are held until it lands."""
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry(key, 0)
+        flight = self._flights[key] = _Flight(grants_leases=grants_leases)
+        entry.flying = True
+        self._sync(entry)
+        return entry, flight
+
+    def _land(self, entry: _Entry, flight: _Flight, error: BaseException | None) -> None:
+        """End the flight (under the lock), waking its waiters."""
+        entry.flying = False
+        self._sync(entry)
+        for state in self._states:
+            state.settle()
+        del self._flights[entry.key]
+        flight.error = error
+        flight.done.set()
+        self._landed.notify_all()
+        self._forget_if_idle(entry)
+
+    def _move_up(self, entry: _Entry, flight: _Flight, *, target: int) -> tuple[int, list[_Fill]]:
+        """Read the nearest copy below `target` and write it into `target` and every tier down to it.
+
+        The first fill is `target` itself when it can make room; for the engine it must, or
+        CacheFull ends the flight. Returns the source's index and the fills, to commit.
+        """
+        try:
+            payload, source = self._read_nearest(entry, below=target)
+            with self._lock:
+                fills = self._plan_fills(entry, range(target, source), required=target == 0)
+                while fills is None:  # the engine's room is only taken by moves in flight: wait for them
+                    self._landed.wait()
+                    fills = self._plan_fills(entry, range(target, source), required=target == 0)
+        except BaseException as error:
+            with self._lock:
+                self._land(entry, flight, error)
+            raise
+        for fill in fills:
+            self._run_evictions(fill.room)
+            try:
+                self._tiers[fill.tier].put(entry.key, payload)
+            except Exception as error:  # the tier failed; the cache stays consistent without the copy
+                log.warning(
+                    "adapter cache: writing %s into %s failed: %s", entry.key, self.tier_names[fill.tier], error
+                )
+                fill.error = error
+        return source, fills
+
+    def _read_nearest(self, entry: _Entry, *, below: int) -> tuple[bytes, int]:
+        """The payload from the nearest readable copy below tier `below`, else from the origin.
+
+        A copy that turns out missing (deleted behind the cache's back, or corrupt) is
+        forgotten and the next one tried.
+        """
+        while True:
+            with self._lock:
+                source = self._nearest_copy(entry, below=below)
+            reader = self._tiers[source] if source < self._origin_index else self._origin
+            try:
+                payload = reader.get(entry.key)
+            except NotFound:
+                if source == self._origin_index:
+                    raise
+                with self._lock:
+                    self._forget_copy(entry, source)
+                continue
+            with self._lock:
+                if entry.segments and len(payload) != entry.size_bytes:
+                    raise Conflict(
+                        f"{reader.name} returned {len(payload)} bytes for {entry.key}, not {entry.size_bytes}: "
+                        "cache keys must be content hashes of the payload"
+                    )
+                entry.size_bytes = len(payload)
+            return payload, source
+
+    def _forget_copy(self, entry: _Entry, index: int) -> None:
+        """Forget a copy that is gone behind the cache's back (deleted, or removed as damaged)."""
+        state = self._states[index]
+        if state.holds(entry):
+            log.warning("adapter cache: the %s tier lost its copy of %s", state.tier.name, entry.key)
+            state.unplace(entry)
+            state.release(entry.size_bytes)
+
+    def _nearest_copy(self, entry: _Entry, *, below: int) -> int:
+        for state in self._states[below + 1 :]:
+            if state.holds(entry) and state.tier.readable:
+                return state.index
+        return self._origin_index
+
+    def _plan_fills(self, entry: _Entry, tiers: range, *, required: bool) -> list[_Fill] | None:
+        """Reserve room for `entry` in each of `tiers` that can make it; the first must if `required`.
+
+        When the first cannot yet but will once the moves in flight are done, reserves nothing
+        and returns None; when only releases or unpins would make room, raises CacheFull.
+        """
+        fills = []
+        for index in tiers:
+            if self._states[index].holds(entry):  # an unreadable tier's copy, already there
+                continue
+            room = self._make_room(index, entry)
+            if room is not None:
+                fills.append(_Fill(index, room))
+            elif required and index == tiers.start:
+                if self._states[index].could_fit_later(entry.size_bytes):
+                    return None
+                raise self._full(index, entry)
+        return fills
+
+    def _full(self, index: int, entry: _Entry) -> CacheFull:
+        state = self._states[index]
+        budget = " and ".join(
+            part
+            for part in (
+                f"{state.max_entries} entries" if state.max_entries is not None else "",
+                f"{state.capacity_bytes} bytes" if state.capacity_bytes is not None else "",
+            )
+            if part
+        )
+        return CacheFull(
+            f"the {state.tier.name} tier has no room for adapter {entry.key} ({entry.size_bytes} bytes): "
+            f"its budget of {budget} is taken by adapters in use or pinned; retry when requests finish, "
+            "unpin adapters, or give the tier a larger budget"
+        )
+
+    def _make_room(self, index: int, entry: _Entry) -> list[_Eviction] | None:
+        """Choose victims so that `entry` fits in tier `index`, and reserve its space (under the lock).
+
+        Returns the evictions to run, or None when the tier cannot take the copy (it is too
+        large, or everything there is held). Victims are held by flights until they are gone.
+        """
+        state = self._states[index]
+        size = entry.size_bytes
+        if not state.could_fit(size):
+            return None
+        victims = []
+        freed_bytes = freed_entries = 0
+        while not state.fits(size, freed_bytes, freed_entries):
+            victim = state.next_victim(size, self._sketch)
+            state.unplace(victim)
+            victim.flying = True
+            self._sync(victim)
+            self._flights[victim.key] = _Flight(grants_leases=False)
+            freed_bytes += victim.size_bytes
+            freed_entries += 1
+            victims.append(victim)
+        state.reserve(size)
+        # Demotions are planned only now: making room below holds more entries, and some of
+        # them may have copies here that the loop above was counting on.
+        return [self._plan_demotion(victim, index) for victim in victims]
+
+    def _plan_demotion(self, victim: _Entry, index: int) -> _Eviction:
+        """Where the copy evicted from tier `index` goes: the nearest lower tier that takes it,
+        unless a lower tier already holds one or there is nothing to read it from."""
+        eviction = _Eviction(victim, index)
+        for lower in range(index + 1, len(self._states)):
+            if self._states[lower].holds(victim):
+                break
+            source = index if self._tiers[index].readable else self._nearest_copy(victim, below=lower)
+            if source == self._origin_index:
+                break  # a demotion never downloads
+            room = self._make_room(lower, victim)
+            if room is not None:
+                eviction.demote_to, eviction.read_from, eviction.room = lower, source, room
+                break
+        return eviction
+
+    def _run_evictions(self, evictions: list[_Eviction]) -> None:
+        """Do the I/O of evictions (outside the lock): room below first, then demote, then delete."""
+        for eviction in evictions:
+            key = eviction.entry.key
+            if eviction.demote_to is not None and eviction.read_from is not None:
+                self._run_evictions(eviction.room)
+                try:
+                    payload = self._tiers[eviction.read_from].get(key)
+                    self._tiers[eviction.demote_to].put(key, payload)
+                    eviction.demoted = True
+                except NotFound:
+                    eviction.source_lost = True
+                except Exception as error:
+                    log.warning("adapter cache: demoting %s failed: %s", key, error)
+            try:
+                self._tiers[eviction.tier].delete(key)
+            except Exception as error:
+                log.warning("adapter cache: deleting %s from %s failed: %s", key, self.tier_names[eviction.tier], error)
+
+    def _commit_evictions(self, evictions: list[_Eviction]) -> None:
+        """Record evictions once their I/O is done (under the lock), and land the victims' flights."""
+        for eviction in evictions:
+            entry, state = eviction.entry, self._states[eviction.tier]
+            state.release(entry.size_bytes)
+            state.counters.evictions += 1
+            if eviction.demote_to is not None:
+                self._commit_evictions(eviction.room)
+                lower = self._states[eviction.demote_to]
+                if eviction.demoted:
+                    lower.place(entry, _WINDOW)
+                    lower.counters.demotions += 1
+                else:
+                    lower.release(entry.size_bytes)
+                if eviction.source_lost and eviction.read_from is not None:
+                    self._forget_copy(entry, eviction.read_from)
+            self._land(entry, self._flights[entry.key], None)
+
+    def _commit_fills(self, entry: _Entry, fills: list[_Fill]) -> None:
+        for fill in fills:
+            self._commit_evictions(fill.room)
+            state = self._states[fill.tier]
+            if fill.error is None:
+                state.place(entry, _WINDOW)
+                state.counters.promotions += 1
+            else:
+                state.release(entry.size_bytes)
+
+    # -- holds
+
+    def _grant(self, entry: _Entry, count: int) -> None:
+        """Add `count` leases on the entry (under the lock); its engine copy is held from now."""
+        entry.leases += count
+        self._leases += count
+        if entry.leases == count and self._states[0].holds(entry):
+            self._sync_tier(entry, self._states[0])
+
+    def _sync(self, entry: _Entry) -> None:
+        """List each copy of the entry for eviction unless it is held (moving, pinned, or leased in the engine)."""
+        for state in self._states:
+            if state.holds(entry):
+                self._sync_tier(entry, state)
+
+    def _sync_tier(self, entry: _Entry, state: _TierState) -> None:
+        """`_sync` for the entry's copy in one tier (which holds one)."""
+        durable = entry.pins > 0 or (state.index == 0 and entry.leases > 0)
+        if durable != bool(entry.durable & state.bit):
+            state.set_durable(entry, durable)
+        held = durable or entry.flying
+        listed = bool(entry.listed & state.bit)
+        if listed and held:
+            state.unlink(entry)
+        elif not listed and not held:
+            state.link(entry)
+
+    def _touch(self, entry: _Entry) -> None:
+        """A request counts as a hit on every copy of the entry (see the module's docstring)."""
+        for state in self._states:
+            if state.holds(entry):
+                state.touch(entry)
+
+    def _forget_if_idle(self, entry: _Entry) -> None:
+        if not (entry.segments or entry.flying or entry.leases or entry.pins):
+            self._entries.pop(entry.key, None)
+
+    # -- lookups
+
+    def _counters(self, index: int) -> _Counters:
+        return self._states[index].counters if index < self._origin_index else self._origin_counters
+
+    def _state_named(self, name: str) -> _TierState:
+        for state in self._states:
+            if state.tier.name == name:
+                return state
+        raise InvalidRequest(f"no cache tier named {name!r}; the tiers are {self.tier_names[:-1]}", param="tier")
+
+    def _prefetch_target(self, into: str | None) -> int:
+        if into is None:
+            if len(self._states) < 2:
+                raise InvalidRequest("prefetch needs a tier below the engine; this cache has none", param="into")
+            return 1
+        index = self._state_named(into).index
+        if index == 0:
+            raise InvalidRequest("prefetch warms the tiers below the engine; acquire or pin to load it", param="into")
+        return index
+
+
+def _check_tiers(tiers: Sequence[Tier], origin: Origin) -> None:
+    if not tiers:
+        raise InvalidRequest("an adapter cache needs at least one tier (the engine) above the origin", param="tiers")
+    names = [tier.name for tier in tiers] + [origin.name]
+    if len(set(names)) != len(names):
+        raise InvalidRequest(f"cache tier names must be unique, not {names}", param="tiers")
+    for tier in tiers:
+        if tier.capacity_bytes is None and tier.max_entries is None:
+            raise InvalidRequest(f"tier {tier.name!r} needs a budget: capacity_bytes, max_entries or both")
+        for budget in (tier.capacity_bytes, tier.max_entries):
+            if budget is not None and budget < 1:
+                raise InvalidRequest(f"tier {tier.name!r} has a budget of {budget}; budgets must be positive")
+
+
+# ---- metrics ---------------------------------------------------------------------------------
+
+
+class CacheCollector(Collector):
+    """Prometheus metrics read from `TieredCache.stats()` at each scrape (labels: the tier's name)."""
+
+    def __init__(self, cache: TieredCache, prefix: str = "mint_adapter_cache") -> None:
+        self._cache = cache
+        self._prefix = prefix
+
+    def collect(self) -> Iterator[Metric]:
+        stats, prefix = self._cache.stats(), self._prefix
+        counters = {
+            "hits": "Acquires whose nearest copy was in this tier",
+            "misses": "Acquires that looked in this tier and found no copy",
+            "promotions": "Copies written into this tier on the way to the engine",
+            "demotions": "Copies moved into this tier from a faster tier that evicted them",
+            "evictions": "Copies removed from this tier to make room",
+        }
+        for name, documentation in counters.items():
+            family = CounterMetricFamily(f"{prefix}_{name}", documentation, labels=["tier"])
+            for tier in stats.tiers:
+                family.add_metric([tier.name], getattr(tier, name))
+            yield family
+        gauges = {
+            "resident_bytes": "Bytes of the copies this tier holds",
+            "resident_entries": "Copies this tier holds",
+            "capacity_bytes": "This tier's budget in bytes",
+            "max_entries": "This tier's budget in entries",
+        }
+        for name, documentation in gauges.items():
+            gauge = GaugeMetricFamily(f"{prefix}_{name}", documentation, labels=["tier"])
+            for tier in stats.tiers:
+                value = getattr(tier, name)
+                if value is not None:
+                    gauge.add_metric([tier.name], value)
+            yield gauge
+        latency = HistogramMetricFamily(
+            f"{prefix}_promotion_seconds",
+            "Time to make an adapter servable in the engine, by the tier its copy came from",
+            labels=["source"],
+        )
+        for tier in stats.tiers:
+            histogram = tier.promotion_latency
+            buckets = [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in histogram.buckets]
+            latency.add_metric([tier.name], buckets, histogram.sum_s)
+        yield latency
+        yield GaugeMetricFamily(f"{prefix}_leases", "Leases held now", value=stats.leases)
+        yield GaugeMetricFamily(f"{prefix}_pinned", "Adapters pinned now", value=stats.pinned)
+
+
+def register_metrics(cache: TieredCache, registry: CollectorRegistry = REGISTRY) -> CacheCollector:
+    """Expose the cache's statistics on `registry` (the API's `/metrics` serves the default one)."""
+    collector = CacheCollector(cache)
+    registry.register(collector)
+    return collector

@@ -1,0 +1,564 @@
+"""The adapter cache's policy (`mint.serving.cache`) over in-memory tiers.
+
+The fake tiers store real bytes and check their own budgets on every write, so a policy that
+over-commits a tier, even for an instant between two threads, fails the test that caused it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from mint.errors import InvalidRequest, NotFound, ServiceUnavailable
+from mint.serving.cache import CacheFull, Lease, TieredCache, content_hash, register_metrics
+
+pytestmark = pytest.mark.backend_free
+
+
+class FakeTier:
+    """A tier in memory that records what the cache asks of it and every budget overflow."""
+
+    def __init__(
+        self, name: str, *, capacity_bytes: int | None = None, max_entries: int | None = None, readable: bool = True
+    ) -> None:
+        self.name = name
+        self.capacity_bytes = capacity_bytes
+        self.max_entries = max_entries
+        self.readable = readable
+        self.copies: dict[str, bytes] = {}
+        self.reads: Counter[str] = Counter()
+        self.puts: list[str] = []
+        self.deletes: list[str] = []
+        self.overflows: list[str] = []
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> bytes:
+        assert self.readable, f"the cache read the unreadable tier {self.name}"
+        with self._lock:
+            self.reads[key] += 1
+            payload = self.copies.get(key)
+        if payload is None:
+            raise NotFound(f"no {key} in {self.name}")
+        return payload
+
+    def put(self, key: str, payload: bytes) -> None:
+        with self._lock:
+            self.copies[key] = payload
+            self.puts.append(key)
+            size = sum(len(copy) for copy in self.copies.values())
+            if (self.capacity_bytes is not None and size > self.capacity_bytes) or (
+                self.max_entries is not None and len(self.copies) > self.max_entries
+            ):
+                self.overflows.append(f"{self.name}: {len(self.copies)} copies, {size} bytes")
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self.copies.pop(key, None)
+            self.deletes.append(key)
+
+    def contains(self, key: str) -> bool:
+        with self._lock:
+            return key in self.copies
+
+    def resident_bytes(self) -> int:
+        with self._lock:
+            return sum(len(copy) for copy in self.copies.values())
+
+
+class FakeOrigin:
+    """The object store: every payload it was given; `gate` makes reads wait until it is set."""
+
+    name = "object_store"
+
+    def __init__(self, payloads: list[bytes], *, advance: list[float] | None = None) -> None:
+        self.payloads = {content_hash(payload): payload for payload in payloads}
+        self.reads: Counter[str] = Counter()
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
+        self._advance = advance  # a fake clock, moved 2 s by every read
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> bytes:
+        with self._lock:
+            self.reads[key] += 1
+        self.entered.set()
+        self.gate.wait()
+        if self._advance is not None:
+            self._advance[0] += 2.0
+        if key not in self.payloads:
+            raise NotFound(f"no adapter version {key}")
+        return self.payloads[key]
+
+
+def adapter(number: int, size_bytes: int = 100) -> bytes:
+    return f"adapter {number} ".encode().ljust(size_bytes, b".")
+
+
+PAYLOADS = [adapter(number) for number in range(40)]
+KEYS = [content_hash(payload) for payload in PAYLOADS]
+A, B, C, D = KEYS[:4]
+
+
+def three_tiers(
+    *, engine_slots: int = 2, cpu_entries: int = 4, ssd_entries: int = 40, window_fraction: float = 0.01
+) -> tuple[TieredCache, FakeTier, FakeTier, FakeTier, FakeOrigin]:
+    engine = FakeTier("engine", max_entries=engine_slots, readable=False)
+    cpu = FakeTier("cpu", capacity_bytes=100 * cpu_entries)
+    ssd = FakeTier("ssd", capacity_bytes=100 * ssd_entries)
+    origin = FakeOrigin(PAYLOADS)
+    cache = TieredCache([engine, cpu, ssd], origin, window_fraction=window_fraction)
+    return cache, engine, cpu, ssd, origin
+
+
+def touch(cache: TieredCache, *keys: str) -> None:
+    for key in keys:
+        cache.acquire(key).release()
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    """Poll `condition` with short Event-based waits, to build contention in a known shape."""
+    idle = threading.Event()
+    while not condition():
+        idle.wait(0.001)
+
+
+# ---- promotion -------------------------------------------------------------------------------
+
+
+def test_a_promotion_from_the_origin_fills_every_tier_and_the_next_acquire_hits() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+
+    with cache.acquire(A) as lease:
+        assert (lease.key, lease.source, lease.size_bytes) == (A, "object_store", 100)
+    assert engine.copies[A] == cpu.copies[A] == ssd.copies[A] == PAYLOADS[0]
+
+    with cache.acquire(A) as lease:
+        assert lease.source == "engine"
+    assert origin.reads[A] == 1
+    assert engine.puts == [A]
+
+
+def test_a_promotion_reads_the_nearest_copy() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(engine_slots=1, cpu_entries=2)
+    touch(cache, A, B)  # the engine's one slot now holds B; the CPU holds both
+
+    with cache.acquire(A) as lease:
+        assert lease.source == "cpu"
+    touch(cache, C, D)  # the CPU (2 entries) gives A up; the SSD keeps it
+    assert not cpu.contains(A)
+
+    with cache.acquire(A) as lease:
+        assert lease.source == "ssd"
+    assert origin.reads[A] == 1
+    assert cpu.contains(A)  # filled again on the way up
+
+
+def test_a_copy_lost_behind_the_cache_is_skipped() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(engine_slots=1)
+    touch(cache, A, B)
+    cpu.delete(A)
+    ssd.delete(A)
+
+    with cache.acquire(A) as lease:
+        assert lease.source == "object_store"
+    assert origin.reads[A] == 2
+    assert cpu.contains(A) and ssd.contains(A)
+
+
+def test_a_new_version_is_a_new_entry_never_the_old_copy() -> None:
+    old, new = b"weights of version 1", b"weights of version 2"
+    engine = FakeTier("engine", max_entries=4, readable=False)
+    cpu = FakeTier("cpu", capacity_bytes=1000)
+    cache = TieredCache([engine, cpu], FakeOrigin([old, new]))
+
+    touch(cache, content_hash(old))
+    with cache.acquire(content_hash(new)) as lease:
+        assert (lease.key, lease.source) == (content_hash(new), "object_store")
+    assert engine.copies == {content_hash(old): old, content_hash(new): new}
+
+
+@pytest.mark.parametrize("key", ["../../etc/passwd", A.upper(), A[:63], A + "0", "", "g" * 64])
+def test_keys_that_are_not_content_hashes_are_refused(key: str) -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    for call in (cache.acquire, cache.pin, lambda key: cache.prefetch([key])):
+        with pytest.raises(InvalidRequest, match="content hash"):
+            call(key)
+    assert not origin.reads and not engine.puts
+
+
+def test_an_unknown_version_is_not_found_and_leaves_nothing_behind() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    with pytest.raises(NotFound):
+        cache.acquire(content_hash(b"never uploaded"))
+    assert cache.stats().tier("engine").resident_entries == 0
+    assert not engine.puts
+
+
+def test_a_failed_write_into_the_engine_fails_the_acquire_and_holds_nothing() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    plain_put = engine.put
+
+    def failing_put(key: str, payload: bytes) -> None:
+        raise ServiceUnavailable("the engine ran out of GPU memory")
+
+    engine.put = failing_put  # type: ignore[method-assign]
+    with pytest.raises(ServiceUnavailable, match="GPU memory"):
+        cache.acquire(A)
+    stats = cache.stats()
+    assert (stats.leases, stats.tier("engine").resident_entries) == (0, 0)
+    assert cpu.contains(A) and ssd.contains(A)  # the lower tiers kept their copies
+
+    engine.put = plain_put  # type: ignore[method-assign]
+    with cache.acquire(A) as lease:
+        assert lease.source == "cpu"
+
+
+# ---- single flight ---------------------------------------------------------------------------
+
+
+def test_many_threads_waiting_for_one_adapter_cause_one_fetch() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    threads_n = 8
+    leases: list[Lease] = []
+    origin.gate.clear()
+
+    def request() -> None:
+        leases.append(cache.acquire(A))
+
+    threads = [threading.Thread(target=request) for _ in range(threads_n)]
+    threads[0].start()
+    origin.entered.wait()  # the first is fetching; the others must join its flight
+    for thread in threads[1:]:
+        thread.start()
+    wait_until(lambda: cache.stats().tier("engine").misses == threads_n)
+    origin.gate.set()
+    for thread in threads:
+        thread.join()
+
+    assert origin.reads[A] == 1
+    assert engine.puts == [A]
+    assert sorted(lease.source for lease in leases) == ["object_store"] * threads_n
+    assert cache.stats().leases == threads_n
+    for lease in leases:
+        lease.release()
+    assert cache.stats().leases == 0
+
+
+def test_a_failed_fetch_fails_every_waiter_once_and_is_retried_next_time() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    missing = content_hash(b"never uploaded")
+    errors: list[BaseException] = []
+    origin.gate.clear()
+
+    def request() -> None:
+        try:
+            cache.acquire(missing)
+        except NotFound as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=request) for _ in range(4)]
+    threads[0].start()
+    origin.entered.wait()
+    for thread in threads[1:]:
+        thread.start()
+    wait_until(lambda: cache.stats().tier("engine").misses == 4)
+    origin.gate.set()
+    for thread in threads:
+        thread.join()
+
+    assert len(errors) == 4 and origin.reads[missing] == 1
+    with pytest.raises(NotFound):
+        cache.acquire(missing)
+    assert origin.reads[missing] == 2
+
+
+# ---- holds -----------------------------------------------------------------------------------
+
+
+def test_a_leased_adapter_is_never_evicted_from_the_engine() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(engine_slots=2)
+    lease = cache.acquire(A)
+    touch(cache, *KEYS[1:10])
+    assert engine.contains(A) and A not in engine.deletes
+
+    lease.release()
+    touch(cache, *KEYS[10:14], *KEYS[10:14])  # more frequent than A now
+    assert not engine.contains(A)
+
+
+def test_a_pinned_adapter_keeps_every_copy_until_unpinned() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(engine_slots=2, cpu_entries=1)
+    cache.pin(A)
+    touch(cache, *KEYS[1:10])
+    assert engine.contains(A) and cpu.contains(A)  # the CPU's one entry stays A's
+    assert cache.stats().pinned == 1
+
+    cache.unpin(A)
+    touch(cache, *KEYS[10:14])
+    assert not engine.contains(A) and cache.stats().pinned == 0
+    with pytest.raises(InvalidRequest, match="not pinned"):
+        cache.unpin(A)
+
+
+def test_pins_count_up() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(engine_slots=1)
+    cache.pin(A)
+    cache.pin(A)
+    cache.unpin(A)
+    with pytest.raises(CacheFull):
+        cache.acquire(B)
+    cache.unpin(A)
+    touch(cache, B)
+
+
+def test_cache_full_when_everything_in_the_engine_is_pinned() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(engine_slots=2)
+    cache.pin(A)
+    cache.pin(B)
+    with pytest.raises(CacheFull, match="unpin") as raised:
+        cache.acquire(C)
+    assert isinstance(raised.value, ServiceUnavailable)
+    assert set(engine.copies) == {A, B} and not engine.overflows
+
+    cache.unpin(B)
+    touch(cache, C)
+    assert set(engine.copies) == {A, C}
+
+
+def test_cache_full_when_everything_in_the_engine_is_in_use() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(engine_slots=2)
+    first, second = cache.acquire(A), cache.acquire(B)
+    with pytest.raises(CacheFull):
+        cache.acquire(C)
+    first.release()
+    with cache.acquire(C) as lease:
+        assert lease.source in ("cpu", "ssd", "object_store")
+    second.release()
+    assert not engine.overflows
+
+
+def test_room_taken_only_by_moves_in_flight_is_waited_for_not_refused() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(engine_slots=2)
+    touch(cache, A, D)  # the engine is full, and nothing in it is in use
+    gate, writing = threading.Event(), threading.Event()
+    plain_put = engine.put
+
+    def slow_put(key: str, payload: bytes) -> None:
+        if key == B:
+            writing.set()
+            gate.wait()
+        plain_put(key, payload)
+
+    engine.put = slow_put  # type: ignore[method-assign]
+    outcomes: list[str] = []
+
+    def request(key: str) -> None:
+        try:
+            with cache.acquire(key) as lease:
+                outcomes.append(lease.source)
+                gate.wait()
+        except CacheFull:
+            outcomes.append("full")
+
+    first = threading.Thread(target=request, args=(B,))
+    first.start()
+    writing.wait()  # B's promotion has evicted one of A, D and reserved its slot
+    second = threading.Thread(target=request, args=(C,))
+    second.start()
+    wait_until(lambda: origin.reads[C] == 1)
+    threading.Event().wait(0.05)  # let C's promotion find the engine's room taken by B's move
+    gate.set()
+    first.join()
+    second.join()
+
+    assert sorted(outcomes) == ["object_store", "object_store"]
+    assert not engine.overflows
+
+
+def test_an_adapter_larger_than_the_engine_budget_is_refused() -> None:
+    big = adapter(99, size_bytes=500)
+    engine = FakeTier("engine", capacity_bytes=400, max_entries=4, readable=False)
+    cache = TieredCache([engine], FakeOrigin([big]))
+    with pytest.raises(CacheFull, match="400 bytes"):
+        cache.acquire(content_hash(big))
+
+
+def test_a_lease_is_a_context_manager_and_releasing_twice_is_harmless() -> None:
+    cache, *_ = three_tiers()
+    with cache.acquire(A) as lease:
+        assert cache.stats().leases == 1
+    assert cache.stats().leases == 0
+    lease.release()
+    cache.release(lease)
+    assert cache.stats().leases == 0
+
+
+# ---- policy ----------------------------------------------------------------------------------
+
+
+def test_demotion_moves_an_evicted_copy_down_from_a_readable_tier() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(engine_slots=2, cpu_entries=1)
+    cpu.put(A, PAYLOADS[0])
+    assert cache.adopt("cpu", A, 100)  # a copy in the CPU only
+
+    touch(cache, B)  # the CPU's one entry goes to B; A moves down to the SSD
+    assert ssd.copies[A] == PAYLOADS[0] and cpu.reads[A] == 1
+    assert not cpu.contains(A)
+    assert cache.stats().tier("ssd").demotions == 1
+
+
+def test_demotion_from_the_engine_reads_a_lower_copy() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(engine_slots=2, cpu_entries=1)
+    touch(cache, A, B)  # the engine holds A and B; the CPU only B; the SSD both
+    touch(cache, B, B)  # B is now more frequent than A
+    touch(cache, C)  # the engine evicts A, which has no CPU copy: demoted there from the SSD
+
+    assert set(engine.copies) == {B, C}
+    assert set(cpu.copies) == {A}
+    assert ssd.reads[A] == 1 and origin.reads[A] == 1
+    assert cache.stats().tier("cpu").demotions == 1
+
+
+def test_frequency_keeps_a_popular_adapter_through_a_scan_that_lru_does_not() -> None:
+    for window_fraction, survives in ((0.01, True), (1.0, False)):
+        cache, engine, *_ = three_tiers(engine_slots=4, window_fraction=window_fraction)
+        touch(cache, *[A] * 5)
+        touch(cache, *KEYS[10:30])  # one request each
+        assert engine.contains(A) is survives
+
+
+def test_a_request_served_by_the_engine_counts_for_the_copies_below_it() -> None:
+    engine = FakeTier("engine", max_entries=2, readable=False)
+    ssd = FakeTier("ssd", capacity_bytes=200)
+    cache = TieredCache([engine, ssd], FakeOrigin(PAYLOADS), window_fraction=1.0)  # LRU: recency decides
+    touch(cache, A, B, A, A)  # A is served by the engine, and is the most recent on the SSD too
+    cache.prefetch([C])  # the SSD makes room for C
+    assert set(ssd.copies) == {A, C}
+
+
+def test_budgets_hold_at_every_instant_under_concurrent_traffic() -> None:
+    sizes = [50 + 37 * number % 350 for number in range(40)]
+    payloads = [adapter(number, size) for number, size in enumerate(sizes)]
+    keys = [content_hash(payload) for payload in payloads]
+    engine = FakeTier("engine", capacity_bytes=1000, max_entries=3, readable=False)
+    cpu = FakeTier("cpu", capacity_bytes=1500)
+    ssd = FakeTier("ssd", capacity_bytes=4000, max_entries=20)
+    cache = TieredCache([engine, cpu, ssd], FakeOrigin(payloads), expected_entries=64)
+    weights = [1 / (rank + 1) for rank in range(len(keys))]
+    wrong: list[str] = []
+
+    def traffic(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(300):
+            key = rng.choices(keys, weights)[0]
+            try:
+                with cache.acquire(key) as lease:
+                    if engine.copies.get(lease.key) != payloads[keys.index(key)]:
+                        wrong.append(key)
+            except CacheFull:  # two large adapters in use leave no room for a third: a fair refusal
+                pass
+            if rng.random() < 0.1:
+                cache.prefetch([rng.choice(keys)])
+
+    threads = [threading.Thread(target=traffic, args=(seed,)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert wrong == []
+    assert engine.overflows == cpu.overflows == ssd.overflows == []
+    stats = cache.stats()
+    assert stats.leases == 0
+    for tier in (engine, cpu, ssd):
+        assert stats.tier(tier.name).resident_entries == len(tier.copies)
+        assert stats.tier(tier.name).resident_bytes == tier.resident_bytes()
+    assert stats.tier("engine").hits + stats.tier("engine").misses == 900
+
+
+# ---- prefetch, adoption, statistics ----------------------------------------------------------
+
+
+def test_prefetch_warms_the_lower_tiers_without_taking_engine_slots() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    assert cache.prefetch([A, B]) == 2
+    assert not engine.puts and set(cpu.copies) == set(ssd.copies) == {A, B}
+    assert cache.prefetch([A]) == 0  # already warm
+
+    assert cache.prefetch([C], into="ssd") == 1
+    assert not cpu.contains(C) and ssd.contains(C)
+    with cache.acquire(A) as lease:
+        assert lease.source == "cpu"
+    stats = cache.stats()
+    assert (stats.prefetched, stats.tier("engine").misses, stats.tier("cpu").hits) == (5, 1, 1)
+    with pytest.raises(InvalidRequest, match="below the engine"):
+        cache.prefetch([D], into="engine")
+
+
+def test_adopt_counts_copies_a_previous_process_left() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(ssd_entries=2)
+    for key, payload in zip(KEYS[:3], PAYLOADS[:3], strict=True):
+        ssd.put(key, payload)
+    assert [cache.adopt("ssd", key, 100) for key in KEYS[:3]] == [True, True, False]  # the budget is 2
+    assert cache.adopt("ssd", A, 100)  # known already
+    with cache.acquire(A) as lease:
+        assert lease.source == "ssd"
+    assert not origin.reads
+
+
+def test_stats_count_hits_misses_promotions_evictions_and_latency() -> None:
+    now = [0.0]
+    engine = FakeTier("engine", max_entries=1, readable=False)
+    cpu = FakeTier("cpu", capacity_bytes=200)
+    cache = TieredCache(
+        [engine, cpu],
+        FakeOrigin(PAYLOADS, advance=now),
+        clock=lambda: now[0],
+    )
+    touch(cache, A, A, B, A)  # origin, engine hit, origin (evicts A from the engine), CPU
+
+    stats = cache.stats()
+    assert [(t.name, t.hits, t.misses, t.promotions, t.evictions) for t in stats.tiers] == [
+        ("engine", 1, 3, 3, 2),
+        ("cpu", 1, 2, 2, 0),
+        ("object_store", 2, 0, 0, 0),
+    ]
+    assert (stats.tier("engine").resident_entries, stats.tier("engine").resident_bytes) == (1, 100)
+    assert (stats.tier("cpu").resident_entries, stats.tier("cpu").resident_bytes) == (2, 200)
+    from_origin = stats.tier("object_store").promotion_latency
+    assert (from_origin.count, from_origin.sum_s) == (2, 4.0)
+    assert dict(from_origin.buckets)[1.0] == 0 and dict(from_origin.buckets)[5.0] == 2
+    assert stats.tier("cpu").promotion_latency.count == 1
+
+
+def test_metrics_expose_the_stats_to_prometheus() -> None:
+    cache, *_ = three_tiers()
+    registry = CollectorRegistry()
+    register_metrics(cache, registry)
+    touch(cache, A, A)
+
+    text = generate_latest(registry).decode()
+    assert 'mint_adapter_cache_hits_total{tier="engine"} 1.0' in text
+    assert 'mint_adapter_cache_misses_total{tier="engine"} 1.0' in text
+    assert 'mint_adapter_cache_resident_bytes{tier="cpu"} 100.0' in text
+    assert 'mint_adapter_cache_promotion_seconds_count{source="object_store"} 1.0' in text
+    assert "mint_adapter_cache_leases 0.0" in text
+
+
+def test_the_tiers_are_checked_once_at_construction() -> None:
+    origin = FakeOrigin([])
+    cases = {
+        "at least one tier": [],
+        "unique": [FakeTier("cpu", max_entries=1), FakeTier("cpu", max_entries=1)],
+        "needs a budget": [FakeTier("cpu")],
+        "positive": [FakeTier("cpu", capacity_bytes=0)],
+    }
+    for message, tiers in cases.items():
+        with pytest.raises(InvalidRequest, match=message):
+            TieredCache(tiers, origin)
