@@ -125,6 +125,7 @@ class ServingNode:
         from mint.serving.torch_engine import TorchEngine
 
         self.spec = spec
+        self.store = store
         self.engine = TorchEngine.from_spec(spec, cache_dir, max_adapters=engine_slots, max_batch_size=max_batch_size)
         self.tokenizer = self.engine.tokenizer
         self._object_keys: dict[str, str] = {}

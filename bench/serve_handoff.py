@@ -1,0 +1,137 @@
+"""Train -> serve handoff: how long from a freshly trained adapter to its first served token.
+
+Anchor (the common practice): merge the LoRA adapter into the base (peft `merge_and_unload`),
+save the merged checkpoint, load it as a new model, and generate the first token.
+
+Mint: the serving node keeps the base resident; the new version is stored in the object
+store under its sha256 (as a job's success does), and the node's adapter cache fetches it
+from there into an engine slot on the first request, which generates the first token in a
+batch beside any other adapter. Both paths start from the same trained PEFT folder and end
+at the same first token (checked equal).
+
+    .venv/bin/python bench/serve_handoff.py [--base smollm2-135m-instruct] [--repeats 3]
+
+Prints each path's median time, and the ratio (goal: >= 18x, the MinT paper's 18.3x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+QUESTION = [{"role": "user", "content": "Name a colour."}]
+
+
+def trained_adapter(base: object, folder: Path) -> Path:
+    """A LoRA adapter (the base's default targets) after two real optimizer steps."""
+    from mint.trainer.chat_data import render_chat
+    from mint.trainer.types import AdamParams, Datum
+
+    session = base.create_session()  # type: ignore[attr-defined]
+    tokens, weights = render_chat(base.tokenizer, [*QUESTION, {"role": "assistant", "content": "Teal."}])  # type: ignore[attr-defined]
+    datum = Datum(model_input=tokens[:-1], loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights[1:]})
+    for _ in range(2):
+        session.forward_backward([datum], "cross_entropy")
+        session.optim_step(AdamParams(learning_rate=1e-3))
+    session.save_weights_for_sampler(folder)
+    base.close(session.session_id)  # type: ignore[attr-defined]
+    return folder
+
+
+def merged_first_token(
+    spec: object, cache_dir: Path, adapter: Path, prompt: list[int], scratch: Path
+) -> tuple[float, int]:
+    """Merge, save, reload, generate one token: the anchor."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from mint.trainer.models import load_base_model
+
+    model, _tokenizer = load_base_model(spec, cache_dir)  # type: ignore[arg-type]
+    started = time.perf_counter()
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    merged.save_pretrained(scratch / "merged", safe_serialization=True)
+    reloaded = AutoModelForCausalLM.from_pretrained(scratch / "merged", dtype=torch.float32)
+    with torch.no_grad():
+        logits = reloaded(torch.tensor([prompt])).logits[0, -1]
+    token = int(logits.argmax())
+    return time.perf_counter() - started, token
+
+
+def mint_first_token(node: object, adapter: Path, prompt_messages: list[dict[str, str]]) -> tuple[float, int]:
+    """Store the version by content hash, then the first request makes it servable and answers."""
+    from mint.services.adapters import archive_adapter
+    from mint.serving.node import AdapterRef, NodeRequest
+
+    started = time.perf_counter()
+    archive = archive_adapter(adapter)
+    sha256 = hashlib.sha256(archive).hexdigest()
+    key = f"adapters/sha256/{sha256}.tar"
+    node.store.put_bytes(key, archive)  # type: ignore[attr-defined]
+    request = NodeRequest(
+        messages=prompt_messages,
+        prompt=None,
+        tools=None,
+        adapter=AdapterRef(ref="bench@1", sha256=sha256, object_key=key),
+        max_tokens=1,
+        temperature=0.0,
+        top_p=1.0,
+        seed=0,
+        stop=[],
+    )
+    event = node.complete(request)[0]  # type: ignore[attr-defined]
+    return time.perf_counter() - started, event.token_ids[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", default="smollm2-135m-instruct")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    import torch
+
+    from mint.config import PROJECT_ROOT, get_settings
+    from mint.schemas.base_models import get_base_model_spec
+    from mint.serving.node import ServingNode
+    from mint.storage.objects import LocalObjectStore
+    from mint.trainer.chat_data import render_prompt
+    from mint.trainer.session import ResidentBase
+
+    torch.manual_seed(0)
+    spec = get_base_model_spec(args.base, PROJECT_ROOT / "configs" / "models")
+    cache_dir = get_settings().models_cache_dir
+    with tempfile.TemporaryDirectory(prefix="mint-handoff-") as tmp:
+        scratch = Path(tmp)
+        trainer = ResidentBase(spec, cache_dir)
+        prompt = render_prompt(trainer.tokenizer, QUESTION)
+        store = LocalObjectStore(scratch / "objects")
+        node = ServingNode(spec, cache_dir, store, ssd_dir=scratch / "ssd")
+        anchor_times, mint_times = [], []
+        for repeat in range(args.repeats):
+            adapter = trained_adapter(trainer, scratch / f"adapter-{repeat}")
+            anchor_s, anchor_token = merged_first_token(spec, cache_dir, adapter, prompt, scratch / f"m{repeat}")
+            mint_s, mint_token = mint_first_token(node, adapter, QUESTION)
+            assert anchor_token == mint_token, (anchor_token, mint_token)
+            anchor_times.append(anchor_s)
+            mint_times.append(mint_s)
+            print(f"repeat {repeat + 1}: merged export + load {anchor_s:.2f} s, Mint {mint_s * 1000:.0f} ms")
+        node.close()
+    anchor, mint = statistics.median(anchor_times), statistics.median(mint_times)
+    print(f"\nbase {args.base}: train -> first served token, median of {args.repeats}")
+    print(f"  anchor (merge, save, load merged checkpoint): {anchor:8.2f} s")
+    print(f"  Mint (store version, cache fetch into a slot): {mint:8.3f} s")
+    print(f"  ratio: {anchor / mint:.1f}x (goal >= 18x)")
+
+
+if __name__ == "__main__":
+    main()
