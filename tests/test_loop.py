@@ -57,7 +57,9 @@ def _evaluate(client: TestClient, tenant: Tenant, benchmark_id: str, model: str)
     return _finished(client, tenant, f"/v1/evals/{run.json()['id']}")
 
 
-def test_eval_mine_train_reevaluate_compare(client: TestClient, tenant: Tenant, workers: Workers) -> None:
+def test_eval_mine_train_reevaluate_compare_and_deploy_behind_a_gate(
+    client: TestClient, tenant: Tenant, workers: Workers
+) -> None:
     workers.start("loop")
     tasks = [
         {"id": f"ok-{index:02d}", "messages": [{"role": "user", "content": text}], "reference": "OK"}
@@ -114,3 +116,39 @@ def test_eval_mine_train_reevaluate_compare(client: TestClient, tenant: Tenant, 
     )
     assert comparison["accuracy_delta"] > 0 and comparison["interval"]["low"] > 0 and comparison["significant"]
     assert len(comparison["fixed"]) > len(comparison["broken"])
+
+    # Deploy behind a gate: the new version passes it; a barely trained version does not.
+    gate = {"benchmark": "acknowledge", "min_pass_rate": 0.9}
+    deployed = client.post(
+        "/v1/deployments",
+        headers=tenant.headers("developer"),
+        json={"name": "acknowledge-prod", "model": trained["fine_tuned_model"], "gate": gate},
+    )
+    assert deployed.status_code == 201, deployed.text
+    verdict = deployed.json()["serving"]["gate_verdict"]
+    assert verdict["passed"] and verdict["candidate_pass_rate"] == comparison["b"]["accuracy"]
+
+    weak_job = client.post(
+        "/v1/fine_tuning/jobs",
+        headers=tenant.headers("developer"),
+        json={
+            "model": BASE,
+            "training_file": dataset["id"],
+            "suffix": "acknowledger",
+            "steps": 1,
+            "learning_rate": 1e-6,
+        },
+    ).json()
+    weak = _finished(client, tenant, f"/v1/fine_tuning/jobs/{weak_job['id']}")
+    assert weak["fine_tuned_model"] == "acknowledger@2"
+    _evaluate(client, tenant, benchmark["id"], weak["fine_tuned_model"])
+    refused = client.post(
+        "/v1/deployments/acknowledge-prod/promote",
+        headers=tenant.headers("developer"),
+        json={"model": weak["fine_tuned_model"]},
+    )
+    assert refused.status_code == 409, refused.text
+    numbers = refused.json()["error"]["verdict"]
+    assert not numbers["passed"] and numbers["delta"] < 0 and numbers["production_pass_rate"] == 1.0
+    serving = client.get("/v1/deployments/acknowledge-prod", headers=tenant.headers("viewer")).json()
+    assert serving["serving"]["routing"]["model"] == trained["fine_tuned_model"]

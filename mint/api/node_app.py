@@ -7,7 +7,7 @@ request (`{"served": ...}`), then one line per batch of new tokens of one choice
 registers itself in the database with its URL and heartbeats, so the API finds it.
 
 Routes: `POST /internal/v1/complete`, `GET /internal/v1/cache`, `POST /internal/v1/cache/pin`
-and `/unpin`, `GET /healthz`, `GET /metrics` (the cache's per-tier counters).
+`/unpin`, `/evict` and `/prefetch`, `GET /healthz`, `GET /metrics` (the cache's per-tier counters).
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 
 class PinRequest(BaseModel):
     adapter: AdapterOnNode
+
+
+class EvictRequest(BaseModel):
+    adapter: AdapterOnNode
+    tier: str | None = None
 
 
 class PrefetchRequest(BaseModel):
@@ -123,6 +128,10 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
     def unpin(body: PinRequest) -> dict[str, Any]:
         state["node"].cache.unpin(body.adapter.sha256)
         return {"unpinned": body.adapter.sha256}
+
+    @app.post("/internal/v1/cache/evict")
+    def evict(body: EvictRequest) -> dict[str, Any]:
+        return {"evicted_from": state["node"].cache.evict(body.adapter.sha256, tier=body.tier)}
 
     @app.post("/internal/v1/cache/prefetch")
     def prefetch(body: PrefetchRequest) -> dict[str, Any]:

@@ -24,7 +24,7 @@ keys = typer.Typer(help="API keys of an organization.", no_args_is_help=True)
 models = typer.Typer(help="Base models of the registry (configs/models).", no_args_is_help=True)
 workers = typer.Typer(help="Live Celery workers.", no_args_is_help=True)
 jobs = typer.Typer(help="Fine-tuning jobs of every organization: list, requeue, reconcile.", no_args_is_help=True)
-cache = typer.Typer(help="The adapter caches of the serving nodes: statistics, pins.", no_args_is_help=True)
+cache = typer.Typer(help="The adapter caches of the serving nodes: statistics, pins, evictions.", no_args_is_help=True)
 admin.add_typer(orgs, name="orgs")
 admin.add_typer(jobs, name="jobs")
 admin.add_typer(cache, name="cache")
@@ -313,3 +313,19 @@ def cache_unpin(model: str, org: OrgOpt, as_json: JsonOpt = False) -> None:
 
     url, body = _pin_target(model, org)
     emit_one({"node": url, **call_node(url, "POST", "/internal/v1/cache/unpin", body)}, as_json=as_json)
+
+
+@cache.command("evict")
+def cache_evict(
+    model: str,
+    org: OrgOpt,
+    tier: Annotated[str | None, typer.Option(help="engine | cpu | ssd; every tier if omitted.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove an adapter version's cached copies (the object store keeps it); refused while in use or pinned."""
+    from mint.services.node_client import call_node
+
+    url, body = _pin_target(model, org)
+    emit_one(
+        {"node": url, **call_node(url, "POST", "/internal/v1/cache/evict", {**body, "tier": tier})}, as_json=as_json
+    )

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from sqlalchemy.orm import Session
 
-from mint.errors import ServiceUnavailable
+from mint.errors import Conflict, InvalidRequest, MintError, NotFound, ServiceUnavailable
 from mint.schemas.inference import AdapterOnNode
 from mint.services.inference import plan_for
 from mint.services.serving_nodes import live_nodes
@@ -17,6 +17,8 @@ from mint.storage.tables import Deployment
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 30.0
+# A node's refusal keeps its meaning (and the CLI's exit code); anything else is the node failing.
+ERRORS_BY_STATUS: dict[int, type[MintError]] = {400: InvalidRequest, 404: NotFound, 409: Conflict}
 
 
 def call_node(url: str, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -25,7 +27,12 @@ def call_node(url: str, method: str, path: str, body: dict[str, Any] | None = No
     except httpx.HTTPError as exc:
         raise ServiceUnavailable(f"serving node {url} did not answer: {exc}") from exc
     if response.status_code >= 400:
-        raise ServiceUnavailable(f"serving node {url} refused {path}: {response.text[:300]}")
+        try:
+            message = str(response.json()["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:300]
+        error = ERRORS_BY_STATUS.get(response.status_code, ServiceUnavailable)
+        raise error(f"serving node {url}: {message}")
     return dict(response.json())
 
 

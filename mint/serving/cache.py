@@ -45,6 +45,10 @@ the engine cannot make room because leases and pins hold it, a promotion raises 
 rather than over-committing; room that other promotions hold only while they move is waited
 for. Lower tiers that cannot make room simply do not take the copy.
 
+An operator can also evict an adapter version outright (`TieredCache.evict`), from one tier or
+from all: its copies are deleted, not demoted, since the operator asked for them to go. It
+refuses a pinned adapter, and an adapter in use when its engine copy would go, rather than wait.
+
 Concurrency. One lock guards the bookkeeping and is held only for O(1) work, never across I/O.
 Every read or write of a key's copies happens under a per-key flight: one thread (the
 leader) moves the key while others wait for it, so however many requests ask for the same
@@ -154,8 +158,9 @@ class TierStats:
     `hits`: acquires whose nearest copy was here; `misses`: acquires that looked here and
     found none. `promotions`: copies written here on the way up (acquire, pin, prefetch);
     `demotions`: copies moved here from a faster tier that evicted them; `evictions`: copies
-    removed to make room. `promotion_latency`: promotions into the engine served from this
-    tier, from the first look to the lease. The origin's residency and budget are None.
+    removed to make room or by `TieredCache.evict`. `promotion_latency`: promotions into the
+    engine served from this tier, from the first look to the lease. The origin's residency and
+    budget are None.
     """
 
     name: str
@@ -644,6 +649,56 @@ class TieredCache:
                 self._pinned -= 1
                 self._sync(entry)
 
+    def evict(self, key: str, *, tier: str | None = None) -> list[str]:
+        """Remove the adapter version's copies from the tier named `tier`, or from every tier.
+
+        An operator's eviction: the copies go, none is demoted, and the origin keeps its own.
+        Returns the names of the tiers a copy was removed from, fastest first ([] when none
+        held one). Waits for a move of the key in progress, then holds the key's flight while
+        deleting. Raises Conflict for a pinned adapter, and for one in use when its engine copy
+        would go; InvalidRequest for a key that is not a content hash or an unknown tier. A
+        tier that fails to delete its copy keeps it, counted, and its error is raised once the
+        other copies are gone.
+        """
+        validate_content_hash(key)
+        targets = range(len(self._states)) if tier is None else (self._state_named(tier).index,)
+        while True:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is None:
+                    return []
+                flight = self._flights.get(key)
+                if flight is None:
+                    evicted = self._plan_evict(entry, targets)
+                    if not evicted:
+                        return []
+                    entry, flight = self._take_off(key, grants_leases=False)
+                    segments = [state.segment(entry) for state in evicted]
+                    for state in evicted:
+                        state.unplace(entry)  # its space stays reserved until the copy is deleted
+                    break
+            flight.done.wait()  # a promotion, prefetch or eviction of this key: look again once it is done
+        errors: list[Exception | None] = []
+        for state in evicted:
+            try:
+                state.tier.delete(key)
+                errors.append(None)
+            except Exception as error:
+                log.warning("adapter cache: evicting %s from %s failed: %s", key, state.tier.name, error)
+                errors.append(error)
+        with self._lock:
+            for state, segment, error in zip(evicted, segments, errors, strict=True):
+                if error is None:
+                    state.release(entry.size_bytes)
+                    state.counters.evictions += 1
+                else:
+                    state.place(entry, segment)  # still there: `_land` lists it again
+            self._land(entry, flight, None)
+        failed = next((error for error in errors if error is not None), None)
+        if failed is not None:
+            raise failed
+        return [state.tier.name for state in evicted]
+
     def prefetch(self, keys: Iterable[str], *, into: str | None = None) -> int:
         """Warm the tier named `into` (default: the first below the engine) and those below it.
 
@@ -992,6 +1047,21 @@ class TieredCache:
             else:
                 state.release(entry.size_bytes)
 
+    # -- eviction by an operator
+
+    def _plan_evict(self, entry: _Entry, targets: Iterable[int]) -> list[_TierState]:
+        """The tiers among `targets` whose copy of `entry` an `evict` removes (under the lock, no flight)."""
+        if entry.pins:
+            raise Conflict(f"adapter {entry.key} is pinned, which keeps every copy of it: unpin it first", param="key")
+        evicted = [self._states[index] for index in targets if self._states[index].holds(entry)]
+        if entry.leases and self._states[0] in evicted:
+            raise Conflict(
+                f"adapter {entry.key} is in use by {entry.leases} request(s) served from its engine copy: "
+                "retry the eviction after those requests finish",
+                param="key",
+            )
+        return evicted
+
     # -- holds
 
     def _grant(self, entry: _Entry, count: int) -> None:
@@ -1082,7 +1152,7 @@ class CacheCollector(Collector):
             "misses": "Acquires that looked in this tier and found no copy",
             "promotions": "Copies written into this tier on the way to the engine",
             "demotions": "Copies moved into this tier from a faster tier that evicted them",
-            "evictions": "Copies removed from this tier to make room",
+            "evictions": "Copies removed from this tier to make room or by an operator",
         }
         for name, documentation in counters.items():
             family = CounterMetricFamily(f"{prefix}_{name}", documentation, labels=["tier"])

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from mint.errors import InvalidRequest, NotFound, ServiceUnavailable
+from mint.errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
 from mint.serving.cache import CacheFull, Lease, TieredCache, content_hash, register_metrics
 
 pytestmark = pytest.mark.backend_free
@@ -397,6 +397,246 @@ def test_a_lease_is_a_context_manager_and_releasing_twice_is_harmless() -> None:
     lease.release()
     cache.release(lease)
     assert cache.stats().leases == 0
+
+
+# ---- eviction by an operator ----------------------------------------------------------------
+
+
+def assert_consistent(cache: TieredCache, *tiers: FakeTier) -> None:
+    """The stats match what each tier holds, and every copy is accounted for by the counters."""
+    stats = cache.stats()
+    for tier in tiers:
+        counted = stats.tier(tier.name)
+        assert counted.resident_entries == len(tier.copies)
+        assert counted.resident_bytes == tier.resident_bytes()
+        assert counted.promotions + counted.demotions - counted.evictions == counted.resident_entries
+        assert not tier.overflows
+
+
+def test_evict_from_one_tier_removes_that_copy_only() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    touch(cache, A, B)
+
+    assert cache.evict(A, tier="cpu") == ["cpu"]
+    assert not cpu.contains(A) and engine.contains(A) and ssd.contains(A)
+    assert cpu.contains(B)
+    stats = cache.stats()
+    assert [stats.tier(name).evictions for name in ("engine", "cpu", "ssd")] == [0, 1, 0]
+    assert (stats.tier("cpu").resident_entries, stats.tier("cpu").resident_bytes) == (1, 100)
+    assert_consistent(cache, engine, cpu, ssd)
+
+    assert cache.evict(A, tier="cpu") == []  # no copy there any more
+    with cache.acquire(A) as lease:
+        assert lease.source == "engine"
+
+
+def test_evict_from_every_tier_leaves_only_the_origin() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    touch(cache, A, B)
+
+    assert cache.evict(A) == ["engine", "cpu", "ssd"]
+    assert A not in engine.copies and A not in cpu.copies and A not in ssd.copies
+    assert ssd.reads[A] == 0  # deleted, never demoted
+    stats = cache.stats()
+    assert [stats.tier(name).evictions for name in ("engine", "cpu", "ssd")] == [1, 1, 1]
+    assert [stats.tier(name).demotions for name in ("engine", "cpu", "ssd")] == [0, 0, 0]
+    assert [stats.tier(name).resident_entries for name in ("engine", "cpu", "ssd")] == [1, 1, 1]
+    assert_consistent(cache, engine, cpu, ssd)
+
+    assert cache.evict(A) == []
+    with cache.acquire(A) as lease:
+        assert lease.source == "object_store"
+    assert origin.reads[A] == 2
+
+
+def test_an_evicted_adapter_comes_back_from_the_next_tier_that_has_it() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    touch(cache, A)
+
+    assert cache.evict(A, tier="engine") == ["engine"]
+    with cache.acquire(A) as lease:
+        assert lease.source == "cpu"
+    assert cache.evict(A, tier="engine") == ["engine"]
+    assert cache.evict(A, tier="cpu") == ["cpu"]
+    with cache.acquire(A) as lease:
+        assert lease.source == "ssd"
+    assert origin.reads[A] == 1 and cpu.contains(A)  # filled again on the way up
+    stats = cache.stats()
+    assert (stats.tier("engine").hits, stats.tier("cpu").hits, stats.tier("ssd").hits) == (0, 1, 1)
+    assert_consistent(cache, engine, cpu, ssd)
+
+
+def test_an_evicted_slot_is_free_for_the_next_adapter() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(engine_slots=2)
+    touch(cache, A, B)
+    cache.evict(B, tier="engine")
+
+    touch(cache, C)  # takes B's slot: nothing else has to go
+    assert set(engine.copies) == {A, C}
+    assert cache.stats().tier("engine").evictions == 1
+    assert_consistent(cache, engine, cpu, ssd)
+
+
+def test_evicting_an_adapter_in_use_from_the_engine_is_a_conflict() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    lease = cache.acquire(A)
+    for tier in ("engine", None):
+        with pytest.raises(Conflict, match="in use.*retry the eviction after those requests finish"):
+            cache.evict(A, tier=tier)
+    assert engine.contains(A) and cpu.contains(A) and ssd.contains(A)
+    assert cache.evict(A, tier="cpu") == ["cpu"]  # a lease holds the engine's copy only
+
+    lease.release()
+    assert cache.evict(A) == ["engine", "ssd"]
+    assert_consistent(cache, engine, cpu, ssd)
+    assert cache.stats().leases == 0
+
+
+def test_evicting_a_pinned_adapter_is_a_conflict_until_unpinned() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    cache.pin(A)
+    for tier in ("engine", "cpu", "ssd", None):
+        with pytest.raises(Conflict, match="pinned.*unpin it first"):
+            cache.evict(A, tier=tier)
+    assert engine.contains(A) and cpu.contains(A) and ssd.contains(A)
+
+    cache.unpin(A)
+    assert cache.evict(A) == ["engine", "cpu", "ssd"]
+    assert_consistent(cache, engine, cpu, ssd)
+
+
+def test_evict_checks_its_key_and_tier() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    touch(cache, A)
+    with pytest.raises(InvalidRequest, match="content hash"):
+        cache.evict(A.upper())
+    for tier in ("gpu", "object_store"):
+        with pytest.raises(InvalidRequest, match=r"no cache tier named .*\['engine', 'cpu', 'ssd'\]"):
+            cache.evict(A, tier=tier)
+    assert cache.evict(content_hash(b"never uploaded")) == []
+    assert cache.evict(B, tier="cpu") == []
+    assert not engine.deletes and not cpu.deletes and not ssd.deletes
+
+
+def test_a_failed_delete_keeps_that_copy_counted_and_raises() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    touch(cache, A)
+
+    def failing_delete(key: str) -> None:
+        raise ServiceUnavailable("the disk is read-only")
+
+    ssd.delete = failing_delete  # type: ignore[method-assign]
+    with pytest.raises(ServiceUnavailable, match="read-only"):
+        cache.evict(A)
+    assert not engine.contains(A) and not cpu.contains(A) and ssd.contains(A)
+    stats = cache.stats()
+    assert [stats.tier(name).evictions for name in ("engine", "cpu", "ssd")] == [1, 1, 0]
+    assert_consistent(cache, engine, cpu, ssd)
+    with cache.acquire(A) as lease:
+        assert lease.source == "ssd"
+
+
+def test_evict_waits_for_a_promotion_in_flight_and_then_finds_it_in_use() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    origin.gate.clear()
+    leases: list[Lease] = []
+    outcomes: list[str] = []
+
+    def evict() -> None:
+        try:
+            outcomes.append(",".join(cache.evict(A)))
+        except Conflict:
+            outcomes.append("in use")
+
+    acquiring = threading.Thread(target=lambda: leases.append(cache.acquire(A)))
+    acquiring.start()
+    origin.entered.wait()  # A's promotion is fetching it
+    evicting = threading.Thread(target=evict)
+    evicting.start()
+    threading.Event().wait(0.05)  # let the eviction find the flight and wait for it
+    assert outcomes == []
+    origin.gate.set()
+    acquiring.join()
+    evicting.join()
+
+    assert outcomes == ["in use"]
+    assert engine.contains(A) and leases[0].source == "object_store"
+    leases[0].release()
+    assert_consistent(cache, engine, cpu, ssd)
+
+
+def test_an_acquire_during_an_eviction_waits_and_fetches_from_the_next_tier() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers()
+    touch(cache, A)
+    deleting, gate = threading.Event(), threading.Event()
+    plain_delete = engine.delete
+
+    def slow_delete(key: str) -> None:
+        deleting.set()
+        gate.wait()
+        plain_delete(key)
+
+    engine.delete = slow_delete  # type: ignore[method-assign]
+    evicted: list[list[str]] = []
+    sources: list[str] = []
+
+    def acquire() -> None:
+        with cache.acquire(A) as lease:
+            sources.append(lease.source)
+
+    evicting = threading.Thread(target=lambda: evicted.append(cache.evict(A, tier="engine")))
+    evicting.start()
+    deleting.wait()
+    acquiring = threading.Thread(target=acquire)
+    acquiring.start()
+    wait_until(lambda: cache.stats().tier("engine").misses == 2)  # it found no engine copy, and waits
+    assert sources == []
+    gate.set()
+    evicting.join()
+    acquiring.join()
+
+    assert evicted == [["engine"]] and sources == ["cpu"]
+    assert engine.copies == {A: PAYLOADS[0]} and origin.reads[A] == 1
+    assert_consistent(cache, engine, cpu, ssd)
+
+
+def test_concurrent_acquires_and_evictions_of_the_same_keys_stay_consistent() -> None:
+    cache, engine, cpu, ssd, origin = three_tiers(engine_slots=2, cpu_entries=2, ssd_entries=3)
+    keys = [A, B, C]
+    wrong: list[str] = []
+
+    def traffic(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(200):
+            key = rng.choice(keys)
+            try:
+                if rng.random() < 0.5:
+                    with cache.acquire(key) as lease:
+                        if engine.copies.get(lease.key) != PAYLOADS[KEYS.index(key)]:
+                            wrong.append(key)
+                else:
+                    tier = rng.choice(["engine", "cpu", "ssd", None])
+                    removed = cache.evict(key, tier=tier)
+                    if tier is not None and removed not in ([], [tier]):
+                        wrong.append(f"{key} from {tier}: {removed}")
+            except (Conflict, CacheFull):  # in use, or the engine's slots all are: fair refusals
+                pass
+
+    threads = [threading.Thread(target=traffic, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert wrong == []
+    assert cache.stats().leases == 0
+    assert_consistent(cache, engine, cpu, ssd)
+    for key in keys:  # the cache knows exactly which copies are where
+        cache.evict(key)
+    assert engine.copies == cpu.copies == ssd.copies == {}
+    assert_consistent(cache, engine, cpu, ssd)
+    with cache.acquire(A) as lease:
+        assert lease.source == "object_store"
 
 
 # ---- policy ----------------------------------------------------------------------------------

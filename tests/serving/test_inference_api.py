@@ -266,6 +266,11 @@ def test_admin_cache_stats_and_pins(client: Any, versions: list[str], owner: Ten
     assert tiers["engine"]["entries"] >= 1 and tiers["object_store"]["promotion_ms"] is not None
     pinned = json.loads(mint("admin", "cache", "pin", versions[0], "--org", owner.name, "--json").stdout)
     assert len(pinned["pinned"]) == 64
+    pinned_evict = mint("admin", "cache", "evict", versions[0], "--org", owner.name, check=False)
+    assert pinned_evict.returncode == 5 and "unpin" in pinned_evict.stderr
     mint("admin", "cache", "unpin", versions[0], "--org", owner.name)
+    evicted = json.loads(mint("admin", "cache", "evict", versions[0], "--org", owner.name, "--json").stdout)
+    assert "engine" in evicted["evicted_from"]
+    assert _ask(client, versions[0]).model_extra["mint"]["adapter"] == versions[0]  # fetched again
     not_an_adapter = mint("admin", "cache", "pin", BASE, "--org", owner.name, check=False)
     assert not_an_adapter.returncode == 6 and "not an adapter version" in not_an_adapter.stderr
