@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import Conflict, InvalidRequest, MintError, NotFound, ServiceUnavailable
+from mint.errors import Conflict, InvalidRequest, MintError, NotFound
 from mint.evals.benchmark import BenchmarkTask, select_split
 from mint.evals.compare import (
     DEFAULT_RESAMPLES,
@@ -45,6 +46,7 @@ from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
 from mint.services import adapters, benchmarks
 from mint.services.auth import Principal
 from mint.services.datasets import create_dataset_from_rows
+from mint.services.leases import LeaseKeeper, claim_values, held_by
 from mint.services.usage import record_usage
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
@@ -118,17 +120,28 @@ def create_eval_run(session: Session, principal: Principal, body: EvalRunCreate,
             "max_steps": body.max_steps,
         },
     )
+    mark_queued(run)
     session.add(run)
     session.commit()  # visible to the worker before its message exists
-    try:
-        send(RUN_EVAL_TASK, args=[run.id], base_model=model.base_model)
-    except Exception as exc:
-        log.warning("could not send eval run %s", run.id, exc_info=True)
-        message = f"the task queue could not be reached ({type(exc).__name__}); create the run again"
-        _finish(session, run.id, "failed", error={"type": ServiceUnavailable.type, "message": message})
-        session.commit()
-        raise ServiceUnavailable(message) from exc
+    send_run(run, send)
     return run
+
+
+def mark_queued(run: EvalRun) -> None:
+    """Give the run a new queue message id and queue it; the caller commits, then sends."""
+    run.status = "queued"
+    run.task_id = f"{run.id}:{uuid.uuid4().hex[:12]}"
+    run.enqueued_at = utcnow()
+    run.worker_id = None
+    run.heartbeat_at = None
+
+
+def send_run(run: EvalRun, send: SendTask) -> None:
+    """Publish the run's message. A failure is left to the reconciler: the row is committed."""
+    try:
+        send(RUN_EVAL_TASK, args=[run.id], task_id=run.task_id, base_model=run.config["base_model"])
+    except Exception:  # noqa: BLE001 - the broker may be down; the reconciler re-sends queued runs
+        log.warning("could not send eval run %s now; the reconciler will", run.id, exc_info=True)
 
 
 def get_eval_run(session: Session, organization_id: str, eval_id: str, *, param: str = "id") -> EvalRun:
@@ -321,20 +334,23 @@ def dataset_from_failures(
 # ---- running on the worker -------------------------------------------------------------------
 
 
-def _finish(session: Session, eval_run_id: str, status: str, **values: Any) -> bool:
-    """Move a queued or running run to `status`; False if it was cancelled or finished meanwhile."""
+def _finish(session: Session, eval_run_id: str, worker_id: str, status: str, **values: Any) -> bool:
+    """Move the run this worker holds to `status`; False if it was cancelled, or queued again
+    after this worker's lease ran out, meanwhile."""
     changed = session.execute(
         update(EvalRun)
-        .where(EvalRun.id == eval_run_id, EvalRun.status.in_(ACTIVE))
+        .where(*held_by(EvalRun, eval_run_id, worker_id))
         .values(status=status, finished_at=utcnow(), **values)
         .execution_options(synchronize_session=False)
     )
     return bool(changed.rowcount)  # type: ignore[attr-defined]
 
 
-def _status(settings: Settings, eval_run_id: str) -> str | None:
+def _still_held(settings: Settings, eval_run_id: str, worker_id: str) -> bool:
+    """Whether this worker still holds the run (not cancelled, not queued again after a lost lease)."""
     with session_scope(settings.database) as session:
-        return session.execute(select(EvalRun.status).where(EvalRun.id == eval_run_id)).scalar_one_or_none()
+        held = session.execute(select(EvalRun.id).where(*held_by(EvalRun, eval_run_id, worker_id)))
+        return held.scalar_one_or_none() is not None
 
 
 def _write(settings: Settings, run: EvalRun, records: Sequence[TrajectoryRecord]) -> list[TrajectoryRecord]:
@@ -439,7 +455,12 @@ def _metrics(settings: Settings, run: EvalRun, ran: int, wall_s: float) -> dict[
 
 
 def execute_eval_run(
-    settings: Settings, eval_run_id: str, load_base: LoadBase, *, batch_tasks: int = BATCH_TASKS
+    settings: Settings,
+    eval_run_id: str,
+    load_base: LoadBase,
+    *,
+    batch_tasks: int = BATCH_TASKS,
+    worker_id: str = "local",
 ) -> str:
     """Run an eval run on this worker; returns what happened (for logs and tests).
 
@@ -453,19 +474,27 @@ def execute_eval_run(
             return "missing"
         if run.status in FINISHED:
             return run.status
-        session.execute(
+        claimed = session.execute(
             update(EvalRun)
-            .where(EvalRun.id == eval_run_id, EvalRun.status.in_(ACTIVE))
-            .values(status="running", started_at=func.coalesce(EvalRun.started_at, utcnow()))
+            .where(EvalRun.id == eval_run_id, EvalRun.status == "queued")
+            .values(**claim_values(worker_id), started_at=func.coalesce(EvalRun.started_at, utcnow()))
             .execution_options(synchronize_session=False)
-        )
+        ).rowcount
+        if not claimed:
+            return "not-claimed"  # another worker holds it; the reconciler requeues it if that one died
+    with LeaseKeeper(settings, EvalRun, eval_run_id, worker_id):
+        return _execute(settings, run, load_base, batch_tasks, worker_id)
+
+
+def _execute(settings: Settings, run: EvalRun, load_base: LoadBase, batch_tasks: int, worker_id: str) -> str:
+    eval_run_id = run.id
     try:
         todo = _todo(settings, run)
         config = run.config
         ran, wall_s = 0, 0.0
         with _Model(settings, run, load_base) as generate:
             for start in range(0, len(todo), batch_tasks):
-                if _status(settings, run.id) != "running":
+                if not _still_held(settings, run.id, worker_id):
                     return "cancelled"
                 began = time.perf_counter()
                 records = run_batch(
@@ -478,7 +507,7 @@ def execute_eval_run(
                 ran += len(_write(settings, run, records))
         metrics = _metrics(settings, run, ran, wall_s)
         with session_scope(settings.database) as session:
-            finished = _finish(session, run.id, "succeeded", metrics=metrics)
+            finished = _finish(session, run.id, worker_id, "succeeded", metrics=metrics)
         return "succeeded" if finished else "cancelled"
     except MintError as exc:
         error = {"type": exc.type, "message": exc.message}
@@ -486,5 +515,5 @@ def execute_eval_run(
         log.exception("eval run %s failed", eval_run_id)
         error = {"type": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
     with session_scope(settings.database) as session:
-        _finish(session, eval_run_id, "failed", error=error)
+        _finish(session, eval_run_id, worker_id, "failed", error=error)
     return "failed"

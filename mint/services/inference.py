@@ -59,7 +59,9 @@ def plan_for(session: Session, organization_id: str, model: str) -> ServingPlan:
             return ServingPlan(
                 model, deployment.base_model, adapter=adapter, deployment=deployment.name, revision=revision.revision
             )
-        versions = {ref: _on_node(session, version_id).model_dump() for ref, version_id in revision.routing["versions"].items()}
+        versions = {
+            ref: _on_node(session, version_id).model_dump() for ref, version_id in revision.routing["versions"].items()
+        }
         mixture = {"revision_id": revision.id, "spec": revision.routing["mixture"], "versions": versions}
         return ServingPlan(
             model, deployment.base_model, mixture=mixture, deployment=deployment.name, revision=revision.revision

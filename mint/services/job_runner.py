@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import tarfile
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from mint.errors import InvalidRequest, MintError
 from mint.evals.graders import GraderSpec
 from mint.services import adapters, datasets
 from mint.services.fine_tuning import emit_event
+from mint.services.leases import LeaseKeeper, claim_values, held_by
 from mint.services.usage import record_usage
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
@@ -78,12 +78,7 @@ def claim(session: Session, job_id: str, worker_id: str) -> TrainingJob | None:
     claimed = session.execute(
         update(TrainingJob)
         .where(TrainingJob.id == job_id, TrainingJob.status == "queued")
-        .values(
-            status="running",
-            worker_id=worker_id,
-            heartbeat_at=now,
-            attempts=TrainingJob.attempts + 1,
-        )
+        .values(**claim_values(worker_id), attempts=TrainingJob.attempts + 1)
     ).rowcount
     if not claimed:
         return None
@@ -95,34 +90,7 @@ def claim(session: Session, job_id: str, worker_id: str) -> TrainingJob | None:
 
 
 def _ours(job_id: str, worker_id: str) -> Any:
-    return (TrainingJob.id == job_id, TrainingJob.worker_id == worker_id, TrainingJob.status == "running")
-
-
-class LeaseKeeper:
-    """Renews a running job's lease from a background thread, every quarter of the lease."""
-
-    def __init__(self, settings: Settings, job_id: str, worker_id: str) -> None:
-        self.settings, self.job_id, self.worker_id = settings, job_id, worker_id
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id}", daemon=True)
-
-    def __enter__(self) -> LeaseKeeper:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.settings.job_lease_s / 4):
-            try:
-                with session_scope(self.settings.database) as session:
-                    session.execute(
-                        update(TrainingJob).where(*_ours(self.job_id, self.worker_id)).values(heartbeat_at=utcnow())
-                    )
-            except Exception:  # noqa: BLE001 - a missed renewal is retried; the lease allows for it
-                log.warning("could not renew the lease of job %s", self.job_id, exc_info=True)
+    return held_by(TrainingJob, job_id, worker_id)
 
 
 def _checkpoint_key(job_id: str, step: int) -> str:
@@ -459,7 +427,7 @@ def run_job(settings: Settings, job_id: str, worker_id: str, load_base: Callable
         )
     started = time.perf_counter()
     try:
-        with LeaseKeeper(settings, job_id, worker_id):
+        with LeaseKeeper(settings, TrainingJob, job_id, worker_id):
             JobRun(settings, load_base(context.base_model), context).run()
     except LostLease:
         log.warning("job %s is no longer this worker's; stopped", job_id)

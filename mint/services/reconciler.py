@@ -1,4 +1,4 @@
-"""The reconciler: puts back to work the jobs that no process is working on.
+"""The reconciler: puts back to work the jobs and eval runs that no process is working on.
 
 The database row is the truth, the queue only a notice; the reconciler repairs the notice
 (DESIGN.md section 2). It runs periodically (Celery beat) and on demand
@@ -12,6 +12,9 @@ The database row is the truth, the queue only a notice; the reconciler repairs t
   again. Jobs queued less than `requeue_grace_s` ago are left alone, so a message in flight is
   never duplicated; where the broker cannot be read, older queued jobs are re-sent, and the
   claim (one conditional update) makes a duplicate harmless.
+
+Eval runs get the same two repairs; a run queued again resumes where it stopped, since
+its next worker skips the tasks whose trajectories are already written.
 """
 
 from __future__ import annotations
@@ -19,13 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, NotFound
+from mint.services import evals
 from mint.services.fine_tuning import SendTask, emit_event, mark_queued, send_job
-from mint.storage.tables import TrainingJob, as_utc, utcnow
+from mint.storage.tables import EvalRun, TrainingJob, as_utc, utcnow
+
+Leased = TypeVar("Leased", TrainingJob, EvalRun)
 
 # The task ids a base's queue still holds (waiting or taken, not acknowledged); None: unknown.
 PendingTaskIds = Callable[[str], frozenset[str] | None]
@@ -36,34 +43,43 @@ class ReconcileReport:
     requeued_lost_workers: list[str] = field(default_factory=list)
     resent_lost_messages: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
+    requeued_eval_runs: list[str] = field(default_factory=list)
+    resent_eval_runs: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, list[str]]:
         return {
             "requeued_lost_workers": self.requeued_lost_workers,
             "resent_lost_messages": self.resent_lost_messages,
             "cancelled": self.cancelled,
+            "requeued_eval_runs": self.requeued_eval_runs,
+            "resent_eval_runs": self.resent_eval_runs,
         }
 
 
-def _expired_running(session: Session, lease_s: float) -> list[TrainingJob]:
+def _base_of(row: TrainingJob | EvalRun) -> str:
+    return row.base_model if isinstance(row, TrainingJob) else str(row.config["base_model"])
+
+
+def _expired_running(session: Session, model: type[Leased], lease_s: float) -> list[Leased]:
     cutoff = utcnow() - timedelta(seconds=lease_s)
-    running = session.execute(select(TrainingJob).where(TrainingJob.status == "running")).scalars()
-    return [job for job in running if job.heartbeat_at is None or as_utc(job.heartbeat_at) < cutoff]
+    running = session.execute(select(model).where(model.status == "running")).scalars()
+    return [row for row in running if row.heartbeat_at is None or as_utc(row.heartbeat_at) < cutoff]
 
 
-def _stranded_queued(session: Session, grace_s: float, pending: PendingTaskIds) -> list[TrainingJob]:
+def _stranded_queued(session: Session, model: type[Leased], grace_s: float, pending: PendingTaskIds) -> list[Leased]:
     cutoff = utcnow() - timedelta(seconds=grace_s)
-    queued = session.execute(select(TrainingJob).where(TrainingJob.status == "queued")).scalars()
-    stranded: list[TrainingJob] = []
+    queued = session.execute(select(model).where(model.status == "queued")).scalars()
+    stranded: list[Leased] = []
     known: dict[str, frozenset[str] | None] = {}
-    for job in queued:
-        if job.enqueued_at is not None and as_utc(job.enqueued_at) > cutoff:
+    for row in queued:
+        if row.enqueued_at is not None and as_utc(row.enqueued_at) > cutoff:
             continue
-        if job.base_model not in known:
-            known[job.base_model] = pending(job.base_model)
-        held = known[job.base_model]
-        if held is None or job.task_id not in held:
-            stranded.append(job)
+        base = _base_of(row)
+        if base not in known:
+            known[base] = pending(base)
+        held = known[base]
+        if held is None or row.task_id not in held:
+            stranded.append(row)
     return stranded
 
 
@@ -73,7 +89,7 @@ def reconcile_jobs(
     """Requeue jobs of dead workers and re-send lost messages; commits before sending."""
     report = ReconcileReport()
     to_send: list[TrainingJob] = []
-    for job in _expired_running(session, lease_s):
+    for job in _expired_running(session, TrainingJob, lease_s):
         if job.cancel_requested_at is not None:
             job.status, job.finished_at = "cancelled", utcnow()
             emit_event(session, job.id, f"Job cancelled; its worker {job.worker_id} had stopped")
@@ -87,13 +103,24 @@ def reconcile_jobs(
         )
         report.requeued_lost_workers.append(job.id)
         to_send.append(job)
-    for job in _stranded_queued(session, grace_s, pending):
+    for job in _stranded_queued(session, TrainingJob, grace_s, pending):
         mark_queued(session, job, reason="The job's queue message was lost; sent again")
         report.resent_lost_messages.append(job.id)
         to_send.append(job)
+    runs: list[EvalRun] = []
+    for run in _expired_running(session, EvalRun, lease_s):
+        evals.mark_queued(run)  # its next worker skips the tasks already written
+        report.requeued_eval_runs.append(run.id)
+        runs.append(run)
+    for run in _stranded_queued(session, EvalRun, grace_s, pending):
+        evals.mark_queued(run)
+        report.resent_eval_runs.append(run.id)
+        runs.append(run)
     session.commit()
     for job in to_send:
         send_job(job, send)
+    for run in runs:
+        evals.send_run(run, send)
     return report
 
 

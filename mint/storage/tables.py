@@ -58,6 +58,8 @@ REVISION_ACTIONS = ("create", "promote", "rollback", "withdraw", "update")
 SESSION_KINDS = ("training", "sampling")
 SESSION_STATUSES = ("active", "closed")
 FUTURE_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
+TINKER_SESSION_STATUSES = ("active", "finished")
+TINKER_CHECKPOINT_KINDS = ("training", "sampler")
 USAGE_KINDS = ("trained", "sampled", "served")
 
 
@@ -285,6 +287,11 @@ class EvalRun(Base):
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The lease of a running run and its current queue message, as for fine-tuning jobs.
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    task_id: Mapped[str | None] = mapped_column(String(100))
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _created()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -473,8 +480,31 @@ class DeploymentRevision(Base):
 # --- Tinker primitives --------------------------------------------------------------------
 
 
+class TinkerSession(Base):
+    """A Tinker client session (one `ServiceClient`): the container of its models and samplers."""
+
+    __tablename__ = "tinker_sessions"
+    __table_args__ = (_one_of("status", TINKER_SESSION_STATUSES),)
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    tags: Mapped[list[Any]] = mapped_column(default=list)
+    user_metadata: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    display_name: Mapped[str | None] = mapped_column(String(200))
+    sdk_version: Mapped[str | None] = mapped_column(String(50))
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    finish_detail: Mapped[str | None] = mapped_column(Text)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _created()
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 class TrainingSession(Base):
-    """A Tinker-style session: LoRA training or sampling clients on one resident base."""
+    """A Tinker-style session: LoRA training or sampling clients on one resident base.
+
+    Its id is the Tinker model id (`<session>:train:<n>`) or sampler id (`<session>:sample:<n>`).
+    """
 
     __tablename__ = "training_sessions"
     __table_args__ = (_one_of("kind", SESSION_KINDS), _one_of("status", SESSION_STATUSES))
@@ -490,6 +520,13 @@ class TrainingSession(Base):
     worker_id: Mapped[str | None] = mapped_column(String(200))
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _created()
+    tinker_session_id: Mapped[str | None] = mapped_column(
+        String(ID_LENGTH), ForeignKey("tinker_sessions.id"), index=True
+    )
+    # Samplers: the `tinker://` path they sample (None: the base or a save-and-sample
+    # snapshot) and the PEFT archive in the object store that holds their adapter.
+    model_path: Mapped[str | None] = mapped_column(String(1024))
+    adapter_object_key: Mapped[str | None] = mapped_column(String(1024))
 
 
 class Future(Base):
@@ -515,3 +552,30 @@ class Future(Base):
     error_category: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[datetime] = _created()
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The request itself when small; a large one is in the object store (request_object_key).
+    request: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class TinkerCheckpoint(Base):
+    """A saved training state (`kind` training) or sampler weights (`kind` sampler) of a Tinker
+    model, addressed as `tinker://<model_id>/weights/<name>` or `.../sampler_weights/<name>`.
+    Sampler weights are also an adapter version (`adapter_version_id`)."""
+
+    __tablename__ = "tinker_checkpoints"
+    __table_args__ = (
+        _one_of("kind", TINKER_CHECKPOINT_KINDS),
+        UniqueConstraint("model_id", "kind", "name"),
+    )
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    model_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("training_sessions.id"))
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(200))
+    object_key: Mapped[str] = mapped_column(String(1024))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    adapter_version_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("adapter_versions.id"))
+    user_metadata: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _created()

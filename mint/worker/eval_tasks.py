@@ -11,12 +11,13 @@ from celery import shared_task
 
 from mint.config import get_settings
 from mint.services.evals import RUN_EVAL_TASK, execute_eval_run
+from mint.worker import signals
 from mint.worker.resident import resident_base
 
 
 # No automatic retry: a run that fails records why, and running it again is a new run. A
-# worker lost mid-run has its message redelivered (acks_late, reject_on_worker_lost), and the
-# redelivered run skips the tasks already written. The limit exceeds the longest benchmark a
+# worker lost mid-run stops renewing the run's lease; the reconciler queues the run again,
+# and the next worker skips the tasks already written. The limit exceeds the longest benchmark a
 # training worker is expected to run; it is enforced by pools that support time limits.
 @shared_task(
     name=RUN_EVAL_TASK,
@@ -28,4 +29,4 @@ from mint.worker.resident import resident_base
 )
 def run_eval(eval_run_id: str) -> str:
     """Run one eval run on this worker's resident base; a duplicate or stale message returns at once."""
-    return execute_eval_run(get_settings(), eval_run_id, resident_base)
+    return execute_eval_run(get_settings(), eval_run_id, resident_base, worker_id=signals.process_identity())

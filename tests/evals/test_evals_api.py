@@ -521,6 +521,21 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
         first = {t.task_id: t.id for t in db.query(Trajectory).filter(Trajectory.eval_run_id == run_id)}
     assert len(first) == 2
     assert client.get(f"/v1/evals/{run_id}", headers=owner.headers("viewer")).json()["status"] == "running"
+    # A duplicate message finds the run held by the (dead) worker and leaves it alone ...
+    assert evals.execute_eval_run(prepared, run_id, lambda name: DyingBase()) == "not-claimed"
+    # ... until its lease runs out: the reconciler queues it again with a new message.
+    from mint.services.reconciler import reconcile_jobs
+
+    sent: list[tuple[str, list[str]]] = []
+    with session_scope(prepared.database) as db:
+        report = reconcile_jobs(
+            db,
+            lease_s=0,
+            grace_s=1e9,
+            pending=lambda base: frozenset(),
+            send=lambda task, **message: sent.append((task, message["args"])),
+        )
+    assert run_id in report.requeued_eval_runs and (evals.RUN_EVAL_TASK, [run_id]) in sent
 
     counted: list[int] = []
 
