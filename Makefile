@@ -38,9 +38,10 @@ test-embedded: install
 test-services: install
 	$(PY) -m pytest --backend=services $(PYTEST_ARGS)
 
-# The platform on the embedded defaults under MINT_HOME (default ~/.mint).
+# The whole loop on SmolLM2 on the embedded defaults under MINT_HOME (default ~/.mint):
+# eval, mine failures, fine-tune, re-eval, deploy, chat; the platform stays up afterwards.
 demo: install
-	$(VENV)/bin/mint up
+	$(VENV)/bin/mint demo
 
 # Benchmarks print ratios against anchors measured in the same run (e.g. TRL).
 bench: install

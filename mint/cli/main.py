@@ -8,7 +8,7 @@ import sys
 import typer
 
 from mint import errors
-from mint.cli import processes
+from mint.cli import commands, demo, processes
 from mint.cli.admin import admin
 from mint.cli.output import errors as stderr
 
@@ -19,8 +19,10 @@ app.command("api")(processes.api)
 app.command("worker")(processes.worker)
 app.command("beat")(processes.beat)
 app.command("serve")(processes.serve)
+app.command("demo")(demo.demo)
 app.command("up")(processes.up)
 app.add_typer(admin, name="admin")
+commands.register(app)
 
 # 1 is any other failure; 2 is a usage error (typer/click's own).
 EXIT_CODES: dict[type[errors.MintError], int] = {

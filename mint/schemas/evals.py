@@ -146,6 +146,7 @@ class EvalRunPublic(BaseModel):
         description="accuracy, mean_score, passed, tasks, errors, mean_steps, mean_tokens_in, mean_tokens_out, "
         "mean_latency_ms, tasks_per_s (when finished)."
     )
+    tasks_done: int = Field(default=0, description="Tasks whose trajectory is written: the run's progress.")
     error: dict[str, Any] | None
     created_at: Timestamp
     started_at: Timestamp | None

@@ -21,15 +21,17 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import Conflict, InvalidRequest, MintError, NotFound
+from mint.errors import Conflict, InvalidRequest, MintError, NotFound, ServiceUnavailable
 from mint.evals.benchmark import BenchmarkTask, select_split
 from mint.evals.compare import (
     DEFAULT_RESAMPLES,
@@ -41,17 +43,28 @@ from mint.evals.compare import (
 )
 from mint.evals.gates import GateSpec, GateVerdict, evaluate_gate
 from mint.evals.mining import MiningResult, mine_failures
-from mint.evals.runner import SamplerGenerate, TrajectoryRecord, run_batch, summarize
+from mint.evals.runner import (
+    Generate,
+    GenerateRequest,
+    Generation,
+    SamplerGenerate,
+    TrajectoryRecord,
+    run_batch,
+    summarize,
+)
 from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
+from mint.schemas.inference import AdapterOnNode, NodeCompletion
 from mint.services import adapters, benchmarks
 from mint.services.auth import Principal
 from mint.services.datasets import create_dataset_from_rows
 from mint.services.leases import LeaseKeeper, claim_values, held_by
+from mint.services.serving_nodes import live_nodes, node_for
 from mint.services.usage import record_usage
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import (
+    Adapter,
     AdapterVersion,
     Benchmark,
     BenchmarkVersion,
@@ -72,6 +85,7 @@ ACTIVE = ("queued", "running")
 FINISHED = ("succeeded", "failed", "cancelled")
 # Tasks run together in one batched step and written in one transaction: the most work a
 # redelivered message repeats, and how often a cancel is noticed.
+NODE_TIMEOUT_S = 600.0
 BATCH_TASKS = 16
 
 # Sends a task by name with string arguments to the queue of the workers that hold
@@ -168,6 +182,13 @@ def run_views(session: Session, runs: Sequence[EvalRun]) -> list[dict[str, Any]]
     versions = {
         row.id: row for row in session.execute(select(BenchmarkVersion).where(BenchmarkVersion.id.in_(ids))).scalars()
     }
+    written = dict(
+        session.execute(  # type: ignore[arg-type]
+            select(Trajectory.eval_run_id, func.count())
+            .where(Trajectory.eval_run_id.in_([run.id for run in runs]))
+            .group_by(Trajectory.eval_run_id)
+        ).all()
+    )
     return [
         {
             "id": run.id,
@@ -181,6 +202,7 @@ def run_views(session: Session, runs: Sequence[EvalRun]) -> list[dict[str, Any]]
             "status": run.status,
             "config": run.config,
             "metrics": run.metrics,
+            "tasks_done": int(written.get(run.id, 0)),
             "error": run.error,
             "created_at": run.created_at,
             "started_at": run.started_at,
@@ -405,27 +427,106 @@ def _write(settings: Settings, run: EvalRun, records: Sequence[TrajectoryRecord]
     raise Conflict(f"could not write the trajectories of eval run {run.id}: they keep being written concurrently")
 
 
+class NodeGenerate:
+    """`Generate` through a serving node of the run's base: a batch's requests are sent at once
+    and the node's engine runs them together (the base computed once per step, each request
+    on its adapter), instead of one prompt after another on the worker's sampler. Replies are
+    text, parsed for tool calls by the runner exactly as the sampler's are."""
+
+    def __init__(self, url: str, adapter: AdapterOnNode | None, *, max_tokens: int, temperature: float) -> None:
+        self.url, self.adapter = url, adapter
+        self.max_tokens, self.temperature = max_tokens, temperature
+
+    def __call__(self, requests: Sequence[GenerateRequest]) -> list[Generation]:
+        with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
+            return list(pool.map(self._one, requests))
+
+    def _one(self, request: GenerateRequest) -> Generation:
+        body = NodeCompletion(
+            messages=[dict(message) for message in request.messages],
+            tools=[dict(tool) for tool in request.tools] if request.tools else None,
+            adapter=self.adapter,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seed=request.seed,
+        )
+        started = time.perf_counter()
+        response = httpx.post(f"{self.url}/internal/v1/complete", json=body.model_dump(), timeout=NODE_TIMEOUT_S)
+        latency_ms = 1000 * (time.perf_counter() - started)
+        if response.status_code == 400:
+            message = response.json().get("error", {}).get("message", response.text)
+            return Generation(text="", tokens_in=0, tokens_out=0, latency_ms=latency_ms, error=message)
+        if response.status_code >= 400:
+            raise ServiceUnavailable(f"serving node {self.url} failed: {response.text[:300]}")
+        lines = response.json()
+        usage = lines[-1].get("usage") or {}
+        text = "".join(line.get("text", "") for line in lines[1:])
+        return Generation(
+            text=text,
+            tokens_in=int(usage.get("prompt_tokens", 0)),
+            tokens_out=int(usage.get("completion_tokens", 0)),
+            latency_ms=latency_ms,
+        )
+
+
 class _Model:
-    """The run's model on the resident base: the base itself, or an adapter version opened as a session."""
+    """The run's model: through a live serving node of its base when there is one (batched on
+    the node's engine), else on this worker's resident base (the base itself, or the adapter
+    version opened as a session)."""
 
     def __init__(self, settings: Settings, run: EvalRun, load_base: LoadBase) -> None:
         self.settings = settings
         self.run = run
-        self.base = load_base(str(run.config["base_model"]))
+        self.load_base = load_base
+        self.base: Any = None
         self.session_id: str | None = None
+        self.generator = "trainer-sampler"
 
-    def __enter__(self) -> SamplerGenerate:
+    def _node(self) -> tuple[str, AdapterOnNode | None] | None:
+        base_model = str(self.run.config["base_model"])
+        with session_scope(self.settings.database) as session:
+            adapter = None
+            if self.run.adapter_version_id is not None:
+                version = self._version(session)
+                adapter_row = session.get(Adapter, version.adapter_id)
+                assert adapter_row is not None
+                adapter = AdapterOnNode(
+                    ref=adapters.model_ref_of(adapter_row, version),
+                    sha256=version.sha256,
+                    object_key=version.object_key,
+                )
+            if not live_nodes(session, base_model):
+                return None
+            url = node_for(session, base_model, adapter.sha256 if adapter else base_model).url
+        try:  # a node that stopped without unregistering is skipped, not waited for
+            httpx.get(f"{url}/healthz", timeout=2.0).raise_for_status()
+        except httpx.HTTPError:
+            log.warning("serving node %s does not answer; evaluating on this worker", url)
+            return None
+        return url, adapter
+
+    def _version(self, session: Session) -> AdapterVersion:
+        version = session.get(AdapterVersion, self.run.adapter_version_id)
+        if version is None or version.status != "ready":
+            raise NotFound(f"adapter version {self.run.adapter_version_id} is no longer available")
+        return version
+
+    def __enter__(self) -> Generate:
+        config = self.run.config
+        node = self._node()
+        if node is not None:
+            self.generator = "serving-node"
+            return NodeGenerate(
+                node[0], node[1], max_tokens=int(config["max_tokens"]), temperature=float(config["temperature"])
+            )
+        self.base = self.load_base(str(config["base_model"]))
         if self.run.adapter_version_id is not None:
             with session_scope(self.settings.database) as session:
-                version = session.get(AdapterVersion, self.run.adapter_version_id)
-                if version is None or version.status != "ready":
-                    raise NotFound(f"adapter version {self.run.adapter_version_id} is no longer available")
-                key = version.object_key
+                key = self._version(session).object_key
             archive = object_store_for(self.settings).get_bytes(key)
             with tempfile.TemporaryDirectory(prefix="mint-eval-adapter-") as scratch:
                 folder = adapters.extract_adapter(archive, Path(scratch))
                 self.session_id = self.base.create_session_from_adapter(folder).session_id
-        config = self.run.config
         return SamplerGenerate(
             self.base,
             adapter_name=self.session_id,
@@ -492,7 +593,8 @@ def _execute(settings: Settings, run: EvalRun, load_base: LoadBase, batch_tasks:
         todo = _todo(settings, run)
         config = run.config
         ran, wall_s = 0, 0.0
-        with _Model(settings, run, load_base) as generate:
+        model = _Model(settings, run, load_base)
+        with model as generate:
             for start in range(0, len(todo), batch_tasks):
                 if not _still_held(settings, run.id, worker_id):
                     return "cancelled"
@@ -505,7 +607,7 @@ def _execute(settings: Settings, run: EvalRun, load_base: LoadBase, batch_tasks:
                 )
                 wall_s += time.perf_counter() - began
                 ran += len(_write(settings, run, records))
-        metrics = _metrics(settings, run, ran, wall_s)
+        metrics = _metrics(settings, run, ran, wall_s) | {"generator": model.generator}
         with session_scope(settings.database) as session:
             finished = _finish(session, run.id, worker_id, "succeeded", metrics=metrics)
         return "succeeded" if finished else "cancelled"

@@ -7,6 +7,7 @@ registered through the adapters service; the node fetches them from the object s
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -274,3 +275,32 @@ def test_admin_cache_stats_and_pins(client: Any, versions: list[str], owner: Ten
     assert _ask(client, versions[0]).model_extra["mint"]["adapter"] == versions[0]  # fetched again
     not_an_adapter = mint("admin", "cache", "pin", BASE, "--org", owner.name, check=False)
     assert not_an_adapter.returncode == 6 and "not an adapter version" in not_an_adapter.stderr
+
+
+def test_eval_runs_are_batched_through_the_serving_node(
+    versions: list[str], owner: Tenant, live_server: LiveServer, node: Any, workers: Any
+) -> None:
+    """With a node of the base up, a worker's eval run sends its batches to the node's engine."""
+    import httpx
+
+    workers.start("evals-via-node")
+    api = httpx.Client(base_url=live_server.url, headers=owner.headers("developer"), timeout=60)
+    tasks = "".join(
+        json.dumps(
+            {"id": f"q{n}", "messages": [{"role": "user", "content": f"What is {n} + 3?"}], "reference": str(n + 3)}
+        )
+        + "\n"
+        for n in range(6)
+    )
+    benchmark = api.post(
+        "/v1/benchmarks", json={"name": "via-node", "format": "jsonl", "content": tasks, "grader": {"type": "numeric"}}
+    ).json()
+    run = api.post("/v1/evals", json={"benchmark_id": benchmark["id"], "model": versions[0], "max_tokens": 4}).json()
+    done = wait_for(
+        lambda: (body := api.get(f"/v1/evals/{run['id']}").json())["status"] in ("succeeded", "failed") and body,
+        "the eval run",
+    )
+    assert done["status"] == "succeeded", done
+    assert done["metrics"]["generator"] == "serving-node" and done["tasks_done"] == 6
+    trajectories = api.get(f"/v1/evals/{run['id']}/trajectories?limit=10").json()["data"]
+    assert all(t["tokens_out"] >= 1 and t["tokens_in"] > 0 for t in trajectories)

@@ -1,0 +1,187 @@
+"""`mint demo`: the whole loop on this machine, on the embedded defaults, with SmolLM2-135M.
+
+It starts the platform (`mint up`: API, worker, beat, a serving node), then, through the
+REST API only, as a team would:
+
+1. imports the built-in `format` benchmark (train and held-out splits);
+2. evaluates the base on both splits, keeping every trajectory;
+3. mines the failures of the train split into an SFT dataset;
+4. fine-tunes a LoRA adapter on them;
+5. evaluates the new version on the held-out split (tasks it never trained on);
+6. prints the per-task before/after table and the accuracy change with its paired
+   bootstrap confidence interval;
+7. deploys the version and answers one chat request through it;
+8. leaves the platform and its dashboard up until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from mint.cli.output import console
+from mint.config import get_settings
+
+BASE = "smollm2-135m-instruct"
+POLL_S = 1.0
+
+
+class Demo:
+    """The REST calls of the loop, with progress shown while each long step runs."""
+
+    def __init__(self, api_url: str, key: str) -> None:
+        self.http = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            console.print(f"[red]{method} {path} failed ({response.status_code}): {response.text}[/red]")
+            raise typer.Exit(1)
+        return response.json()
+
+    def wait(self, path: str, label: str, progress: Progress, *, total_of: str, done_of: str) -> dict[str, Any]:
+        """Poll a job or an eval run until it finishes, advancing a progress bar."""
+        bar = progress.add_task(label, total=None)
+        while True:
+            body = self.call("GET", path)
+            total = body.get(total_of) or body.get("config", {}).get(total_of)
+            done = body.get(done_of) or 0
+            progress.update(bar, total=total, completed=done)
+            if body["status"] in ("succeeded", "failed", "cancelled"):
+                progress.update(bar, completed=total or 1, total=total or 1)
+                if body["status"] != "succeeded":
+                    console.print(f"[red]{label}: {body['status']}: {body.get('error')}[/red]")
+                    raise typer.Exit(1)
+                return dict(body)
+            time.sleep(POLL_S)
+
+    def evaluate(self, benchmark_id: str, model: str, split: str, progress: Progress) -> dict[str, Any]:
+        body = {"benchmark_id": benchmark_id, "model": model, "split": split, "max_tokens": 48}
+        run = self.call("POST", "/v1/evals", json=body)
+        return self.wait(
+            f"/v1/evals/{run['id']}", f"eval {model} on {split}", progress, total_of="task_count", done_of="tasks_done"
+        )
+
+
+def _start_platform(api_url: str) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen([sys.executable, "-m", "mint", "up", "--serve", BASE], env=os.environ.copy())
+    deadline = time.monotonic() + 300
+    with console.status("starting the platform (API, worker, beat, serving node) ..."):
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise typer.Exit(1)
+            try:
+                if httpx.get(f"{api_url}/readyz", timeout=2).status_code == 200:
+                    return process
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+    process.terminate()
+    raise typer.Exit(1)
+
+
+def _table(comparison: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> Table:
+    table = Table(title="held-out tasks: base -> fine-tuned")
+    for column in ("task", "before", "after", "change"):
+        table.add_column(column)
+    outcome = {
+        **dict.fromkeys(comparison["fixed"], ("fail", "pass", "[green]fixed[/green]")),
+        **dict.fromkeys(comparison["broken"], ("pass", "fail", "[red]broken[/red]")),
+        **dict.fromkeys(comparison["still_passing"], ("pass", "pass", "")),
+        **dict.fromkeys(comparison["still_failing"], ("fail", "fail", "")),
+    }
+    for task in sorted(outcome):
+        table.add_row(task, *outcome[task])
+    interval = comparison["interval"]
+    table.caption = (
+        f"accuracy {before['metrics'].get('accuracy', 0):.2f} -> {after['metrics'].get('accuracy', 0):.2f}, "
+        f"change {comparison['accuracy_delta']:+.2f} "
+        f"({100 * interval['confidence']:.0f}% CI [{interval['low']:+.2f}, {interval['high']:+.2f}], "
+        f"paired bootstrap, {interval['resamples']} resamples)"
+    )
+    return table
+
+
+def demo(
+    steps: Annotated[int, typer.Option(help="Optimizer steps of the fine-tuning job.")] = 24,
+    tasks: Annotated[int, typer.Option(help="Tasks per split of the built-in benchmark.")] = 24,
+) -> None:
+    """Run the loop end to end on SmolLM2-135M: eval, mine failures, fine-tune, re-eval, deploy, chat."""
+    settings = get_settings()
+    started = time.monotonic()
+    platform = _start_platform(settings.api_url)
+    try:
+        demo_ = Demo(settings.api_url, (settings.home / "admin.key").read_text().strip())
+        columns = (
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=console) as progress:
+            name = f"demo-format-{int(time.time())}"
+            benchmark = demo_.call("POST", "/v1/benchmarks", json={"name": name, "builtin": "format", "n": tasks})
+            mining = demo_.evaluate(benchmark["id"], BASE, "train", progress)
+            before = demo_.evaluate(benchmark["id"], BASE, "heldout", progress)
+            dataset = demo_.call("POST", "/v1/datasets/from-failures", json={"eval_id": mining["id"], "kind": "chat"})
+            job = demo_.call(
+                "POST",
+                "/v1/fine_tuning/jobs",
+                json={
+                    "model": BASE,
+                    "training_file": dataset["id"],
+                    "suffix": "demo-format",
+                    "seed": 0,
+                    "steps": steps,
+                    "learning_rate": 4e-4,
+                    "method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 8}}},
+                },
+            )
+            trained = demo_.wait(
+                f"/v1/fine_tuning/jobs/{job['id']}",
+                "fine-tune (SFT, LoRA)",
+                progress,
+                total_of="total_steps",
+                done_of="completed_steps",
+            )
+            after = demo_.evaluate(benchmark["id"], trained["fine_tuned_model"], "heldout", progress)
+        comparison = demo_.call("GET", "/v1/evals/compare", params={"a": before["id"], "b": after["id"]})
+        console.print(_table(comparison, before, after))
+        deployment = f"demo-{int(time.time())}"
+        demo_.call("POST", "/v1/deployments", json={"name": deployment, "model": trained["fine_tuned_model"]})
+        question = "What is the capital of France?"
+        chat = demo_.call(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                "model": deployment,
+                "messages": [{"role": "user", "content": question}],
+                "max_tokens": 24,
+                "temperature": 0,
+            },
+        )
+        console.print(
+            f"[bold]{question}[/bold] -> {chat['choices'][0]['message']['content']!r} "
+            f"(served by {chat['mint']['adapter']} through deployment {deployment!r})"
+        )
+        console.print(
+            f"The loop took {time.monotonic() - started:.0f} s. Dashboard: {settings.api_url}/ui "
+            f"(sign in with the key in {settings.home / 'admin.key'}). Ctrl-C stops Mint."
+        )
+        platform.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if platform.poll() is None:
+            platform.send_signal(signal.SIGTERM)
+            platform.wait(timeout=60)
