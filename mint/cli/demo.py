@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
@@ -72,8 +73,12 @@ class Demo:
         )
 
 
-def _start_platform(api_url: str) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen([sys.executable, "-m", "mint", "up", "--serve", BASE], env=os.environ.copy())
+def _start_platform(api_url: str, log_path: Path) -> subprocess.Popen[bytes]:
+    """`mint up` in the background, its logs in `log_path` so the progress bars stay readable."""
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mint", "up", "--serve", BASE], env=os.environ.copy(), stdout=log, stderr=log
+        )
     deadline = time.monotonic() + 300
     with console.status("starting the platform (API, worker, beat, serving node) ..."):
         while time.monotonic() < deadline:
@@ -118,7 +123,10 @@ def demo(
     """Run the loop end to end on SmolLM2-135M: eval, mine failures, fine-tune, re-eval, deploy, chat."""
     settings = get_settings()
     started = time.monotonic()
-    platform = _start_platform(settings.api_url)
+    settings.ensure_home()
+    log_path = settings.home / "demo-platform.log"
+    console.print(f"Platform logs: {log_path}")
+    platform = _start_platform(settings.api_url, log_path)
     try:
         demo_ = Demo(settings.api_url, (settings.home / "admin.key").read_text().strip())
         columns = (
