@@ -46,14 +46,23 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"mint backend: {config.getoption('--backend')}"
 
 
+EMBEDDED_PASS_ONLY = ("backend_free", "client_surface")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On the services pass, leave out tests marked `backend_free` (models, trainer, the
-    object-store contract that tests both stores itself): they touch no database or broker
-    and already ran in the embedded pass, so running them twice would only cost time."""
+    object-store contract that tests both stores itself: they touch no database or broker)
+    and `client_surface` (the SDK, the CLI, the dashboard and the whole-loop test drive the
+    API as clients; the services they call are tested on both backends by their own tests).
+    Both already ran in the embedded pass, so running them twice would only cost time."""
     if config.getoption("--backend") != "services":
         return
-    kept = [item for item in items if item.get_closest_marker("backend_free") is None]
-    deselected = [item for item in items if item.get_closest_marker("backend_free") is not None]
+
+    def once(item: pytest.Item) -> bool:
+        return any(item.get_closest_marker(name) is not None for name in EMBEDDED_PASS_ONLY)
+
+    kept = [item for item in items if not once(item)]
+    deselected = [item for item in items if once(item)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from tests.conftest import Tenant, Workers, wait_for
 from tests.jobs.conftest import BASE
 
-pytestmark = [pytest.mark.torch, pytest.mark.integration]
+pytestmark = [pytest.mark.torch, pytest.mark.integration, pytest.mark.client_surface]
 
 REQUESTS = [
     "Confirm the order.",
