@@ -355,7 +355,8 @@ class SlotContext:
 
 
 class _SlotStack:
-    """Stacked LoRA factors of one weight, one slot per adapter: A (S, *lead, r, in) and B^T (S, *lead, r, out).
+    """Stacked LoRA factors of one weight, one slot per adapter: A (S, *lead, r, in), scaled by the
+    adapter's alpha / r, and B^T (S, *lead, r, out).
 
     Like vLLM's LoRA slots, this is memory the engine reserves: it grows (doubling, up to the
     engine's slot count) when an adapter lands in a slot beyond it, and is reused, never
@@ -370,10 +371,6 @@ class _SlotStack:
         self.a: torch.Tensor | None = None
         self.bt: torch.Tensor | None = None
         self.occupied: set[int] = set()
-
-    @property
-    def capacity(self) -> int:
-        return 0 if self.a is None else self.a.shape[0]
 
     def _reserve(self, slot: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.a is None or self.bt is None or slot >= self.a.shape[0]:
@@ -419,8 +416,8 @@ class LoraLinear(nn.Module):
     - one adapter for the whole batch: two plain matmuls with its factors;
     - otherwise, tokens sorted by slot and two grouped matmuls over the slot stacks (each
       adapter's factors read once, in place, for all its tokens: Punica's SGMV);
-    - where torch has no grouped matmul for this device and dtype: each row's factors gathered
-      and applied by `torch.bmm`.
+    - where torch has no grouped matmul for this device and dtype: each token's factors gathered
+      and applied by `torch.bmm` (a copy per token: correct, slower).
     """
 
     def __init__(self, base: nn.Linear, context: SlotContext, slots: int) -> None:
