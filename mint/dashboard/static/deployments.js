@@ -1,0 +1,272 @@
+// Deployments: the list, and a deployment's page: what it serves now, promote / roll back /
+// withdraw (each asked for confirmation, with a reason), and the revision history with the
+// gate's verdict on every gated change.
+
+import { all, get, post } from "./api.js";
+import { code, facts, fill, h, heading, link, percent, section, signedPoints, status, table, when } from "./dom.js";
+import { confirmAction, showError, showNotice } from "./ui.js";
+
+function servingText(routing) {
+  if (!routing) return "—";
+  if (routing.model) return routing.model;
+  if (routing.mixture)
+    return `mixture of ${(routing.mixture.adapters ?? []).map((item) => item.model ?? item).join(", ")}`;
+  return "nothing (withdrawn)";
+}
+
+function gateText(gate) {
+  if (!gate) return "none";
+  const parts = [`benchmark ${gate.benchmark}`];
+  if (gate.min_pass_rate !== null && gate.min_pass_rate !== undefined)
+    parts.push(`pass rate at least ${percent(gate.min_pass_rate)}`);
+  if (gate.max_regression !== null && gate.max_regression !== undefined)
+    parts.push(`regression at most ${signedPoints(gate.max_regression)}`);
+  if (gate.require_no_significant_regression) parts.push("no significant regression");
+  return parts.join("; ");
+}
+
+export async function renderDeployments() {
+  const deployments = await all("/v1/deployments");
+  return [
+    ...heading("Deployments", "Stable model names that serve an adapter version (or a mixture) to clients."),
+    table(
+      "Deployments, newest first",
+      [
+        ["Name", (deployment) => link(`#/deployments/${deployment.id}`, deployment.name)],
+        ["Status", (deployment) => status(deployment.status)],
+        ["Kind", (deployment) => deployment.kind],
+        ["Base", (deployment) => deployment.base_model],
+        ["Serving", (deployment) => servingText(deployment.serving?.routing)],
+        ["Revision", (deployment) => deployment.current_revision],
+        ["Gate", (deployment) => gateText(deployment.gate)],
+        ["Updated", (deployment) => when(deployment.updated_at)],
+      ],
+      deployments,
+      { empty: "No deployments yet. Create one with POST /v1/deployments." },
+    ),
+  ];
+}
+
+function verdictCell(verdict) {
+  if (!verdict) return h("span", { class: "muted" }, "no gate");
+  const interval =
+    verdict.interval_low === null || verdict.interval_low === undefined
+      ? null
+      : `interval [${signedPoints(verdict.interval_low)}, ${signedPoints(verdict.interval_high)}]`;
+  return h(
+    "div",
+    { class: "verdict" },
+    h(
+      "span",
+      { class: `badge badge-${verdict.passed ? "passed" : "failed"}` },
+      verdict.passed ? "gate passed" : "gate refused",
+    ),
+    h(
+      "span",
+      {},
+      [
+        `pass rate ${percent(verdict.candidate_pass_rate)}`,
+        verdict.production_pass_rate === null || verdict.production_pass_rate === undefined
+          ? null
+          : `production ${percent(verdict.production_pass_rate)}`,
+        verdict.delta === null || verdict.delta === undefined ? null : `difference ${signedPoints(verdict.delta)}`,
+        interval,
+      ]
+        .filter(Boolean)
+        .join("; "),
+    ),
+    h("span", { class: "muted" }, verdict.reason),
+  );
+}
+
+function historyTable(revisions) {
+  return table(
+    "Revisions, newest first",
+    [
+      ["Revision", (revision) => revision.revision],
+      ["Action", (revision) => revision.action],
+      ["Serving", (revision) => servingText(revision.routing)],
+      ["Gate verdict", (revision) => verdictCell(revision.gate_verdict)],
+      ["Reason", (revision) => revision.reason || "—"],
+      ["When", (revision) => when(revision.created_at)],
+    ],
+    revisions,
+    { rowAttributes: (revision) => ({ dataset: { revision: String(revision.revision), action: revision.action } }) },
+  );
+}
+
+async function candidateVersions(baseModel) {
+  const adapters = (await all("/v1/adapters")).filter((adapter) => adapter.base_model === baseModel);
+  const lists = await Promise.all(
+    adapters.map((adapter) => get(`/v1/adapters/${encodeURIComponent(adapter.id)}/versions`)),
+  );
+  return lists.flat().map((version) => version.model);
+}
+
+function promoteForm(deployment, candidates, act) {
+  if (deployment.kind !== "single") {
+    const mixture = h(
+      "textarea",
+      { id: "promote-mixture", name: "mixture", rows: 6, required: true },
+      JSON.stringify(deployment.serving?.routing?.mixture ?? {}, null, 2),
+    );
+    const form = h(
+      "form",
+      { class: "stacked-form", "aria-label": "Promote a mixture" },
+      h("label", { for: "promote-mixture" }, "Mixture to serve (JSON)"),
+      mixture,
+      h("button", { type: "submit" }, "Promote…"),
+    );
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      let parsed;
+      try {
+        parsed = JSON.parse(mixture.value);
+      } catch (error) {
+        showError(new Error(`The mixture is not valid JSON: ${error.message}`));
+        return;
+      }
+      act("promote", { mixture: parsed }, "Promote this mixture?", "The deployment will serve the mixture above.");
+    });
+    return form;
+  }
+  const current = deployment.serving?.routing?.model;
+  const select = h(
+    "select",
+    { id: "promote-model", name: "model", required: true },
+    candidates.map((model) => h("option", { value: model }, model === current ? `${model} (serving now)` : model)),
+  );
+  const preferred = candidates.find((model) => model !== current);
+  if (preferred) select.value = preferred;
+  const form = h(
+    "form",
+    { class: "stacked-form", "aria-label": "Promote a version" },
+    h("label", { for: "promote-model" }, "Version to promote"),
+    select,
+    h("button", { type: "submit", id: "promote" }, "Promote…"),
+  );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const gate = deployment.gate ? ` The gate (${gateText(deployment.gate)}) checks it first.` : "";
+    act(
+      "promote",
+      { model: select.value },
+      `Promote ${select.value}?`,
+      `${deployment.name} will serve ${select.value} instead of ${servingText(deployment.serving?.routing)}.${gate}`,
+    );
+  });
+  return form;
+}
+
+function rollbackForm(deployment, revisions, act) {
+  const earlier = revisions.filter(
+    (revision) => revision.revision < deployment.current_revision && revision.action !== "withdraw",
+  );
+  if (!earlier.length) return h("p", { class: "empty" }, "No earlier revision to roll back to.");
+  const select = h(
+    "select",
+    { id: "rollback-revision", name: "to_revision" },
+    earlier.map((revision) =>
+      h("option", { value: revision.revision }, `revision ${revision.revision}: ${servingText(revision.routing)}`),
+    ),
+  );
+  const form = h(
+    "form",
+    { class: "stacked-form", "aria-label": "Roll back" },
+    h("label", { for: "rollback-revision" }, "Revision to serve again"),
+    select,
+    h("button", { type: "submit", id: "rollback", class: "warning" }, "Roll back…"),
+  );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const target = earlier.find((revision) => String(revision.revision) === select.value);
+    act(
+      "rollback",
+      { to_revision: Number(select.value) },
+      `Roll back to revision ${select.value}?`,
+      `${deployment.name} will serve ${servingText(target.routing)} again.`,
+    );
+  });
+  return form;
+}
+
+function withdrawForm(deployment, act) {
+  if (deployment.status !== "active") return h("p", { class: "empty" }, "Withdrawn: promote a version to serve again.");
+  const button = h("button", { type: "button", id: "withdraw", class: "danger" }, "Withdraw…");
+  button.addEventListener("click", () =>
+    act(
+      "withdraw",
+      {},
+      `Withdraw ${deployment.name}?`,
+      "Clients sending this name get an error until a version is promoted again.",
+    ),
+  );
+  return h("div", { class: "stacked-form" }, h("p", {}, "Stop serving under this name."), button);
+}
+
+export async function renderDeployment(deploymentId) {
+  const container = h("div", {});
+
+  async function build() {
+    const path = `/v1/deployments/${encodeURIComponent(deploymentId)}`;
+    const [deployment, revisions] = await Promise.all([get(path), get(`${path}/revisions`)]);
+    const candidates = deployment.kind === "single" ? await candidateVersions(deployment.base_model) : [];
+
+    async function act(action, body, title, description) {
+      const reason = await confirmAction({
+        title,
+        body: h("p", {}, description),
+        confirmLabel: action === "rollback" ? "Roll back" : action[0].toUpperCase() + action.slice(1),
+      });
+      if (reason === null) return;
+      try {
+        const changed = await post(`/v1/deployments/${encodeURIComponent(deployment.id)}/${action}`, {
+          ...body,
+          reason,
+        });
+        showNotice(
+          `${deployment.name}: revision ${changed.current_revision} (${action}) now serves ${servingText(changed.serving?.routing)}.`,
+        );
+      } catch (error) {
+        showError(error);
+      }
+      await rebuild();
+    }
+
+    return [
+      ...heading(`Deployment ${deployment.name}`, `Clients send model "${deployment.name}" to /v1/chat/completions.`),
+      facts([
+        ["Id", code(deployment.id)],
+        ["Status", status(deployment.status)],
+        ["Kind", deployment.kind],
+        ["Base model", deployment.base_model],
+        ["Serving", h("span", { id: "serving" }, servingText(deployment.serving?.routing))],
+        ["Current revision", h("span", { id: "current-revision" }, String(deployment.current_revision))],
+        ["Gate", gateText(deployment.gate)],
+        ["Updated", when(deployment.updated_at)],
+      ]),
+      section(
+        "Change what it serves",
+        h(
+          "div",
+          { class: "actions-grid" },
+          promoteForm(deployment, candidates, act),
+          rollbackForm(deployment, revisions, act),
+          withdrawForm(deployment, act),
+        ),
+      ),
+      section("Revision history", historyTable(revisions)),
+    ];
+  }
+
+  async function rebuild() {
+    try {
+      fill(container, await build());
+    } catch (error) {
+      showError(error);
+    }
+  }
+
+  fill(container, await build());
+  return container;
+}

@@ -1,0 +1,191 @@
+// Fine-tuning jobs: the list, and a job's page with its loss curve drawn from the `metrics`
+// events (`/v1/fine_tuning/jobs/{id}/events`), its events and its checkpoints. While the job
+// is not finished the page asks for new events every few seconds and redraws the curve.
+
+import { all, get } from "./api.js";
+import { lineChart } from "./charts.js";
+import { code, facts, fill, h, heading, link, number, section, status, table, when } from "./dom.js";
+import { showError } from "./ui.js";
+
+const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
+const POLL_MS = 2000;
+const EVENT_PAGE = 100;
+const SHOWN_EVENTS = 200;
+
+export async function renderJobs() {
+  const jobs = await all("/v1/fine_tuning/jobs", {}, 500);
+  return [
+    ...heading("Fine-tuning jobs", "Supervised, DPO and reinforcement jobs, newest first."),
+    table(
+      "Fine-tuning jobs, newest first",
+      [
+        ["Job", (job) => link(`#/jobs/${job.id}`, job.id)],
+        ["Status", (job) => status(job.status)],
+        ["Base", (job) => job.model],
+        ["Method", (job) => job.method?.type ?? "supervised"],
+        ["Steps", (job) => `${job.completed_steps}/${job.total_steps}`, "num"],
+        ["Trained tokens", (job) => number(job.trained_tokens), "num"],
+        ["Model", (job) => (job.fine_tuned_model ? code(job.fine_tuned_model) : "—")],
+        ["Created", (job) => when(job.created_at)],
+      ],
+      jobs,
+      { empty: "No fine-tuning jobs yet. Start one with POST /v1/fine_tuning/jobs." },
+    ),
+  ];
+}
+
+// Events newer than `newestId` (all when null), newest first, walking back page by page.
+async function eventsSince(jobId, newestId) {
+  const fresh = [];
+  let after;
+  for (;;) {
+    const page = await get(`/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}/events`, { limit: EVENT_PAGE, after });
+    for (const event of page.data) {
+      if (newestId !== null && Number(event.id) <= newestId) return fresh;
+      fresh.push(event);
+    }
+    if (!page.has_more || !page.data.length) return fresh;
+    after = page.data.at(-1).id;
+  }
+}
+
+function jobFacts(job) {
+  const method = job.method?.type ?? "supervised";
+  const hyperparameters = job.method?.[method]?.hyperparameters ?? job.hyperparameters ?? {};
+  return facts([
+    ["Status", h("span", { id: "job-status" }, status(job.status))],
+    ["Base model", job.model],
+    ["Method", method],
+    ["Progress", h("span", { id: "job-progress" }, `${job.completed_steps} of ${job.total_steps} steps`)],
+    ["Trained tokens", number(job.trained_tokens)],
+    ["Training file", code(job.training_file)],
+    [
+      "LoRA",
+      Object.entries(job.lora ?? {})
+        .filter(([, value]) => value !== null)
+        .map(([name, value]) => `${name} ${JSON.stringify(value)}`)
+        .join(", ") || "defaults",
+    ],
+    [
+      "Hyperparameters",
+      Object.entries(hyperparameters)
+        .map(([name, value]) => `${name} ${value}`)
+        .join(", ") || "defaults",
+    ],
+    ["Seed", job.seed],
+    ["Result", job.fine_tuned_model ? h("a", { href: "#/adapters" }, code(job.fine_tuned_model)) : "—"],
+    ["Attempts", number(job.attempts)],
+    ["Created", when(job.created_at)],
+    ["Started", when(job.started_at)],
+    ["Finished", when(job.finished_at)],
+  ]);
+}
+
+function lossPoints(events) {
+  return (
+    events
+      .filter((event) => event.type === "metrics" && typeof event.data.loss === "number")
+      .map((event) => [event.data.step, event.data.loss])
+      .sort((x, y) => x[0] - y[0])
+      // A resumed job may report a step twice; its latest report stands.
+      .filter((point, index, points) => index === points.length - 1 || points[index + 1][0] !== point[0])
+  );
+}
+
+function eventsTable(events) {
+  return table(
+    `Events, newest first${events.length > SHOWN_EVENTS ? ` (the newest ${SHOWN_EVENTS})` : ""}`,
+    [
+      ["Time", (event) => when(event.created_at)],
+      ["Level", (event) => h("span", { class: `level level-${event.level}` }, event.level)],
+      ["Type", (event) => event.type],
+      ["Message", (event) => event.message],
+    ],
+    events.slice(0, SHOWN_EVENTS),
+    { empty: "No events yet." },
+  );
+}
+
+export async function renderJob(jobId, { signal }) {
+  const path = `/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}`;
+  let [job, events] = await Promise.all([get(path), eventsSince(jobId, null)]);
+  const checkpoints = h("div", {});
+  const details = h("div", {}, jobFacts(job));
+  const curve = h("figure", { class: "chart-figure", id: "loss-curve" });
+  const note = h("p", { class: "poll-note", id: "poll-note" });
+  const log = h("div", {}, eventsTable(events));
+  const errorLine = h("div", {});
+
+  async function drawCheckpoints() {
+    const page = await get(`${path}/checkpoints`);
+    checkpoints.replaceChildren(
+      table(
+        "Checkpoints, newest first",
+        [
+          ["Step", (checkpoint) => number(checkpoint.step_number), "num"],
+          ["Checkpoint", (checkpoint) => code(checkpoint.fine_tuned_model_checkpoint)],
+          ["Saved", (checkpoint) => when(checkpoint.created_at)],
+        ],
+        page.data,
+        { empty: "No checkpoints saved." },
+      ),
+    );
+  }
+
+  function draw() {
+    const points = lossPoints(events);
+    curve.replaceChildren(
+      lineChart({ title: `Training loss of ${job.id}`, xLabel: "step", yLabel: "loss", points }),
+      h(
+        "figcaption",
+        {},
+        points.length
+          ? `Loss at each of ${points.length} optimizer steps reported so far.`
+          : "The curve appears with the first optimizer step.",
+      ),
+    );
+    details.replaceChildren(jobFacts(job));
+    log.replaceChildren(eventsTable(events));
+    fill(
+      errorLine,
+      job.error
+        ? h("p", { class: "error-text" }, h("strong", {}, `Error (${job.error.code}): `), job.error.message)
+        : null,
+    );
+    note.textContent = FINISHED.has(job.status)
+      ? `The job ${job.status}.`
+      : `The job is ${job.status.replaceAll("_", " ")}; this page updates every ${POLL_MS / 1000} seconds.`;
+  }
+
+  async function poll() {
+    if (signal.aborted) return;
+    try {
+      const newest = events.length ? Number(events[0].id) : null;
+      const [latest, fresh] = await Promise.all([get(path), eventsSince(jobId, newest)]);
+      if (signal.aborted) return;
+      job = latest;
+      events = [...fresh, ...events];
+      draw();
+      if (FINISHED.has(job.status)) await drawCheckpoints();
+      else setTimeout(poll, POLL_MS);
+    } catch (error) {
+      if (!signal.aborted) showError(error);
+    }
+  }
+
+  draw();
+  await drawCheckpoints();
+  if (!FINISHED.has(job.status)) setTimeout(poll, POLL_MS);
+  return [
+    ...heading(
+      `Job ${job.id}`,
+      job.suffix ? `Trains adapter ${job.suffix} on ${job.model}.` : `Trains on ${job.model}.`,
+    ),
+    note,
+    errorLine,
+    details,
+    section("Loss curve", curve),
+    section("Checkpoints", checkpoints),
+    section("Events", log),
+  ];
+}

@@ -1,0 +1,379 @@
+"""The dashboard at /ui, walked in headless Chromium over the whole loop with real data.
+
+The data are made through the REST API on the live server, and the work is done by a real
+worker subprocess on the tiny MoE base: a benchmark, an eval run of the base, a fine-tuning
+job watched live on its page, the failures mined into a second job, eval runs of both adapter
+versions, and a deployment behind a gate. Meanwhile the browser signs in and opens every page,
+checking what each shows against the API's own numbers: the loss curve's points, the
+failed-only filter of the trajectory browser, the before/after chart and confidence interval
+of a comparison, and promote and roll back through the confirmation dialog. A screenshot of
+every page is saved under test-artifacts/dashboard/.
+
+The first job is created before the worker starts, so its page is certain to open on a job
+that has not run yet; the page then has to follow it to the end by polling.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.conftest import LiveServer, Tenant, Workers, wait_for
+
+# A client of the API, like the SDK and the CLI: it runs in the embedded pass only (see
+# tests/conftest.py); what it shows comes from routes tested on both backends.
+pytestmark = [pytest.mark.client_surface, pytest.mark.torch, pytest.mark.integration, pytest.mark.slow]
+
+BASE = "tiny-glm-moe"
+BENCHMARK = "acknowledge"
+REQUESTS = ["Confirm the order.", "Is the service up?", "Acknowledge this.", "Ready?"]
+JOB_STEPS = 4
+CHECKPOINT_INTERVAL = 2
+# Waits for work done by the worker (load the base, train, evaluate) on two shared cores.
+WORK_TIMEOUT_MS = 300_000
+WORK_TIMEOUT_S = WORK_TIMEOUT_MS / 1000
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def benchmark_tasks() -> list[dict[str, Any]]:
+    """Four requests to answer `OK`; one with an earlier tool call in its conversation, so the
+    trajectory browser has a tool call to show; and one any answer passes, so that every run
+    (the untrained base's too) has both passed and failed trajectories."""
+    tasks: list[dict[str, Any]] = [
+        {"id": f"ok-{index}", "messages": [{"role": "user", "content": text}], "reference": "OK"}
+        for index, text in enumerate(REQUESTS)
+    ]
+    tasks.append(
+        {
+            "id": "after-lookup",
+            "messages": [
+                {"role": "user", "content": "Where is order A1?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "lookup_order", "arguments": json.dumps({"order_id": "A1"})},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"status": "shipped"})},
+                {"role": "user", "content": "Acknowledge the status."},
+            ],
+            "reference": "OK",
+        }
+    )
+    tasks.append(
+        {
+            "id": "any-answer",
+            "messages": [{"role": "user", "content": "Say anything at all."}],
+            "grader": {"type": "regex", "config": {"pattern": ".*", "dotall": True}},
+        }
+    )
+    return tasks
+
+
+def training_rows() -> str:
+    return "".join(
+        json.dumps({"messages": [{"role": "user", "content": f"Request {i}"}, {"role": "assistant", "content": "OK"}]})
+        + "\n"
+        for i in range(8)
+    )
+
+
+class Api:
+    """The REST API on the live server, with the tenant's developer key; every answer checked."""
+
+    def __init__(self, url: str, tenant: Tenant) -> None:
+        self.http = httpx.Client(base_url=url, headers=tenant.headers("developer"), timeout=60)
+
+    def get(self, path: str, **params: Any) -> Any:
+        response = self.http.get(path, params=params)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def post(self, path: str, body: dict[str, Any], status: int = 201) -> Any:
+        response = self.http.post(path, json=body)
+        assert response.status_code == status, response.text
+        return response.json()
+
+    def upload(self, name: str, content: str) -> Any:
+        response = self.http.post("/v1/datasets", files={"file": (name, content.encode(), "application/jsonl")})
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def evaluate(self, benchmark_id: str, model: str) -> dict[str, Any]:
+        return self.post("/v1/evals", {"benchmark_id": benchmark_id, "model": model, "max_tokens": 4})
+
+    def train(self, dataset_id: str, steps: int, seed: int) -> dict[str, Any]:
+        body = {
+            "model": BASE,
+            "training_file": dataset_id,
+            "suffix": "acknowledger",
+            "seed": seed,
+            "steps": steps,
+            "learning_rate": 3e-3,
+            "checkpoint_interval": CHECKPOINT_INTERVAL,
+            "method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 8}}},
+        }
+        return self.post("/v1/fine_tuning/jobs", body, status=200)
+
+    def finished(self, path: str) -> dict[str, Any]:
+        def done() -> dict[str, Any] | None:
+            body = self.get(path)
+            return body if body["status"] in FINISHED else None
+
+        result = wait_for(done, path, timeout=WORK_TIMEOUT_S)
+        assert result["status"] == "succeeded", result
+        return result
+
+
+def test_the_dashboard_is_served_with_a_strict_policy_and_only_its_own_files(client: TestClient) -> None:
+    """/ui redirects to /ui/, which serves the page; scripts and styles come with their types
+    and a content security policy that allows nothing but the page's own origin; any other name
+    is a 404 in Mint's error shape (no URL part reaches a file path)."""
+    redirect = client.get("/ui", follow_redirects=False)
+    assert redirect.status_code == 308 and redirect.headers["location"] == "/ui/"
+    page = client.get("/ui/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    assert '<script type="module" src="app.js">' in page.text
+    script = client.get("/ui/app.js")
+    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+    assert client.get("/ui/app.css").headers["content-type"].startswith("text/css")
+    for missing in ("/ui/nothing.js", "/ui/..%2Fapp.py", "/ui/%2E%2E"):
+        answer = client.get(missing)
+        assert answer.status_code == 404, missing
+        assert answer.json()["error"]["type"] == "not_found_error"
+    assert "/ui/" not in client.get("/openapi.json").json()["paths"]
+
+
+def nav(page: Any, name: str) -> Any:
+    """A link of the dashboard's main navigation."""
+    return page.get_by_role("navigation", name="Sections").get_by_role("link", name=name, exact=True)
+
+
+def shoot(page: Any, artifacts: Path, name: str, shots: list[Path]) -> None:
+    path = artifacts / f"{len(shots) + 1:02d}-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    shots.append(path)
+
+
+def test_the_dashboard_walks_the_whole_loop(
+    live_server: LiveServer, tenant: Tenant, workers: Workers, browser: Any, artifacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    api = Api(live_server.url, tenant)
+    shots: list[Path] = []
+    problems: list[str] = []
+
+    # Work queued before any worker runs: the first job, and the base's eval run.
+    content = "".join(json.dumps(task) + "\n" for task in benchmark_tasks())
+    benchmark = api.post(
+        "/v1/benchmarks",
+        {"name": BENCHMARK, "format": "jsonl", "content": content, "grader": {"type": "normalized"}},
+    )
+    first_job = api.train(api.upload("acknowledge.jsonl", training_rows())["id"], steps=JOB_STEPS, seed=1)
+    before = api.evaluate(benchmark["id"], BASE)
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, locale="en-US", timezone_id="UTC")
+    page = context.new_page()
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    page.on(
+        "console",
+        lambda message: (
+            problems.append(f"console: {message.text}")
+            if message.type == "error" and "Failed to load resource" not in message.text
+            else None
+        ),
+    )
+    page.set_default_timeout(60_000)
+    ui = f"{live_server.url}/ui/"
+
+    # Sign in: a wrong key is refused with the API's message; the right one opens the overview.
+    page.goto(ui)
+    expect(page.get_by_role("heading", name="Sign in to Mint")).to_be_visible()
+    shoot(page, artifacts, "sign-in", shots)
+    page.get_by_label("API key").fill("mint_not_a_key")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator(".alert-error")).to_contain_text("401")
+    page.get_by_label("API key").fill(tenant.keys["developer"])
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", name="Overview", level=1)).to_be_visible()
+    expect(page.locator("#organization")).to_have_text(f"Organization: {tenant.name}")
+    assert page.evaluate("sessionStorage.getItem('mint.apiKey')") == tenant.keys["developer"]
+
+    # The first job's page, opened before any worker exists, follows the job to its end.
+    page.goto(f"{ui}#/jobs/{first_job['id']}")
+    status = page.locator("#job-status")
+    expect(status).to_have_text(re.compile("validating_files|queued"))
+    expect(page.locator("#loss-curve svg")).to_have_attribute("data-points", "0")
+    expect(page.locator("#poll-note")).to_contain_text("updates every 2 seconds")
+    shoot(page, artifacts, "job-waiting", shots)
+    workers.start("dashboard")
+    expect(status).to_have_text("succeeded", timeout=WORK_TIMEOUT_MS)
+    curve = page.locator("#loss-curve svg")
+    expect(curve).to_have_attribute("data-points", str(JOB_STEPS))
+    expect(curve.locator("circle.point")).to_have_count(JOB_STEPS)
+    assert len(curve.locator("polyline.series").get_attribute("points").split()) == JOB_STEPS
+    expect(page.locator("#job-progress")).to_have_text(f"{JOB_STEPS} of {JOB_STEPS} steps")
+    expect(page.get_by_role("cell", name=f"Step {JOB_STEPS}/{JOB_STEPS}", exact=False).first).to_be_visible()
+    expect(page.get_by_role("cell", name=f"{first_job['id']}:step-{CHECKPOINT_INTERVAL}")).to_be_visible()
+    shoot(page, artifacts, "job", shots)
+    version_1 = api.get(f"/v1/fine_tuning/jobs/{first_job['id']}")["fine_tuned_model"]
+    assert version_1 == "acknowledger@1"
+    after = api.evaluate(benchmark["id"], version_1)
+
+    # While the worker evaluates: the overview.
+    page.goto(ui)
+    cards = page.get_by_role("list", name="Resource counts")
+    expect(cards.get_by_role("link", name=re.compile(r"^1\s*Benchmarks"))).to_be_visible()
+    expect(cards.get_by_role("link", name=re.compile(r"^2\s*Eval runs"))).to_be_visible()
+    expect(cards.get_by_role("link", name=re.compile(r"^1\s*Fine-tuning jobs"))).to_be_visible()
+    expect(cards.get_by_role("link", name=re.compile(r"^1\s*Adapters"))).to_be_visible()
+    expect(page.get_by_role("table", name="The newest fine-tuning jobs").locator("tbody tr")).to_have_count(1)
+    expect(page.get_by_role("table", name="The newest eval runs").locator("tbody tr")).to_have_count(2)
+    shoot(page, artifacts, "overview", shots)
+
+    # The base's failures become the second job's data; meanwhile, the base's run in the browser.
+    before = api.finished(f"/v1/evals/{before['id']}")
+    mined = api.post("/v1/datasets/from-failures", {"eval_id": before["id"], "kind": "chat"})
+    second_job = api.train(mined["id"], steps=1, seed=2)
+    nav(page, "Eval runs").click()
+    expect(page.get_by_role("heading", name="Eval runs", level=1)).to_be_visible()
+    expect(page.get_by_role("table", name="Eval runs, newest first").locator("tbody tr")).to_have_count(2)
+    page.get_by_role("link", name=before["id"], exact=True).click()
+    trajectories = page.locator("#trajectories > li")
+    expect(trajectories).to_have_count(len(benchmark_tasks()))
+    passed_before = before["metrics"]["passed"]
+    assert 1 <= passed_before < len(benchmark_tasks()), before["metrics"]
+    page.get_by_label("Failed only").check()
+    expect(trajectories).to_have_count(len(benchmark_tasks()) - passed_before)
+    expect(page.locator("#trajectories > li[data-passed='true']")).to_have_count(0)
+    expect(page.locator("#trajectory-count")).to_contain_text("failed trajector")
+    looked_up = page.locator("#trajectories > li[data-task='after-lookup']")
+    looked_up.locator("summary").click()
+    expect(looked_up.locator(".tool-call")).to_contain_text("lookup_order")
+    expect(looked_up.locator(".message")).to_have_count(5)
+    expect(looked_up.locator(".message.role-tool")).to_contain_text("shipped")
+    shoot(page, artifacts, "eval-run", shots)
+    page.get_by_label("Failed only").uncheck()
+    expect(trajectories).to_have_count(len(benchmark_tasks()))
+
+    # Benchmarks, and the comparison of the two runs of its version.
+    after = api.finished(f"/v1/evals/{after['id']}")
+    comparison = api.get("/v1/evals/compare", a=before["id"], b=after["id"])
+    nav(page, "Benchmarks").click()
+    page.get_by_role("link", name=BENCHMARK, exact=True).click()
+    expect(page.get_by_role("heading", name=f"Benchmark {BENCHMARK}")).to_be_visible()
+    expect(page.get_by_label("Before (run A)")).to_have_value(before["id"])
+    expect(page.get_by_label("After (run B)")).to_have_value(after["id"])
+    shoot(page, artifacts, "benchmark", shots)
+    page.get_by_role("button", name="Compare").click()
+    expect(page.get_by_role("heading", name="Comparison", level=1)).to_be_visible()
+    chart = page.locator("svg[data-tasks]")
+    expect(chart).to_have_attribute("data-tasks", str(len(benchmark_tasks())))
+    for task in benchmark_tasks():
+        expect(chart.locator(f"g.task[data-task='{task['id']}'] rect.bar")).to_have_count(2)
+    expect(page.locator("#accuracy-before")).to_have_text(f"{100 * comparison['a']['accuracy']:.1f}%")
+    expect(page.locator("#accuracy-after")).to_have_text(f"{100 * comparison['b']['accuracy']:.1f}%")
+    low, high = (100 * comparison["interval"][end] for end in ("low", "high"))
+    expect(page.locator("#interval")).to_contain_text("95% confidence interval")
+    expect(page.locator("#interval")).to_contain_text(f"{abs(low):.1f} pts, ")
+    expect(page.locator("#interval")).to_contain_text(f"{abs(high):.1f} pts]")
+    scores = page.get_by_role("table", name="Scores per task")
+    expect(scores.locator("tbody tr")).to_have_count(len(benchmark_tasks()))
+    expect(scores.get_by_role("row", name=re.compile("any-answer still passing"))).to_be_visible()
+    shoot(page, artifacts, "comparison", shots)
+
+    # A deployment behind a gate; version 2 has no eval yet, so the gate refuses it.
+    version_2 = api.finished(f"/v1/fine_tuning/jobs/{second_job['id']}")["fine_tuned_model"]
+    assert version_2 == "acknowledger@2"
+    gate = {"benchmark": BENCHMARK, "min_pass_rate": 0.1, "require_no_significant_regression": False}
+    deployment = api.post("/v1/deployments", {"name": "acknowledge-prod", "model": version_1, "gate": gate})
+    nav(page, "Deployments").click()
+    page.get_by_role("link", name="acknowledge-prod", exact=True).click()
+    history = page.get_by_role("table", name="Revisions, newest first").locator("tbody tr")
+    expect(history).to_have_count(1)
+    expect(history.first).to_contain_text("gate passed")
+    dialog = page.locator("dialog#confirm")
+    expect(page.get_by_label("Version to promote")).to_have_value(version_2)
+    page.get_by_role("button", name="Promote…").click()
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text(f"Promote {version_2}?")
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(dialog).to_be_hidden()
+    expect(history).to_have_count(1)
+    page.get_by_role("button", name="Promote…").click()
+    dialog.get_by_role("button", name="Promote").click()
+    expect(page.locator(".alert-error")).to_contain_text(f"the gate needs an eval of {version_2}")
+    expect(history).to_have_count(1)
+    shoot(page, artifacts, "deployment-refused", shots)
+
+    # While version 2 is evaluated: the jobs, and both versions of the adapter they trained.
+    last = api.evaluate(benchmark["id"], version_2)
+    nav(page, "Jobs").click()
+    expect(page.get_by_role("table", name="Fine-tuning jobs, newest first").locator("tbody tr")).to_have_count(2)
+    shoot(page, artifacts, "jobs", shots)
+    nav(page, "Adapters").click()
+    page.get_by_role("link", name="acknowledger", exact=True).click()
+    versions = page.get_by_role("table", name="Versions, newest first")
+    expect(versions.locator("tbody tr")).to_have_count(2)
+    expect(versions.locator("tbody tr").first).to_contain_text(version_2)
+    shoot(page, artifacts, "adapter", shots)
+
+    # Evaluated, version 2 passes the gate; then roll back to version 1.
+    api.finished(f"/v1/evals/{last['id']}")
+    nav(page, "Deployments").click()
+    page.get_by_role("link", name="acknowledge-prod", exact=True).click()
+    expect(history).to_have_count(1)
+    page.get_by_role("button", name="Promote…").click()
+    dialog.get_by_label(re.compile("^Reason")).fill("version 2 passed the gate")
+    dialog.get_by_role("button", name="Promote").click()
+    expect(page.locator(".alert-notice")).to_contain_text(f"revision 2 (promote) now serves {version_2}")
+    expect(history).to_have_count(2)
+    expect(history.first).to_contain_text("promote")
+    expect(history.first).to_contain_text("gate passed")
+    expect(history.first).to_contain_text("version 2 passed the gate")
+    expect(page.locator("#serving")).to_have_text(version_2)
+    expect(page.get_by_label("Revision to serve again")).to_have_value("1")
+    page.get_by_role("button", name="Roll back…").click()
+    expect(dialog).to_contain_text(f"will serve {version_1} again")
+    dialog.get_by_role("button", name="Roll back").click()
+    expect(history).to_have_count(3)
+    expect(history.first).to_contain_text("rollback")
+    expect(page.locator("#serving")).to_have_text(version_1)
+    expect(page.locator("#current-revision")).to_have_text("3")
+    shoot(page, artifacts, "deployment", shots)
+    served = api.get(f"/v1/deployments/{deployment['id']}")
+    assert served["current_revision"] == 3 and served["serving"]["routing"]["model"] == version_1
+    nav(page, "Deployments").click()
+    expect(page.get_by_role("table", name="Deployments, newest first")).to_contain_text(version_1)
+    shoot(page, artifacts, "deployments", shots)
+
+    # Usage: the tokens the jobs trained and the eval runs sampled.
+    usage = {line["kind"]: line["tokens"] for line in api.get("/v1/usage")["data"]}
+    nav(page, "Usage").click()
+    lines = page.get_by_role("table", name="Tokens by kind and base model")
+    for kind in ("trained", "sampled"):
+        expect(lines.get_by_role("row", name=re.compile(f"^{kind} {BASE} {usage[kind]:,} "))).to_be_visible()
+    shoot(page, artifacts, "usage", shots)
+
+    # Signing out forgets the key.
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_role("heading", name="Sign in to Mint")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('mint.apiKey')") is None
+    context.close()
+    api.http.close()
+
+    print("\nscreenshots:\n" + "\n".join(f"  {path}" for path in shots))
+    assert problems == []
