@@ -19,6 +19,8 @@ FORBIDDEN = {
     "evals": {"api", "worker", "storage", "services", "cli"},
     "storage": {"api", "worker", "services", "trainer", "evals", "cli"},
     "services": {"api", "worker", "cli"},
+    # The SDK speaks HTTP with the server's schemas: nothing of the server comes with it.
+    "sdk": {"api", "worker", "storage", "services", "trainer", "evals", "serving", "cli", "config"},
 }
 # third-party modules that only their own layer may import
 FRAMEWORK_HOMES = {"fastapi": {"api"}, "celery": {"worker", "cli"}, "sqlalchemy": {"storage", "services", "api"}}

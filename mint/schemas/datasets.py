@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field, field_serializer, field_validator
+from pydantic import AliasChoices, Field, field_serializer, field_validator
 
 from mint.schemas.common import WireModel
 
@@ -34,7 +34,7 @@ class FileObject(WireModel):
 
     id: str
     object: Literal["file"] = "file"
-    bytes: int = Field(validation_alias="size_bytes")
+    bytes: int = Field(validation_alias=AliasChoices("size_bytes", "bytes"))
     created_at: datetime
     filename: str
     purpose: str

@@ -1,0 +1,357 @@
+"""The SDK's HTTP layer: where the client connects, what one request is, and how it is retried.
+
+A resource method describes its request as a `Call` (method, path, body, and how to parse the
+answer), and hands it to `SyncHTTP` or `AsyncHTTP`; the two share everything but the waiting,
+so `Mint` and `AsyncMint` behave the same. Requests that get 429 or a 5xx answer, or no answer
+at all, are sent again a bounded number of times with exponential backoff, honouring the
+server's `Retry-After`; error answers become the typed errors of `mint.sdk.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import io
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any, Generic, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from mint import __version__
+from mint.sdk.errors import (
+    APIConnectionError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    MintAPIError,
+    error_from_body,
+)
+
+log = logging.getLogger("mint.sdk")
+
+T = TypeVar("T")
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+# Generation on a large base can take minutes before the first byte of a non-streamed answer.
+DEFAULT_TIMEOUT_S = 600.0
+CONNECT_TIMEOUT_S = 10.0
+DEFAULT_MAX_RETRIES = 3
+INITIAL_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 8.0
+# A server asking for a longer pause than this gets this; a client should not sleep for hours.
+MAX_RETRY_AFTER_S = 60.0
+
+# What an upload accepts: a path, the bytes themselves, or an open binary file.
+FileInput = str | os.PathLike[str] | bytes | IO[bytes]
+
+
+# ---- where to connect ------------------------------------------------------------------------
+
+
+def resolve_base_url(base_url: str | None) -> str:
+    """The API's root URL: the argument, else `MINT_BASE_URL`, else the local default.
+
+    A trailing `/v1` (as the `openai` client takes it) is accepted and dropped, since the
+    SDK's paths name their version.
+    """
+    url = (base_url or os.environ.get("MINT_BASE_URL") or DEFAULT_BASE_URL).strip().rstrip("/")
+    return url.removesuffix("/v1")
+
+
+def mint_home() -> Path:
+    return Path(os.environ.get("MINT_HOME") or "~/.mint").expanduser()
+
+
+def resolve_api_key(api_key: str | None) -> str:
+    """The API key: the argument, else `MINT_API_KEY`, else `$MINT_HOME/admin.key` (written by `mint up`)."""
+    key = api_key or os.environ.get("MINT_API_KEY")
+    if key:
+        return key.strip()
+    key_file = mint_home() / "admin.key"
+    if key_file.is_file():
+        return key_file.read_text().strip()
+    raise AuthenticationError(
+        f"No API key: pass api_key=..., set MINT_API_KEY, or run `mint admin init` to write {key_file}."
+    )
+
+
+# ---- one request -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A multipart upload: one file field plus form fields; opened afresh for every attempt."""
+
+    source: FileInput
+    filename: str
+    form: Mapping[str, str] = field(default_factory=dict)
+    field_name: str = "file"
+    content_type: str = "application/jsonl"
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[dict[str, Any]]:
+        """httpx's `files` argument, reading the source from its start (a retry resends it whole)."""
+        source = self.source
+        if isinstance(source, bytes):
+            yield {self.field_name: (self.filename, io.BytesIO(source), self.content_type)}
+        elif isinstance(source, str | os.PathLike):
+            with open(source, "rb") as handle:  # noqa: PTH123 - a path or a str, opened once per attempt
+                yield {self.field_name: (self.filename, handle, self.content_type)}
+        else:
+            if source.seekable():
+                source.seek(0)
+            yield {self.field_name: (self.filename, source, self.content_type)}
+
+
+def filename_of(source: FileInput, filename: str | None, default: str = "upload.jsonl") -> str:
+    if filename:
+        return filename
+    if isinstance(source, str | os.PathLike):
+        return Path(source).name
+    name = getattr(source, "name", None)
+    return Path(name).name if isinstance(name, str) else default
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One API request and how to read its answer; sent by `SyncHTTP` or `AsyncHTTP`."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    params: Mapping[str, Any] | None = None
+    json: Any = None
+    upload: Upload | None = None
+    headers: Mapping[str, str] | None = None
+
+    def query(self) -> dict[str, Any] | None:
+        """Query parameters without the unset ones; booleans as the API spells them."""
+        if not self.params:
+            return None
+        return {
+            name: (str(value).lower() if isinstance(value, bool) else value)
+            for name, value in self.params.items()
+            if value is not None
+        }
+
+
+def parse_model(cls: type[ModelT]) -> Callable[[httpx.Response], ModelT]:
+    """Read a JSON answer as `cls` (a schema of `mint.schemas`, or an SDK subclass of one)."""
+    return lambda response: cls.model_validate(response.json())
+
+
+def parse_list(cls: type[ModelT]) -> Callable[[httpx.Response], list[ModelT]]:
+    adapter = TypeAdapter(list[cls])  # type: ignore[valid-type]
+    return lambda response: adapter.validate_python(response.json())
+
+
+def parse_bytes(response: httpx.Response) -> bytes:
+    return response.content
+
+
+def request_body(cls: type[ModelT], **fields: Any) -> dict[str, Any]:
+    """Validate arguments with the server's request schema and dump what was given.
+
+    Mistakes are caught before anything is sent, as `BadRequestError` naming the field, in the
+    words the server would use.
+    """
+    try:
+        body = cls.model_validate({name: value for name, value in fields.items() if value is not None})
+    except ValidationError as exc:
+        problems = exc.errors()
+        param = ".".join(str(part) for part in problems[0]["loc"]) if problems else None
+        details = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in problems[:10])
+        raise BadRequestError(f"Invalid request: {details}", param=param, error_type="invalid_request_error") from exc
+    return body.model_dump(mode="json", exclude_unset=True)
+
+
+# ---- retries ---------------------------------------------------------------------------------
+
+
+def should_retry(status_code: int) -> bool:
+    """429 (slow down) and every 5xx (the server or a service behind it failed) are worth another try."""
+    return status_code == 429 or status_code >= 500
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """`Retry-After` as seconds: a number, or an HTTP date; None if absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return max(0.0, (moment - datetime.now(UTC)).total_seconds())
+
+
+def backoff_s(attempt: int, retry_after: str | None) -> float:
+    """How long to wait before retry number `attempt + 1`.
+
+    The server's `Retry-After` when it gives one (capped at MAX_RETRY_AFTER_S); otherwise
+    0.5 s, 1 s, 2 s, ... up to MAX_BACKOFF_S, less up to a quarter at random so that many
+    clients refused together do not come back together.
+    """
+    asked = retry_after_s(retry_after)
+    if asked is not None:
+        return min(asked, MAX_RETRY_AFTER_S)
+    delay = min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * float(2**attempt))
+    return delay * (1 - 0.25 * random.random())
+
+
+def error_for(response: httpx.Response) -> MintAPIError:
+    """The typed error of an error answer (its body must have been read)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    return error_from_body(response.status_code, body, response.text)
+
+
+def _transport_error(exc: httpx.TransportError, url: str) -> APIConnectionError:
+    if isinstance(exc, httpx.TimeoutException):
+        return APITimeoutError(f"{url} did not answer in time ({type(exc).__name__}); retry, or raise timeout_s")
+    return APIConnectionError(f"could not reach Mint at {url}: {exc or type(exc).__name__}")
+
+
+def _headers(api_key: str) -> dict[str, str]:
+    return {
+        "Authorization": f"Bearer {api_key}",
+        "User-Agent": f"mint-sdk/{__version__}",
+        "Accept": "application/json",
+    }
+
+
+def _timeout(timeout_s: float) -> httpx.Timeout:
+    return httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
+
+
+class _Retrying:
+    """What both transports share: settings, and the decision after each attempt."""
+
+    def __init__(self, base_url: str, max_retries: int) -> None:
+        self.base_url = base_url
+        self.max_retries = max_retries
+
+    def _next_delay(self, call: Call[Any], attempt: int, outcome: httpx.Response | httpx.TransportError) -> float:
+        """The pause before retrying, or raise the error if this outcome is final."""
+        if isinstance(outcome, httpx.TransportError):
+            if attempt >= self.max_retries:
+                raise _transport_error(outcome, self.base_url) from outcome
+            delay = backoff_s(attempt, None)
+            reason = type(outcome).__name__
+        else:
+            if not should_retry(outcome.status_code) or attempt >= self.max_retries:
+                raise error_for(outcome)
+            delay = backoff_s(attempt, outcome.headers.get("retry-after"))
+            reason = f"HTTP {outcome.status_code}"
+        log.info(
+            "%s %s: %s; retry %d of %d in %.2fs", call.method, call.path, reason, attempt + 1, self.max_retries, delay
+        )
+        return delay
+
+
+class SyncHTTP(_Retrying):
+    """Sends `Call`s with httpx's blocking client."""
+
+    def __init__(self, base_url: str, api_key: str, *, timeout_s: float, max_retries: int) -> None:
+        super().__init__(base_url, max_retries)
+        self.client = httpx.Client(base_url=base_url, headers=_headers(api_key), timeout=_timeout(timeout_s))
+
+    def send(self, call: Call[T]) -> T:
+        """Send `call` (retrying as needed) and parse its answer."""
+        return call.parse(self._send(call, stream=False))
+
+    def open_stream(self, call: Call[Any]) -> httpx.Response:
+        """Send `call` and return the answer unread, for streaming; the caller closes it."""
+        return self._send(call, stream=True)
+
+    def _send(self, call: Call[Any], *, stream: bool) -> httpx.Response:
+        attempt = 0
+        while True:
+            outcome: httpx.Response | httpx.TransportError
+            try:
+                with contextlib.ExitStack() as stack:
+                    files = stack.enter_context(call.upload.opened()) if call.upload else None
+                    request = self.client.build_request(
+                        call.method,
+                        call.path,
+                        params=call.query(),
+                        json=call.json,
+                        files=files,
+                        data=dict(call.upload.form) if call.upload else None,
+                        headers=call.headers,
+                    )
+                    outcome = self.client.send(request, stream=stream)
+                if outcome.is_success:
+                    return outcome
+                outcome.read()
+                outcome.close()
+            except httpx.TransportError as exc:
+                outcome = exc
+            time.sleep(self._next_delay(call, attempt, outcome))
+            attempt += 1
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class AsyncHTTP(_Retrying):
+    """Sends `Call`s with httpx's asyncio client."""
+
+    def __init__(self, base_url: str, api_key: str, *, timeout_s: float, max_retries: int) -> None:
+        super().__init__(base_url, max_retries)
+        self.client = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key), timeout=_timeout(timeout_s))
+
+    async def send(self, call: Call[T]) -> T:
+        """Send `call` (retrying as needed) and parse its answer."""
+        return call.parse(await self._send(call, stream=False))
+
+    async def open_stream(self, call: Call[Any]) -> httpx.Response:
+        """Send `call` and return the answer unread, for streaming; the caller closes it."""
+        return await self._send(call, stream=True)
+
+    async def _send(self, call: Call[Any], *, stream: bool) -> httpx.Response:
+        attempt = 0
+        while True:
+            outcome: httpx.Response | httpx.TransportError
+            try:
+                with contextlib.ExitStack() as stack:
+                    # httpx reads a multipart body synchronously, even in its async client.
+                    files = stack.enter_context(call.upload.opened()) if call.upload else None
+                    request = self.client.build_request(
+                        call.method,
+                        call.path,
+                        params=call.query(),
+                        json=call.json,
+                        files=files,
+                        data=dict(call.upload.form) if call.upload else None,
+                        headers=call.headers,
+                    )
+                    outcome = await self.client.send(request, stream=stream)
+                if outcome.is_success:
+                    return outcome
+                await outcome.aread()
+                await outcome.aclose()
+            except httpx.TransportError as exc:
+                outcome = exc
+            await asyncio.sleep(self._next_delay(call, attempt, outcome))
+            attempt += 1
+
+    async def close(self) -> None:
+        await self.client.aclose()

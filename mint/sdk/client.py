@@ -1,0 +1,130 @@
+"""`Mint` and `AsyncMint`: clients of a Mint platform over HTTP, one attribute per resource.
+
+```python
+from mint.sdk import Mint
+
+client = Mint()                     # MINT_BASE_URL / MINT_API_KEY, or $MINT_HOME/admin.key
+file = client.datasets.upload("train.jsonl")
+job = client.jobs.create("tiny-glm-moe", file.id, suffix="support-bot", steps=30).wait()
+reply = client.chat.create(job.fine_tuned_model, [{"role": "user", "content": "Hi"}])
+```
+
+Every answer is typed with the server's own schemas (`mint.schemas`); lists page themselves;
+429s, 5xx answers and dropped connections are retried (`max_retries`, honouring
+`Retry-After`); errors are the typed classes of `mint.sdk.errors`.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from mint.sdk._http import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT_S,
+    AsyncHTTP,
+    SyncHTTP,
+    resolve_api_key,
+    resolve_base_url,
+)
+from mint.sdk.adapters import Adapters, AsyncAdapters
+from mint.sdk.benchmarks import AsyncBenchmarks, Benchmarks
+from mint.sdk.chat import AsyncChat, AsyncCompletions, Chat, Completions
+from mint.sdk.deployments import AsyncDeployments, Deployments
+from mint.sdk.evals import AsyncEvals, Evals
+from mint.sdk.files import AsyncDatasets, AsyncFiles, Datasets, Files
+from mint.sdk.jobs import AsyncFineTuning, FineTuning
+from mint.sdk.models import AsyncBaseModels, AsyncModels, BaseModels, Models
+from mint.sdk.organization import ApiKeys, AsyncApiKeys, AsyncOrganization, Organization
+
+
+class Mint:
+    """A blocking client of the Mint API.
+
+    `base_url` defaults to `MINT_BASE_URL` (else http://127.0.0.1:8000), `api_key` to
+    `MINT_API_KEY` (else the admin key that `mint up` writes to `$MINT_HOME/admin.key`).
+    `timeout_s` bounds each request; `max_retries` bounds the retries of one request.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+    ) -> None:
+        self.base_url = resolve_base_url(base_url)
+        self._http = SyncHTTP(self.base_url, resolve_api_key(api_key), timeout_s=timeout_s, max_retries=max_retries)
+        self.files = Files(self._http)
+        self.datasets = Datasets(self._http)
+        self.benchmarks = Benchmarks(self._http)
+        self.evals = Evals(self._http)
+        self.fine_tuning = FineTuning(self._http)
+        self.jobs = self.fine_tuning.jobs
+        self.adapters = Adapters(self._http)
+        self.deployments = Deployments(self._http)
+        self.chat = Chat(self._http)
+        self.completions = Completions(self._http)
+        self.models = Models(self._http)
+        self.base_models = BaseModels(self._http)
+        self.organization = Organization(self._http)
+        self.api_keys = ApiKeys(self._http)
+
+    def close(self) -> None:
+        """Close the connections; the client cannot be used after."""
+        self._http.close()
+
+    def __enter__(self) -> Mint:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Mint(base_url={self.base_url!r})"
+
+
+class AsyncMint:
+    """The asyncio twin of `Mint`: the same resources, whose methods are coroutines and whose
+    lists are async iterators (`async for job in client.jobs.list(): ...`)."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+    ) -> None:
+        self.base_url = resolve_base_url(base_url)
+        self._http = AsyncHTTP(self.base_url, resolve_api_key(api_key), timeout_s=timeout_s, max_retries=max_retries)
+        self.files = AsyncFiles(self._http)
+        self.datasets = AsyncDatasets(self._http)
+        self.benchmarks = AsyncBenchmarks(self._http)
+        self.evals = AsyncEvals(self._http)
+        self.fine_tuning = AsyncFineTuning(self._http)
+        self.jobs = self.fine_tuning.jobs
+        self.adapters = AsyncAdapters(self._http)
+        self.deployments = AsyncDeployments(self._http)
+        self.chat = AsyncChat(self._http)
+        self.completions = AsyncCompletions(self._http)
+        self.models = AsyncModels(self._http)
+        self.base_models = AsyncBaseModels(self._http)
+        self.organization = AsyncOrganization(self._http)
+        self.api_keys = AsyncApiKeys(self._http)
+
+    async def close(self) -> None:
+        await self._http.close()
+
+    async def __aenter__(self) -> AsyncMint:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncMint(base_url={self.base_url!r})"

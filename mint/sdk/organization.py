@@ -1,0 +1,129 @@
+"""The caller's organization: who it is, its API keys, its audit log and its usage.
+
+Creating and revoking keys and reading the audit log need an admin key; a key's secret is in
+the answer to its creation only.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from mint.schemas.auth import (
+    ApiKeyCreate,
+    ApiKeyCreated,
+    ApiKeyPublic,
+    AuditEntryPublic,
+    OrganizationPublic,
+    Role,
+)
+from mint.schemas.common import Page
+from mint.schemas.usage import UsageSummary
+from mint.sdk._http import AsyncHTTP, Call, SyncHTTP, parse_model, request_body
+from mint.sdk.pagination import AsyncPager, PageCall, SyncPager
+
+
+def get_organization() -> Call[OrganizationPublic]:
+    return Call("GET", "/v1/organization", parse_model(OrganizationPublic))
+
+
+def get_usage(since: datetime | None, until: datetime | None) -> Call[UsageSummary]:
+    params = {"since": since.isoformat() if since else None, "until": until.isoformat() if until else None}
+    return Call("GET", "/v1/usage", parse_model(UsageSummary), params)
+
+
+def list_audit(limit: int) -> PageCall:
+    return lambda after: Call(
+        "GET", "/v1/audit_log", parse_model(Page[AuditEntryPublic]), {"after": after, "limit": limit}
+    )
+
+
+def create_key(name: str, role: Role, expires_in_days: int | None) -> Call[ApiKeyCreated]:
+    body = request_body(ApiKeyCreate, name=name, role=role, expires_in_days=expires_in_days)
+    return Call("POST", "/v1/api_keys", parse_model(ApiKeyCreated), json=body)
+
+
+def list_keys(limit: int) -> PageCall:
+    return lambda after: Call("GET", "/v1/api_keys", parse_model(Page[ApiKeyPublic]), {"after": after, "limit": limit})
+
+
+def get_key(key_id: str) -> Call[ApiKeyPublic]:
+    return Call("GET", f"/v1/api_keys/{key_id}", parse_model(ApiKeyPublic))
+
+
+def revoke_key(key_id: str) -> Call[ApiKeyPublic]:
+    return Call("DELETE", f"/v1/api_keys/{key_id}", parse_model(ApiKeyPublic))
+
+
+class Organization:
+    """`/v1/organization`, `/v1/usage` and `/v1/audit_log`."""
+
+    def __init__(self, http: SyncHTTP) -> None:
+        self._http = http
+
+    def get(self) -> OrganizationPublic:
+        """The organization that owns the calling key."""
+        return self._http.send(get_organization())
+
+    def usage(self, *, since: datetime | None = None, until: datetime | None = None) -> UsageSummary:
+        """Tokens trained, sampled and served, by kind and base model."""
+        return self._http.send(get_usage(since, until))
+
+    def audit_log(self, *, limit: int = 20) -> SyncPager[AuditEntryPublic]:
+        """Changes to keys, deployments and other audited resources, newest first (admin keys)."""
+        return SyncPager(self._http, list_audit(limit))
+
+
+class ApiKeys:
+    """`/v1/api_keys`: keys of the caller's organization."""
+
+    def __init__(self, http: SyncHTTP) -> None:
+        self._http = http
+
+    def create(self, name: str, *, role: Role = "developer", expires_in_days: int | None = None) -> ApiKeyCreated:
+        """A new key; its secret (`key`) is shown in this answer only."""
+        return self._http.send(create_key(name, role, expires_in_days))
+
+    def list(self, *, limit: int = 20) -> SyncPager[ApiKeyPublic]:
+        return SyncPager(self._http, list_keys(limit))
+
+    def get(self, key_id: str) -> ApiKeyPublic:
+        return self._http.send(get_key(key_id))
+
+    def revoke(self, key_id: str) -> ApiKeyPublic:
+        """Revoke a key at once; it stays listed, revoked, for the audit trail."""
+        return self._http.send(revoke_key(key_id))
+
+
+class AsyncOrganization:
+    """The twin of `Organization`, for asyncio."""
+
+    def __init__(self, http: AsyncHTTP) -> None:
+        self._http = http
+
+    async def get(self) -> OrganizationPublic:
+        return await self._http.send(get_organization())
+
+    async def usage(self, *, since: datetime | None = None, until: datetime | None = None) -> UsageSummary:
+        return await self._http.send(get_usage(since, until))
+
+    def audit_log(self, *, limit: int = 20) -> AsyncPager[AuditEntryPublic]:
+        return AsyncPager(self._http, list_audit(limit))
+
+
+class AsyncApiKeys:
+    """The twin of `ApiKeys`, for asyncio."""
+
+    def __init__(self, http: AsyncHTTP) -> None:
+        self._http = http
+
+    async def create(self, name: str, *, role: Role = "developer", expires_in_days: int | None = None) -> ApiKeyCreated:
+        return await self._http.send(create_key(name, role, expires_in_days))
+
+    def list(self, *, limit: int = 20) -> AsyncPager[ApiKeyPublic]:
+        return AsyncPager(self._http, list_keys(limit))
+
+    async def get(self, key_id: str) -> ApiKeyPublic:
+        return await self._http.send(get_key(key_id))
+
+    async def revoke(self, key_id: str) -> ApiKeyPublic:
+        return await self._http.send(revoke_key(key_id))

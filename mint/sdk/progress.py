@@ -1,0 +1,94 @@
+"""The progress bar of `wait()`: what a job or eval run is doing, how far it is, and when it ends.
+
+One line on stderr (so that a script's stdout stays clean): the resource and its status, a
+bar of steps (or tasks) done out of the total, the latest loss (or the pass rate so far),
+elapsed time and rich's estimate of the time left. With `enabled=False` nothing is drawn
+and nothing of rich is imported.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from mint.sdk.errors import WaitTimeoutError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+
+
+class WaitProgress:
+    """A one-task rich progress bar that `wait()` updates after every poll."""
+
+    def __init__(self, label: str, *, enabled: bool = True, console: Console | None = None) -> None:
+        self.label = label
+        self.enabled = enabled
+        self._console = console
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+
+    def __enter__(self) -> WaitProgress:
+        if not self.enabled:
+            return self
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=24),
+            TextColumn("{task.fields[unit]}"),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[metric]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=self._console or Console(stderr=True),
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(self.label, total=None, unit="", metric="")
+        return self
+
+    def update(self, *, status: str, completed: int, total: int | None, unit: str, metric: str = "") -> None:
+        """Show the latest poll: `status`, `completed` of `total` `unit`s, and a metric such as the loss."""
+        if self._progress is None or self._task is None:
+            return
+        fields: dict[str, Any] = {"unit": unit, "metric": metric}
+        self._progress.update(
+            self._task,
+            description=f"{self.label} {status}",
+            completed=completed,
+            total=total or None,
+            **fields,
+        )
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+class Deadline:
+    """The optional time limit of a `wait()`: None waits as long as the work takes."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self._end = None if timeout_s is None else time.monotonic() + timeout_s
+        self.timeout_s = timeout_s
+
+    def check(self, what: str) -> None:
+        """Raise WaitTimeoutError if the limit has passed."""
+        if self._end is not None and time.monotonic() >= self._end:
+            raise WaitTimeoutError(
+                f"{what} did not finish within {self.timeout_s:g} s; it goes on running on the server"
+            )

@@ -1,0 +1,161 @@
+"""The user commands as a person or a script runs them: `python -m mint ...` subprocesses
+against the API on a real socket, connected by MINT_BASE_URL and MINT_API_KEY, with the
+package's real worker and serving node doing the work."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mint.sdk import Job, Mint
+from tests.conftest import LiveServer, Tenant, free_port
+from tests.sdk.conftest import ACK_TASKS, BASE, chat_rows, jsonl
+
+pytestmark = [pytest.mark.integration, pytest.mark.client_surface]
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def cli(live_server: LiveServer, owner: Tenant) -> Cli:
+    """Run `mint ARGS` as the owner's developer (or `key`); fail on a non-zero exit unless `code` says which."""
+
+    def run(*args: str, key: str | None = None, stdin: str | None = None, code: int = 0, **env: str) -> Any:
+        environment = {**os.environ, "MINT_BASE_URL": live_server.url, "MINT_API_KEY": key or owner.keys["developer"]}
+        done = subprocess.run(
+            [sys.executable, "-m", "mint", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=environment | env,
+        )
+        assert done.returncode == code, f"mint {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        return done
+
+    return run
+
+
+def as_json(done: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(done.stdout)
+
+
+@pytest.mark.torch
+def test_upload_train_follow_and_download(cli: Cli, worker: Any, tmp_path: Path) -> None:
+    data = tmp_path / "cli-train.jsonl"
+    data.write_bytes(jsonl(chat_rows(8, "cli")))
+    dataset = as_json(cli("datasets", "upload", str(data), "--kind", "chat", "--json"))
+    assert dataset["kind"] == "chat" and dataset["row_count"] == 8 and dataset["filename"] == "cli-train.jsonl"
+    assert dataset["id"] in {row["id"] for row in as_json(cli("datasets", "list", "--json"))}
+
+    created = cli(
+        "jobs", "create", "--model", BASE, "--file", dataset["id"], "--steps", "3", "--suffix", "cli-bot",
+        "--seed", "3", "--learning-rate", "0.01", "--batch-size", "4", "--wait", "--json",
+    )  # fmt: skip
+    job = json.loads(created.stdout)
+    assert job["status"] == "succeeded" and job["completed_steps"] == 3 and job["fine_tuned_model"] == "cli-bot@1"
+    # The progress bar went to stderr: steps done of the total, and the latest loss.
+    assert "3/3" in created.stderr and "steps" in created.stderr and "loss" in created.stderr
+
+    listed = as_json(cli("jobs", "list", "--limit", "3", "--json"))
+    assert job["id"] in {row["id"] for row in listed} and len(listed) <= 3
+    assert as_json(cli("jobs", "get", job["id"], "--json"))["fine_tuned_model"] == "cli-bot@1"
+    logs = cli("jobs", "logs", job["id"]).stdout
+    assert "Step 3/3" in logs and logs.index("Step 1/3") < logs.index("Step 3/3")
+    followed = [json.loads(line) for line in cli("jobs", "logs", job["id"], "--follow", "--json").stdout.splitlines()]
+    assert [e["data"]["step"] for e in followed if e["type"] == "metrics"] == [1, 2, 3]
+
+    adapters = as_json(cli("adapters", "list", "--json"))
+    mine = next(a for a in adapters if a["name"] == "cli-bot")
+    assert [v["model"] for v in mine["versions"]] == ["cli-bot@1"]
+    out = tmp_path / "cli-bot"
+    downloaded = as_json(cli("adapters", "download", "cli-bot@1", "--out", str(out), "--json"))
+    assert downloaded["sha256"] == mine["versions"][0]["sha256"] and Path(downloaded["path"]) == out
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+
+
+@pytest.mark.torch
+def test_benchmark_evaluate_compare_and_mine(cli: Cli, trained: list[Job], sdk: Mint, tmp_path: Path) -> None:
+    tasks = tmp_path / "ack.jsonl"
+    tasks.write_bytes(jsonl(ACK_TASKS))
+    benchmark = as_json(
+        cli("benchmarks", "create", "ack-cli", "--file", str(tasks), "--grader", "normalized", "--json")
+    )
+    assert benchmark["latest_version"]["task_count"] == len(ACK_TASKS)
+    builtin = as_json(cli("benchmarks", "create", "arith-cli", "--builtin", "arithmetic", "--n", "1", "--json"))
+    assert builtin["latest_version"]["task_count"] == 2
+    assert {"ack-cli", "arith-cli"} <= {row["name"] for row in as_json(cli("benchmarks", "list", "--json"))}
+
+    base = cli("evals", "run", "--benchmark", benchmark["id"], "--model", BASE, "--max-tokens", "4", "--wait", "--json")
+    before = json.loads(base.stdout)
+    assert before["status"] == "succeeded" and before["metrics"]["tasks"] == len(ACK_TASKS)
+    assert f"{len(ACK_TASKS)}/{len(ACK_TASKS)}" in base.stderr and "pass" in base.stderr  # the progress bar
+    adapter = trained[0].fine_tuned_model or ""
+    human = cli("evals", "run", "--benchmark", benchmark["id"], "--model", adapter, "--max-tokens", "4", "--wait")
+    assert "succeeded" in human.stdout and adapter in human.stdout
+    after = next(run for run in sdk.evals.list(benchmark_id=benchmark["id"]) if run.model == adapter)
+    assert as_json(cli("evals", "get", after.id, "--json"))["status"] == "succeeded"
+
+    comparison = as_json(cli("evals", "compare", before["id"], after.id, "--json"))
+    assert comparison["a"]["run_id"] == before["id"] and comparison["tasks"] == len(ACK_TASKS)
+    table = cli("evals", "compare", before["id"], after.id).stdout
+    assert "accuracy delta" in table and "fixed:" in table and "still failing:" in table
+
+    mined = as_json(cli("evals", "failures", before["id"], "--kind", "preference", "--json"))
+    assert mined["kind"] == "preference" and mined["source_eval_run_id"] == before["id"]
+    assert mined["failed_tasks"] == len(ACK_TASKS) - before["metrics"]["passed"]
+
+
+@pytest.mark.torch
+def test_deploy_promote_roll_back_and_chat(cli: Cli, trained: list[Job], node: Any, sdk: Mint) -> None:
+    first, second = sorted((job.fine_tuned_model or "" for job in trained), key=lambda ref: int(ref.split("@")[1]))
+    created = as_json(cli("deploy", "cli-prod", "--model", first, "--reason", "first", "--json"))
+    assert created["current_revision"] == 1 and created["serving"]["routing"]["model"] == first
+    promoted = as_json(cli("promote", "cli-prod", "--model", second, "--json"))
+    assert promoted["current_revision"] == 2 and promoted["serving"]["routing"]["model"] == second
+    rolled = as_json(cli("rollback", "cli-prod", "--json"))
+    assert rolled["serving"]["routing"]["model"] == first and rolled["serving"]["action"] == "rollback"
+    human = cli("rollback", "cli-prod", "--to-revision", "2", "--reason", "fixed").stdout
+    assert second in human and "rollback" in human
+    assert "already exists" in cli("deploy", "cli-prod", "--model", first, code=5).stderr
+    sdk.benchmarks.create("gate-cli", content=jsonl(ACK_TASKS).decode(), grader="normalized")
+    gated = cli("deploy", "cli-gated", "--model", first, "--gate", '{"benchmark": "gate-cli"}', code=5)
+    assert "needs an eval" in gated.stderr
+    assert "--gate is not valid JSON" in cli("deploy", "cli-gated", "--model", first, "--gate", "{oops", code=6).stderr
+
+    expected = sdk.chat.create(BASE, [{"role": "user", "content": "What is 2 + 3?"}], max_tokens=6, temperature=0)
+    streamed = cli("chat", BASE, "What is 2 + 3?", "--max-tokens", "6", "--temperature", "0").stdout
+    assert streamed == expected.choices[0]["message"]["content"] + "\n"
+
+    turns = cli("chat", "cli-prod", "--max-tokens", "4", "--temperature", "0", "--json", stdin="Hello\n\nAre you up?\n")
+    replies = [json.loads(line) for line in turns.stdout.splitlines()]
+    assert len(replies) == 2 and all(reply["mint"]["adapter"] == second for reply in replies)
+    assert replies[1]["usage"]["prompt_tokens"] > replies[0]["usage"]["prompt_tokens"]  # one conversation
+    interactive = cli("chat", "cli-prod", "--max-tokens", "4", "--temperature", "0", stdin="Hello\nAre you up?\n")
+    assert interactive.stdout.count("\n") >= 2
+
+
+def test_exit_codes_that_scripts_can_trust(cli: Cli, owner: Tenant, tmp_path: Path) -> None:
+    missing = cli("jobs", "get", "ftjob_missing", code=3)
+    assert "ftjob_missing" in missing.stderr
+    cli("adapters", "download", "nobody@1", "--out", str(tmp_path / "none"), code=3)
+    assert not (tmp_path / "none").exists()
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(jsonl([*chat_rows(1), {"messages": [{"role": "robot", "content": "hi"}]}]))
+    assert "line 2" in cli("datasets", "upload", str(bad), code=6).stderr
+    assert "--method" in cli("jobs", "create", "--model", BASE, "--file", "f", "--method", "sft", code=2).stderr
+    cli("evals", "compare", "eval_a", "eval_b", code=3)
+
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_bytes(jsonl(ACK_TASKS))
+    cli("benchmarks", "create", "viewer-bench", "--file", str(tasks), key=owner.keys["viewer"], code=4)
+    cli("jobs", "list", key="tml-unknown", code=4)
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    assert "could not reach" in cli("jobs", "list", "--base-url", unreachable, code=7).stderr
