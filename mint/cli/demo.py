@@ -73,6 +73,14 @@ class Demo:
         )
 
 
+def _node_answers(api_url: str) -> bool:
+    """Whether the serving node of the base is up (evals are batched through it once it is)."""
+    key = (get_settings().home / "admin.key").read_text().strip()
+    body = {"model": BASE, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.post(f"{api_url}/v1/chat/completions", json=body, headers=headers, timeout=60).status_code == 200
+
+
 def _start_platform(api_url: str, log_path: Path) -> subprocess.Popen[bytes]:
     """`mint up` in the background, its logs in `log_path` so the progress bars stay readable."""
     with log_path.open("ab") as log:
@@ -80,12 +88,12 @@ def _start_platform(api_url: str, log_path: Path) -> subprocess.Popen[bytes]:
             [sys.executable, "-m", "mint", "up", "--serve", BASE], env=os.environ.copy(), stdout=log, stderr=log
         )
     deadline = time.monotonic() + 300
-    with console.status("starting the platform (API, worker, beat, serving node) ..."):
+    with console.status("starting the platform (API, worker, beat, serving node with SmolLM2) ..."):
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise typer.Exit(1)
             try:
-                if httpx.get(f"{api_url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{api_url}/readyz", timeout=2).status_code == 200 and _node_answers(api_url):
                     return process
             except httpx.HTTPError:
                 pass
