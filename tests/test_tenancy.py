@@ -15,9 +15,16 @@ from fastapi.testclient import TestClient
 from tests.conftest import Tenant
 
 # Routes open to anyone: health probes for load balancers and Prometheus.
-PUBLIC_ROUTES = {"/healthz", "/readyz", "/metrics"}
+PUBLIC_ROUTES = {"/healthz", "/readyz", "/metrics", "/api/v1/healthz"}
 # Platform-wide catalogues, the same for every organization (read-only for tenants).
-GLOBAL_ROUTES = {"/v1/base_models", "/v1/base_models/{name}"}
+GLOBAL_ROUTES = {
+    "/v1/base_models",
+    "/v1/base_models/{name}",
+    "/api/v1/get_server_capabilities",
+    "/api/v1/client/config",
+    "/api/v1/client/dynamic_config",
+    "/api/v1/tokenizers/{base_model}",
+}
 # Routes about the caller itself; checked to answer with the caller's own organization.
 SELF_ROUTES = {
     "/v1/organization",
@@ -31,10 +38,38 @@ SELF_ROUTES = {
     "/v1/fine_tuning/jobs",
     "/v1/adapters",
     "/v1/deployments",
+    "/v1/models",
+    "/api/v1/sessions",
+    "/api/v1/training_runs",
+    "/api/v1/checkpoints",
 }
 # Routes that name other resources by id in the query or the body, not the path; their
 # tenancy (another organization's ids are 404) is checked in tests/evals/test_evals_api.py.
-REFERENCE_ROUTES = {"/v1/evals/compare", "/v1/datasets/from-failures"}
+# Inference names its model in the body: another organization's adapter or deployment is a 404,
+# checked in tests/serving/test_inference_api.py.
+REFERENCE_ROUTES = {"/v1/evals/compare", "/v1/datasets/from-failures", "/v1/chat/completions", "/v1/completions"}
+# Tinker-compatible routes that name their session, model, sampler, future or checkpoint in the
+# body (as the tinker SDK sends them); another organization's are 404, checked with the SDK and
+# over HTTP in tests/tinker_compat/test_isolation.py (with the protobuf routes, which are not in the
+# OpenAPI document).
+TINKER_BODY_ROUTES = {
+    f"/api/v1/{name}"
+    for name in (
+        "create_session",
+        "session_heartbeat",
+        "telemetry",
+        "create_model",
+        "get_info",
+        "optim_step",
+        "save_weights",
+        "save_weights_for_sampler",
+        "load_weights",
+        "create_sampling_session",
+        "asample",
+        "cancel_future",
+        "weights_info",
+    )
+}
 
 # For each path parameter of a tenant route: how to get an id of a resource owned by
 # organization A. A later issue that adds a route with a new parameter adds it here.
@@ -96,6 +131,17 @@ def _adapter(client: TestClient, owner: Tenant) -> str:
         return version.adapter_id
 
 
+def _model_ref(client: TestClient, owner: Tenant) -> str:
+    """An adapter version of the owner, as a model reference (`name@1`)."""
+    from mint.config import get_settings
+    from mint.storage.db import session_scope
+    from mint.storage.tables import Adapter
+
+    adapter_id = _adapter(client, owner)
+    with session_scope(get_settings().database) as session:
+        return f"{session.get(Adapter, adapter_id).name}@1"  # type: ignore[union-attr]
+
+
 def _deployment(client: TestClient, owner: Tenant) -> str:
     from mint.config import get_settings
     from mint.storage.db import session_scope
@@ -110,15 +156,61 @@ def _deployment(client: TestClient, owner: Tenant) -> str:
     return str(response.json()["id"])
 
 
+def _tinker_session(client: TestClient, owner: Tenant) -> str:
+    response = client.post("/api/v1/create_session", headers=owner.headers("developer"), json={"tags": []})
+    assert response.status_code == 200, response.text
+    return str(response.json()["session_id"])
+
+
+def _tinker_model(client: TestClient, owner: Tenant) -> str:
+    """A Tinker training run with a saved state named `tenancy` (see `checkpoint_id` below). On a
+    base whose queue no worker of the suite consumes, its creation stays pending."""
+    from mint.config import get_settings
+    from mint.storage.db import session_scope
+    from mint.storage.tables import TinkerCheckpoint, new_id
+
+    body = {"session_id": _tinker_session(client, owner), "model_seq_id": 0, "base_model": "tiny-qwen3-moe"}
+    response = client.post("/api/v1/create_model", headers=owner.headers("developer"), json=body)
+    assert response.status_code == 200, response.text
+    model_id = str(response.json()["model_id"])
+    with session_scope(get_settings().database) as session:
+        session.add(
+            TinkerCheckpoint(
+                id=new_id("tkc"),
+                organization_id=owner.organization_id,
+                model_id=model_id,
+                kind="training",
+                name="tenancy",
+                object_key=f"tinker/checkpoints/tenancy-{secrets.token_hex(4)}.tar",
+                sha256="0" * 64,
+                size_bytes=0,
+            )
+        )
+    return model_id
+
+
+def _tinker_sampler(client: TestClient, owner: Tenant) -> str:
+    body = {"session_id": _tinker_session(client, owner), "sampling_session_seq_id": 0, "base_model": "tiny-glm-moe"}
+    response = client.post("/api/v1/create_sampling_session", headers=owner.headers("developer"), json=body)
+    assert response.status_code == 200, response.text
+    return str(response.json()["sampling_session_id"])
+
+
 RESOURCE_MAKERS: dict[str, ResourceMaker] = {
     "deployment_id": _deployment,
     "key_id": lambda client, owner: owner.key_ids["viewer"],
+    "model": lambda client, owner: _model_ref(client, owner),
     "dataset_id": _dataset,
     "job_id": _job,
     "adapter_id": _adapter,
     "version": lambda client, owner: "1",
     "benchmark_id": _benchmark,
     "eval_id": _eval_run,
+    "session_id": _tinker_session,
+    "model_id": _tinker_model,
+    "sampler_id": _tinker_sampler,
+    # Every run `_tinker_model` makes has this checkpoint.
+    "checkpoint_id": lambda client, owner: "weights/tenancy",
 }
 
 
@@ -130,7 +222,7 @@ def api_routes(app) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
 def test_every_route_is_classified(app) -> None:  # type: ignore[no-untyped-def]
     for _method, path in api_routes(app):
         params = re.findall(r"{(\w+)}", path)
-        if path in PUBLIC_ROUTES | GLOBAL_ROUTES | SELF_ROUTES | REFERENCE_ROUTES:
+        if path in PUBLIC_ROUTES | GLOBAL_ROUTES | SELF_ROUTES | REFERENCE_ROUTES | TINKER_BODY_ROUTES:
             continue
         missing = [name for name in params if name not in RESOURCE_MAKERS]
         assert params and not missing, f"{path}: add its parameters to RESOURCE_MAKERS or classify the route"

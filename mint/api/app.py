@@ -11,7 +11,7 @@ import logging
 from fastapi import FastAPI
 
 from mint import __version__
-from mint.api import dashboard, openai
+from mint.api import dashboard, openai, tinker
 from mint.api.errors import ERROR_RESPONSES, install_error_handlers
 from mint.api.metrics import record_request_metrics
 from mint.api.routes import (
@@ -55,5 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openai,
     ):
         app.include_router(module.router, responses=ERROR_RESPONSES)
+    # The Tinker-compatible routes (/api/v1/...), for the official tinker SDK and tinker-cookbook.
+    app.include_router(tinker.router, responses=ERROR_RESPONSES)
     app.include_router(dashboard.router)
     return app

@@ -63,6 +63,12 @@ def worker(
 
     bases = enabled_base_names(get_settings().model_configs_dir)
     chosen = worker_queues(base, queues, bases)
+    if not queues:
+        # A queue of this process's own, so that Tinker models stay on the process that holds
+        # them (mint.worker.tinker_tasks). An explicit --queues list is taken as it is.
+        from mint.worker.tinker_tasks import process_queue
+
+        chosen.append(process_queue())
     node = name or (f"train-{base}@%h" if base else "mint@%h")
     celery_app.worker_main(
         [

@@ -535,7 +535,8 @@ class Future(Base):
     __tablename__ = "futures"
     __table_args__ = (
         _one_of("status", FUTURE_STATUSES),
-        Index("ix_futures_model_seq", "model_id", "seq_id"),
+        # One request per seq_id of a model (samplers' requests have none).
+        Index("ix_futures_model_seq", "model_id", "seq_id", unique=True),
     )
 
     id: Mapped[str] = _id()
@@ -554,6 +555,8 @@ class Future(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The request itself when small; a large one is in the object store (request_object_key).
     request: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The worker process running it (`<node>/<pid>`), so that a request whose worker died fails.
+    worker_id: Mapped[str | None] = mapped_column(String(200))
 
 
 class TinkerCheckpoint(Base):

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from mint.config import Settings
+from mint.config import Settings, get_settings
 from mint.services import adapters
 from mint.services.serving_nodes import live_nodes
 from mint.storage.db import session_scope
@@ -157,6 +157,14 @@ def test_text_completions_models_and_errors(client: Any, versions: list[str], ow
     assert client.models.retrieve(versions[0]).id == versions[0]
     with pytest.raises(NotFoundError, match="no base model or adapter"):
         _ask(client, "nobody@1")
+    from openai import OpenAI
+
+    from tests.conftest import make_tenant
+
+    stranger = make_tenant(get_settings())
+    theirs = OpenAI(base_url=str(client.base_url), api_key=stranger.keys["developer"], max_retries=0)
+    with pytest.raises(NotFoundError):  # another organization's adapter version does not exist for them
+        _ask(theirs, versions[0])
 
 
 def test_usage_counts_tokens_served(client: Any, versions: list[str], owner: Tenant, prepared: Settings) -> None:

@@ -1,0 +1,367 @@
+"""Tinker-compatible routes at `/api/v1/...`: the official `tinker` SDK and tinker-cookbook run against Mint.
+
+Point the SDK at Mint with `ServiceClient(base_url=<Mint URL>, api_key=<a Mint key>)` (or
+`TINKER_BASE_URL` / `TINKER_API_KEY`); Mint's keys start with `tml-` and travel in the
+`X-API-Key` header, as the SDK sends them. Long operations answer with a future at once;
+`retrieve_future` holds the request until the result is ready (about 25 s at most, then
+"try again"). The forward/backward request and the results of forward, forward_backward
+and sample are Protocol Buffers, so those two routes stay out of the OpenAPI document.
+
+Routes parse and map; `mint.services.tinker` does the work (see its docstring for how models,
+samplers, futures and checkpoints map onto Mint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from mint.api.errors import error_response
+from mint.api.pagination import id_path
+from mint.config import Settings
+from mint.errors import InvalidRequest, PayloadTooLarge
+from mint.schemas import tinker as wire
+from mint.services import tinker
+from mint.storage.objects import object_store_for
+from mint.worker.tinker_tasks import TinkerDispatch
+
+router = APIRouter(prefix="/api/v1", tags=["tinker"])
+
+SessionId = Annotated[str, id_path("A Tinker session id (`create_session`), e.g. `tks_...`.")]
+ModelId = Annotated[str, id_path("A training run's (model's) id, `<session>:train:<n>`.")]
+SamplerId = Annotated[str, id_path("A sampler's id, `<session>:sample:<n>`.")]
+BaseName = Annotated[str, id_path("A base model's name, e.g. `tiny-glm-moe`.")]
+Offset = Annotated[int, Query(ge=0, le=10**9, description="Items to skip.")]
+
+# retrieve_future reads a waiting future's row after 10 ms, then less and less often, down to
+# this: a result is seen within this long of being written.
+POLL_MAX_DELAY_S = 0.1
+
+TAR_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The tokenizer files as a tar archive.",
+        "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+def _send(settings: Settings) -> TinkerDispatch:
+    return TinkerDispatch(settings)
+
+
+# ---- client start-up and sessions -------------------------------------------------------------
+
+
+@router.get("/healthz", response_model=wire.HealthResponse)
+def healthz() -> wire.HealthResponse:
+    """Liveness of the API (no key needed)."""
+    return wire.HealthResponse()
+
+
+@router.post("/client/config", response_model=wire.ClientConfigResponse)
+def client_config(body: wire.ClientConfigRequest, _: CurrentPrincipal) -> wire.ClientConfigResponse:
+    """Feature flags for the SDK: API-key auth, custom losses run client-side."""
+    return wire.ClientConfigResponse()
+
+
+@router.post("/client/dynamic_config", response_model=wire.ClientDynamicConfigResponse)
+def client_dynamic_config(body: wire.ClientConfigRequest, _: CurrentPrincipal) -> wire.ClientDynamicConfigResponse:
+    return wire.ClientDynamicConfigResponse()
+
+
+@router.get("/get_server_capabilities", response_model=wire.GetServerCapabilitiesResponse)
+def get_server_capabilities(session: SessionDep, _: CurrentPrincipal) -> wire.GetServerCapabilitiesResponse:
+    """The enabled base models: each can be trained with LoRA and sampled."""
+    return tinker.server_capabilities(session)
+
+
+@router.post("/telemetry", response_model=wire.TelemetryResponse)
+def telemetry(body: wire.TelemetryRequest, _: CurrentPrincipal) -> wire.TelemetryResponse:
+    """The SDK's own diagnostics: accepted and dropped."""
+    return wire.TelemetryResponse()
+
+
+@router.post("/create_session", response_model=wire.CreateSessionResponse)
+def create_session(
+    body: wire.CreateSessionRequest, session: SessionDep, principal: CurrentPrincipal
+) -> wire.CreateSessionResponse:
+    """Start a Tinker session (one per `ServiceClient`)."""
+    row = tinker.create_session(session, principal.organization_id, body)
+    return wire.CreateSessionResponse(session_id=row.id)
+
+
+@router.post("/session_heartbeat", response_model=wire.SessionHeartbeatResponse)
+def session_heartbeat(body: wire.SessionHeartbeatRequest, session: SessionDep, principal: CurrentPrincipal) -> Any:
+    """Keep a session alive; 410 once it is finished (the SDK then stops)."""
+    if not tinker.heartbeat(session, principal.organization_id, body.session_id):
+        return error_response(410, "gone_error", f"session {body.session_id} is finished", "session_id")
+    return wire.SessionHeartbeatResponse()
+
+
+@router.post("/sessions/{session_id}/finish", response_model=wire.FinishSessionResponse)
+def finish_session(
+    session_id: SessionId,
+    body: wire.FinishSessionRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: CurrentPrincipal,
+) -> wire.FinishSessionResponse:
+    """Finish a session: its models are released from their workers, its samplers closed."""
+    tinker.finish_session(session, principal.organization_id, session_id, body, _send(settings))
+    return wire.FinishSessionResponse(session_id=session_id)
+
+
+@router.get("/sessions", response_model=wire.ListSessionsResponse)
+def list_sessions(
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+    offset: Offset = 0,
+) -> wire.ListSessionsResponse:
+    return wire.ListSessionsResponse(
+        sessions=tinker.list_sessions(session, principal.organization_id, limit=limit, offset=offset)
+    )
+
+
+@router.get("/sessions/{session_id}", response_model=wire.GetSessionResponse)
+def get_session(session_id: SessionId, session: SessionDep, principal: CurrentPrincipal) -> wire.GetSessionResponse:
+    return tinker.session_view(session, principal.organization_id, session_id)
+
+
+# ---- training models --------------------------------------------------------------------------
+
+
+def _future(future: Any) -> wire.UntypedAPIFuture:
+    return wire.UntypedAPIFuture(request_id=future.id, model_id=future.model_id)
+
+
+@router.post("/create_model", response_model=wire.UntypedAPIFuture)
+def create_model(
+    body: wire.CreateModelRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> wire.UntypedAPIFuture:
+    """A LoRA training model on a base; created by the first worker of the base to take it."""
+    return _future(tinker.create_model(session, settings, principal.organization_id, body, _send(settings)))
+
+
+@router.post("/get_info", response_model=wire.GetInfoResponse)
+def get_info(
+    body: wire.GetInfoRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> wire.GetInfoResponse:
+    """The model's base, LoRA rank and tokenizer (a local folder the client loads offline)."""
+    return tinker.get_info(session, settings, principal.organization_id, body.model_id)
+
+
+async def _protobuf_body(request: Request, settings: SettingsDep) -> bytes:
+    declared = int(request.headers.get("content-length") or 0)
+    if declared > settings.max_upload_bytes:
+        raise PayloadTooLarge(f"the request has {declared} bytes; the limit is {settings.max_upload_bytes}")
+    if request.headers.get("content-encoding", "identity") not in ("identity", ""):
+        raise InvalidRequest("send the forward_backward body uncompressed (this server turns compression off)")
+    if not request.headers.get("content-type", "").startswith(wire.PROTOBUF_MEDIA_TYPE):
+        raise InvalidRequest(
+            f"forward_backward takes a {wire.PROTOBUF_MEDIA_TYPE} body (tinker_public.ForwardBackwardRequest)"
+        )
+    return await request.body()
+
+
+@router.post("/forward_backward", response_model=wire.UntypedAPIFuture, include_in_schema=False)
+def forward_backward(
+    body: Annotated[bytes, Depends(_protobuf_body)],
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: CurrentPrincipal,
+) -> wire.UntypedAPIFuture:
+    """Forward (and backward, unless `forward_only`) over a batch; the body is protobuf."""
+    request = wire.decode_forward_backward_request(body)
+    future = tinker.submit_forward_backward(session, settings, principal.organization_id, request, _send(settings))
+    return _future(future)
+
+
+@router.post("/optim_step", response_model=wire.UntypedAPIFuture)
+def optim_step(
+    body: wire.OptimStepRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> wire.UntypedAPIFuture:
+    return _future(tinker.submit_optim_step(session, settings, principal.organization_id, body, _send(settings)))
+
+
+@router.post("/save_weights", response_model=wire.UntypedAPIFuture)
+def save_weights(
+    body: wire.SaveWeightsRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> wire.UntypedAPIFuture:
+    """Save the training state (weights, Adam moments, step) as `tinker://<model>/weights/<name>`."""
+    return _future(tinker.submit_save_weights(session, settings, principal.organization_id, body, _send(settings)))
+
+
+@router.post("/save_weights_for_sampler", response_model=wire.UntypedAPIFuture)
+def save_weights_for_sampler(
+    body: wire.SaveWeightsForSamplerRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> wire.UntypedAPIFuture:
+    """Named: an adapter version and `tinker://<model>/sampler_weights/<name>`; unnamed: a new sampler."""
+    future = tinker.submit_save_weights_for_sampler(session, settings, principal.organization_id, body, _send(settings))
+    return _future(future)
+
+
+@router.post("/load_weights", response_model=wire.UntypedAPIFuture)
+def load_weights(
+    body: wire.LoadWeightsRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> wire.UntypedAPIFuture:
+    """Load a checkpoint into a model, or create a model from it."""
+    return _future(tinker.submit_load_weights(session, settings, principal.organization_id, body, _send(settings)))
+
+
+# ---- samplers ---------------------------------------------------------------------------------
+
+
+@router.post("/create_sampling_session", response_model=wire.CreateSamplingSessionResponse)
+def create_sampling_session(
+    body: wire.CreateSamplingSessionRequest, session: SessionDep, principal: CurrentPrincipal
+) -> wire.CreateSamplingSessionResponse:
+    """A sampler of a base, or of sampler weights (`tinker://<model>/sampler_weights/<name>`)."""
+    row = tinker.create_sampling_session(session, principal.organization_id, body)
+    return wire.CreateSamplingSessionResponse(sampling_session_id=row.id)
+
+
+@router.get("/samplers/{sampler_id}", response_model=wire.GetSamplerResponse)
+def get_sampler(sampler_id: SamplerId, session: SessionDep, principal: CurrentPrincipal) -> wire.GetSamplerResponse:
+    return tinker.get_sampler(session, principal.organization_id, sampler_id)
+
+
+@router.post("/asample", response_model=wire.UntypedAPIFuture)
+def asample(
+    body: wire.SampleRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> wire.UntypedAPIFuture:
+    """Sample continuations (with their logprobs) on a worker of the sampler's base."""
+    future, sequence_ids = tinker.submit_sample(session, settings, principal.organization_id, body, _send(settings))
+    return wire.UntypedAPIFuture(request_id=future.id, model_id=future.model_id, sample_sequence_ids=sequence_ids)
+
+
+# ---- futures ----------------------------------------------------------------------------------
+
+
+def _answer(state: tinker.FutureState, paused_because: str | None) -> Response:
+    if state.status == "succeeded":
+        if state.operation in tinker.PROTOBUF_OPERATIONS:
+            return Response(tinker.encode_result(state), media_type=wire.PROTOBUF_MEDIA_TYPE)
+        return JSONResponse(state.result)
+    if state.done:
+        return JSONResponse({"error": state.error, "category": state.category})
+    body = {"type": "try_again", "request_id": state.request_id, "queue_state": "active"}
+    if paused_because:
+        body |= {"queue_state": "paused_capacity", "queue_state_reason": paused_because}
+    return JSONResponse(body)
+
+
+@router.post("/retrieve_future", include_in_schema=False)
+async def retrieve_future(
+    body: wire.FutureRetrieveRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> Response:
+    """A future's result (protobuf for forward, forward_backward and sample), its error, or, after
+    holding the request up to 25 s, `try_again`."""
+    # Authenticated: end the request's transaction so its connection is not held while polling.
+    await run_in_threadpool(session.commit)
+    send = _send(settings)
+    deadline = time.monotonic() + tinker.LONG_POLL_S
+    next_inspection, delay = 0.0, 0.01
+    paused_because: str | None = None  # what the last look at the future's worker found
+    while True:
+        now = time.monotonic()
+        inspect = now >= next_inspection
+        if inspect:
+            next_inspection = now + tinker.INSPECT_EVERY_S
+        state = await run_in_threadpool(
+            tinker.poll_future, settings, principal.organization_id, body.request_id, send, inspect=inspect
+        )
+        if inspect:
+            paused_because = state.queue_state_reason
+        if state.done or time.monotonic() + delay >= deadline:
+            return _answer(state, paused_because)
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, POLL_MAX_DELAY_S)
+
+
+@router.post("/cancel_future", response_model=wire.CancelFutureResponse)
+def cancel_future(
+    body: wire.CancelFutureRequest, session: SessionDep, principal: CurrentPrincipal
+) -> wire.CancelFutureResponse:
+    """Cancel a request that has not started."""
+    status = tinker.cancel_future(session, principal.organization_id, body.request_id)
+    return wire.CancelFutureResponse(request_id=body.request_id, status=status)
+
+
+# ---- training runs and checkpoints ------------------------------------------------------------
+
+
+@router.get("/training_runs", response_model=wire.TrainingRunsResponse)
+def list_training_runs(
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+    offset: Offset = 0,
+) -> wire.TrainingRunsResponse:
+    return tinker.list_training_runs(session, principal.organization_id, limit=limit, offset=offset)
+
+
+@router.get("/training_runs/{model_id}", response_model=wire.TrainingRun)
+def get_training_run(model_id: ModelId, session: SessionDep, principal: CurrentPrincipal) -> wire.TrainingRun:
+    return tinker.get_training_run(session, principal.organization_id, model_id)
+
+
+@router.get("/training_runs/{model_id}/checkpoints", response_model=wire.CheckpointsListResponse)
+def list_checkpoints(
+    model_id: ModelId, session: SessionDep, principal: CurrentPrincipal
+) -> wire.CheckpointsListResponse:
+    """A model's training states and sampler weights, oldest first."""
+    return tinker.list_checkpoints(session, principal.organization_id, model_id)
+
+
+@router.delete(
+    "/training_runs/{model_id}/checkpoints/{checkpoint_id:path}", response_model=wire.DeleteCheckpointResponse
+)
+def delete_checkpoint(
+    model_id: ModelId,
+    checkpoint_id: Annotated[str, Path(max_length=300, description="`weights/<name>` or `sampler_weights/<name>`.")],
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: CurrentPrincipal,
+) -> wire.DeleteCheckpointResponse:
+    """Forget a checkpoint (sampler weights stay an adapter version in /v1/adapters)."""
+    path = tinker.delete_checkpoint(
+        session, object_store_for(settings), principal.organization_id, model_id, checkpoint_id
+    )
+    return wire.DeleteCheckpointResponse(tinker_path=str(path))
+
+
+@router.get("/checkpoints", response_model=wire.CheckpointsListResponse)
+def list_user_checkpoints(
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Offset = 0,
+) -> wire.CheckpointsListResponse:
+    """Every checkpoint of the organization, newest first."""
+    return tinker.list_user_checkpoints(session, principal.organization_id, limit=limit, offset=offset)
+
+
+@router.post("/weights_info", response_model=wire.WeightsInfoResponse)
+def weights_info(
+    body: wire.WeightsInfoRequest, session: SessionDep, principal: CurrentPrincipal
+) -> wire.WeightsInfoResponse:
+    return tinker.weights_info(session, principal.organization_id, body.tinker_path)
+
+
+@router.get("/tokenizers/{base_model}", response_class=Response, responses=TAR_RESPONSE)
+def download_tokenizer(base_model: BaseName, settings: SettingsDep, _: CurrentPrincipal) -> Response:
+    """The base's tokenizer files (Mint's own route): unpack them into a folder and load it with
+    `AutoTokenizer.from_pretrained(folder)` on a machine with no model hub."""
+    data = tinker.tokenizer_archive(settings, base_model)
+    return Response(
+        data,
+        media_type="application/x-tar",
+        headers={"Content-Disposition": f'attachment; filename="{base_model}-tokenizer.tar"'},
+    )

@@ -1,0 +1,91 @@
+"""Tinker tasks: thin glue from queue messages (a model, future or sampler id) to `services.tinker`.
+
+A Tinker model lives on the worker process that created it. Besides its base's queue
+(`train.<base>`), every process started with `mint worker --base NAME` (or plain `mint
+worker`) consumes a queue of its own, `process.<host>.<pid>`; once a process has claimed a
+model, the model's messages go there (`TinkerDispatch`). Samplers need no such pinning: their
+requests go to the base's queue and any of its workers serves them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from celery import shared_task
+
+from mint.config import Settings, get_settings
+from mint.services import tinker
+from mint.worker import signals
+from mint.worker.dispatch import _celery_for
+from mint.worker.queues import training_queue
+from mint.worker.resident import resident_base
+
+PROCESS_QUEUE_PREFIX = "process."
+# Generous: a long forward_backward of a large batch; enforced by pools that support limits.
+TASK_TIME_LIMIT_S = 6 * 3600
+
+
+def process_queue(hostname: str | None = None, pid: int | None = None) -> str:
+    """The queue only one worker process consumes (this one, by default)."""
+    return f"{PROCESS_QUEUE_PREFIX}{hostname or socket.gethostname()}.{pid or os.getpid()}"
+
+
+class TinkerDispatch:
+    """Publishes Tinker tasks: to a base's training queue, or to one worker process's own queue."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def __call__(
+        self, task: str, *, args: list[str], base_model: str | None = None, worker: tinker.WorkerRef | None = None
+    ) -> None:
+        if worker is not None:
+            queue = process_queue(worker.hostname, worker.pid)
+        elif base_model is not None:
+            queue = training_queue(base_model)
+        else:
+            raise ValueError("a Tinker task goes to a base's queue or to a worker's")
+        _celery_for(self.settings).send_task(task, args=args, queue=queue)
+
+
+def _me(task: Any) -> tinker.WorkerIdentity:
+    consumed = task.app.amqp.queues.consume_from or {}
+    return tinker.WorkerIdentity(worker_id=signals.process_identity(), reachable=process_queue() in consumed)
+
+
+# No automatic retry: a request that fails records why in its future, and the client decides.
+# A message redelivered after its worker died finds the model gone and fails its futures.
+@shared_task(
+    name=tinker.RUN_MODEL_TASK,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    max_retries=0,
+    time_limit=TASK_TIME_LIMIT_S,
+)
+def run_model(self: Any, model_id: str) -> str:
+    """Run a Tinker model's waiting requests, in seq_id order, on the process that holds it."""
+    return tinker.run_model_requests(get_settings(), model_id, _me(self), resident_base)
+
+
+@shared_task(
+    name=tinker.SAMPLE_TASK,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    max_retries=0,
+    time_limit=TASK_TIME_LIMIT_S,
+)
+def sample(self: Any, future_id: str) -> str:
+    """Run one sample request on this worker's resident base (a duplicate message returns at once)."""
+    return tinker.run_sample(get_settings(), future_id, _me(self), resident_base)
+
+
+@shared_task(name=tinker.RELEASE_TASK, acks_late=True, ignore_result=True, max_retries=0, time_limit=300)
+def release(model_id: str) -> bool:
+    """Free a finished session's model (its adapter and optimizer state) on the process that held it."""
+    return tinker.release_model(model_id)

@@ -1,0 +1,153 @@
+"""Fixtures for the Tinker-compatible routes: the API on a real socket, one training worker of
+the tiny base for the whole package, and the official `tinker` SDK pointed at them.
+
+Nothing of the client is patched: it talks HTTP to `live_server` with a Mint key, exactly as
+it would talk to any Tinker server.
+"""
+
+from __future__ import annotations
+
+import io
+import signal
+import subprocess
+import tarfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import tinker
+import torch
+from tinker import types
+from tinker.proto.request_conv import forward_backward_request_to_proto
+
+from mint.config import Settings
+from mint.services.workers import list_workers
+from mint.storage.db import session_scope
+from tests.conftest import LiveServer, Tenant, Workers, make_tenant, wait_for
+
+BASE = "tiny-glm-moe"
+# Only so that a hung process cannot hang the suite; everything here takes seconds.
+HANG_S = 600.0
+
+# The client computes custom losses with torch in this process: one thread, as the suite asks.
+torch.set_num_threads(1)
+
+
+class TinkerWorker:
+    """The package's training worker process (`mint worker --base tiny-glm-moe`); `crash_and_restart`
+    kills it (SIGKILL) and starts another under the same name, as a supervisor would."""
+
+    NAME = "tinker"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.running = Workers()
+        self.process = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        process = self.running.start(self.NAME, env={"OMP_NUM_THREADS": "1"})
+
+        def registered() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"the worker exited with {process.returncode}")
+            with session_scope(self.settings.database) as session:
+                return any(w.pid == process.pid for w in list_workers(session))
+
+        wait_for(registered, "the Tinker worker to register", timeout=HANG_S)
+        return process
+
+    def crash_and_restart(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+        self.process = self._start()
+
+    def stop(self) -> None:
+        self.running.stop_all()
+
+
+@pytest.fixture(scope="package")
+def tinker_worker(prepared: Settings) -> Iterator[TinkerWorker]:
+    """One training worker of the tiny base for the whole package, registered."""
+    worker = TinkerWorker(prepared)
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+@pytest.fixture(scope="package")
+def alice(prepared: Settings) -> Tenant:
+    return make_tenant(prepared, "tinker-alice")
+
+
+@pytest.fixture(scope="package")
+def bob(prepared: Settings) -> Tenant:
+    return make_tenant(prepared, "tinker-bob")
+
+
+@pytest.fixture
+def connect(live_server: LiveServer) -> Iterator[Callable[[Tenant], tinker.ServiceClient]]:
+    """`connect(tenant)`: a `tinker.ServiceClient` on the live server with the tenant's developer
+    key; each is finished (`close("success")`) after the test."""
+    clients: list[tinker.ServiceClient] = []
+
+    def make(tenant: Tenant) -> tinker.ServiceClient:
+        client = tinker.ServiceClient(base_url=live_server.url, api_key=tenant.keys["developer"])
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close("success").result()
+
+
+@pytest.fixture
+def rest(live_server: LiveServer) -> Callable[[Tenant], tinker.RestClient]:
+    return lambda tenant: tinker.RestClient(base_url=live_server.url, api_key=tenant.keys["developer"])
+
+
+def api(live_server: LiveServer, tenant: Tenant) -> httpx.Client:
+    """Plain HTTP to the server with the tenant's key in the header the SDK uses."""
+    return httpx.Client(base_url=live_server.url, headers={"X-API-Key": tenant.keys["developer"]}, timeout=60)
+
+
+def download_tokenizer(live_server: LiveServer, tenant: Tenant, folder: Path) -> Path:
+    """What a client on another machine does: fetch the base's tokenizer into a local folder."""
+    with api(live_server, tenant) as client:
+        response = client.get(f"/api/v1/tokenizers/{BASE}")
+    assert response.status_code == 200, response.text
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(response.content)) as archive:
+        archive.extractall(folder, filter="data")
+    return folder
+
+
+def post_forward_backward(
+    http: httpx.Client,
+    model_id: str,
+    seq_id: int,
+    tokens: list[int],
+    *,
+    weights: list[float] | None = None,
+    copies: int = 1,
+    forward_only: bool = False,
+) -> httpx.Response:
+    """A forward_backward request as the SDK encodes it (protobuf): `copies` times the sequence
+    `tokens`, every position weighted 1 unless `weights` says otherwise."""
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights or [1.0] * (len(tokens) - 1)},
+    )
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=[datum] * copies, loss_fn="cross_entropy"),
+        model_id=model_id,
+        seq_id=seq_id,
+    )
+    message = forward_backward_request_to_proto(request)
+    message.forward_only = forward_only
+    return http.post(
+        "/api/v1/forward_backward",
+        content=message.SerializeToString(),
+        headers={"Content-Type": "application/x-protobuf"},
+    )

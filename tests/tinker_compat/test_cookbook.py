@@ -1,0 +1,118 @@
+"""tinker-cookbook's simplest supervised and RL recipes, unmodified, against Mint, on data made here.
+
+The recipes load the tokenizer by the base's name, as any client with no model hub does with
+Mint: the test downloads it from `/api/v1/tokenizers/<base>` into a folder of that name in
+the working directory, where `AutoTokenizer.from_pretrained(<name>)` finds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import tinker
+from tinker import types
+
+from tests.conftest import LiveServer, Tenant
+from tests.tinker_compat.conftest import BASE, TinkerWorker, api, download_tokenizer
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture
+def workdir(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    live_server: LiveServer,
+    connect: Callable[[Tenant], tinker.ServiceClient],
+    alice: Tenant,
+    tinker_worker: TinkerWorker,
+) -> Path:
+    """A working directory holding the base's tokenizer, with the SDK's key in the environment."""
+    # The worker saves the base's tokenizer when it first serves a model or sampler of it.
+    sampler = connect(alice).create_sampling_client(base_model=BASE).result()
+    sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=1)).result()
+    download_tokenizer(live_server, alice, tmp_path / BASE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TINKER_API_KEY", alice.keys["developer"])
+    return tmp_path
+
+
+def metrics(log_path: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+
+
+def checkpoint_paths(log_path: Path) -> list[dict[str, str]]:
+    return [json.loads(line) for line in (log_path / "checkpoints.jsonl").read_text().splitlines()]
+
+
+def test_supervised_recipe_chat_sl(workdir: Path, live_server: LiveServer, alice: Tenant) -> None:
+    from tinker_cookbook.recipes.chat_sl import train
+
+    rows = [
+        {"messages": [{"role": "user", "content": f"Ping {i}"}, {"role": "assistant", "content": "OK"}]}
+        for i in range(12)
+    ]
+    dataset = workdir / "chat.jsonl"
+    dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    log_path = workdir / "sl-log"
+    config = train.CLIConfig(
+        log_path=str(log_path),
+        model_name=BASE,
+        dataset=str(dataset),
+        renderer_name="role_colon",
+        batch_size=4,
+        lora_rank=4,
+        learning_rate=5e-3,
+        max_length=128,
+        max_steps=3,
+        save_every=2,
+        eval_every=0,
+        base_url=live_server.url,
+        behavior_if_log_dir_exists="delete",
+    )
+    train.cli_main(config)
+
+    steps = metrics(log_path)
+    assert [row["step"] for row in steps] == [0, 1, 2]
+    assert all(row["train_mean_nll"] > 0 for row in steps)
+    final = checkpoint_paths(log_path)[-1]
+    assert final["state_path"].endswith("/weights/final")
+    assert final["sampler_path"].endswith("/sampler_weights/final")
+    # The final sampler weights are an adapter version of Mint.
+    with api(live_server, alice) as client:
+        adapters = {a["name"] for a in client.get("/v1/adapters", params={"limit": 100}).json()["data"]}
+    model_id = final["state_path"].removeprefix("tinker://").split("/")[0]
+    assert f"tinker-{model_id.replace(':', '-')}" in adapters
+
+
+def test_rl_recipe_math_rl_arithmetic(workdir: Path, live_server: LiveServer) -> None:
+    from tinker_cookbook.recipes.math_rl import train
+
+    log_path = workdir / "rl-log"
+    config = train.CLIConfig(
+        log_path=str(log_path),
+        model_name=BASE,
+        env="arithmetic",
+        renderer_name="role_colon",
+        loss_fn="importance_sampling",
+        groups_per_batch=2,
+        group_size=2,
+        max_tokens=4,
+        lora_rank=4,
+        learning_rate=1e-3,
+        max_steps=2,
+        save_every=1,
+        eval_every=0,
+        base_url=live_server.url,
+        behavior_if_log_dir_exists="delete",
+    )
+    asyncio.run(train.cli_main(config))
+
+    steps = metrics(log_path)
+    assert [row["step"] for row in steps if "env/all/reward/total" in row] == [0, 1]
+    assert all(row["env/all/ac_tokens_per_turn"] > 0 for row in steps if "env/all/reward/total" in row)
+    assert checkpoint_paths(log_path)[-1]["sampler_path"].endswith("/sampler_weights/final")
