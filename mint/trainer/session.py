@@ -124,6 +124,7 @@ class ResidentBase:
         # Read before any adapter wraps a layer, so names are the base's own.
         self.catalogue = lora.TargetCatalogue.from_model(model)
         self._peft: Any = None  # peft.PeftModel once the first session exists
+        self._active: str | None = None  # the adapter this base last set active on every layer
         self._sessions: dict[str, TrainingSession] = {}
         self._lock = threading.RLock()
         self.device = model.get_input_embeddings().weight.device
@@ -181,6 +182,9 @@ class ResidentBase:
                     self._peft = get_peft_model(self.model, config, adapter_name=session_id)
                 else:
                     self._peft.add_adapter(session_id, config)
+                # Layers wrapped for the first time start with the new adapter active: set
+                # one explicitly before the next use.
+                self._active = None
             try:
                 lora.check_wrapped(self._peft, session_id, targets)
             except Exception:
@@ -229,6 +233,7 @@ class ResidentBase:
                 # peft warns when the active adapter goes; every primitive activates its own anyway.
                 warnings.filterwarnings("ignore", message=r"Adapter .* was active which is now deleted")
                 self._peft.delete_adapter(session_id)
+            self._active = None  # peft switched layers to some other adapter: set one before the next use
 
     def _new_session_id(self, requested: str | None) -> str:
         if requested is None:
@@ -257,8 +262,12 @@ class ResidentBase:
                 return
             if adapter_name not in self._sessions:
                 raise NotFound(f"training session {adapter_name!r} is closed", param="session_id")
-            if self._peft.active_adapter != adapter_name:
+            # Compared with what this base last activated, not with peft's `active_adapter`:
+            # after `delete_adapter`, peft activates a replacement layer by layer, which can
+            # differ from the name it reports, so a stale layer would run another session's LoRA.
+            if self._active != adapter_name:
                 self._peft.set_adapter(adapter_name)
+                self._active = adapter_name
             yield self.model
 
     def _adapters_disabled(self) -> AbstractContextManager[Any]:

