@@ -329,3 +329,17 @@ def cache_evict(
     emit_one(
         {"node": url, **call_node(url, "POST", "/internal/v1/cache/evict", {**body, "tier": tier})}, as_json=as_json
     )
+
+
+@admin.command("usage")
+def usage_command(org: OrgOpt, as_json: JsonOpt = False) -> None:
+    """Tokens trained, sampled and served by an organization, per kind and base model."""
+    from mint.services.usage import usage_summary
+
+    with session_scope(get_settings().database) as session:
+        organization = auth.find_organization(session, org)
+        rows = [
+            {"kind": kind, "base_model": base, "tokens": tokens, "records": records}
+            for kind, base, tokens, records in usage_summary(session, organization.id)
+        ]
+    emit(rows, ["kind", "base_model", "tokens", "records"], as_json=as_json, title=f"usage of {org}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import tarfile
 from typing import Any
 
@@ -84,6 +85,10 @@ def test_sft_job_trains_checkpoints_and_registers_a_version(
     with session_scope(prepared.database) as session:
         usage = session.execute(select(UsageRecord).where(UsageRecord.resource_id == job["id"])).scalars().all()
         assert [(u.kind, u.tokens, u.model_ref) for u in usage] == [("trained", job["trained_tokens"], "ok-bot@1")]
+    from tests.test_cli import mint
+
+    summary = json.loads(mint("admin", "usage", "--org", tenant.name, "--json").stdout)
+    assert {"kind": "trained", "base_model": BASE, "tokens": job["trained_tokens"], "records": 1} in summary
 
 
 def test_dpo_and_rl_jobs_succeed(client: TestClient, tenant: Tenant, workers: Workers) -> None:
