@@ -23,11 +23,16 @@ def id_path(description: str) -> Any:
     return Path(max_length=100, pattern=ID_PATTERN, description=description)
 
 
-def page_of(result: PageResult[Any], wire: type[WireT]) -> Page[WireT]:
-    data = [wire.model_validate(row) for row in result.rows]
+def page_from(data: list[WireT], has_more: bool, wire: type[WireT]) -> Page[WireT]:
+    """A page of wire items already built, with the cursors of its first and last item."""
     return Page[wire](  # type: ignore[valid-type]
         data=data,
-        has_more=result.has_more,
-        first_id=result.rows[0].id if result.rows else None,
-        last_id=result.rows[-1].id if result.rows else None,
+        has_more=has_more,
+        first_id=data[0].id if data else None,  # type: ignore[attr-defined]
+        last_id=data[-1].id if data else None,  # type: ignore[attr-defined]
     )
+
+
+def page_of(result: PageResult[Any], wire: type[WireT]) -> Page[WireT]:
+    """A page of ORM rows, each read into `wire`."""
+    return page_from([wire.model_validate(row) for row in result.rows], result.has_more, wire)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, BackgroundTasks
 from fastapi.responses import JSONResponse
 
 from mint.api.deps import CurrentPrincipal, SessionDep
-from mint.api.pagination import After, Limit, id_path
+from mint.api.pagination import After, Limit, id_path, page_from
 from mint.schemas.common import Page
 from mint.schemas.deployments import (
     DeploymentCreate,
@@ -64,13 +64,7 @@ def list_deployments(
     session: SessionDep, principal: CurrentPrincipal, after: After = None, limit: Limit = 20
 ) -> Page[DeploymentPublic]:
     result = paginate(session, owned_by(Deployment, principal.organization_id), Deployment, after=after, limit=limit)
-    data = [_public(session, row) for row in result.rows]
-    return Page[DeploymentPublic](
-        data=data,
-        has_more=result.has_more,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-    )
+    return page_from([_public(session, row) for row in result.rows], result.has_more, DeploymentPublic)
 
 
 @router.get("/{deployment_id}", response_model=DeploymentPublic)

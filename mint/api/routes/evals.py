@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from mint.api.pagination import After, Limit, id_path
+from mint.api.pagination import After, Limit, id_path, page_from, page_of
 from mint.evals.compare import DEFAULT_RESAMPLES, DEFAULT_SEED
 from mint.schemas.common import ID_PATTERN, Page
 from mint.schemas.datasets import DatasetPublic
@@ -61,12 +61,7 @@ def list_eval_runs(
         session, principal.organization_id, benchmark_id=benchmark_id, after=after, limit=limit
     )
     data = [EvalRunPublic.model_validate(view) for view in evals.run_views(session, result.rows)]
-    return Page[EvalRunPublic](
-        data=data,
-        has_more=result.has_more,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-    )
+    return page_from(data, result.has_more, EvalRunPublic)
 
 
 # Declared before /v1/evals/{eval_id}, which would otherwise take "compare" for an id.
@@ -108,13 +103,7 @@ def list_trajectories(
     """Every task of the run in the order it was written: messages with tool calls, output, grade and cost."""
     run = evals.get_eval_run(session, principal.organization_id, eval_id)
     result = evals.list_trajectories(session, run, passed=passed, after=after, limit=limit)
-    data = [TrajectoryPublic.model_validate(row) for row in result.rows]
-    return Page[TrajectoryPublic](
-        data=data,
-        has_more=result.has_more,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-    )
+    return page_of(result, TrajectoryPublic)
 
 
 @router.post("/v1/datasets/from-failures", response_model=MinedDatasetPublic, status_code=201, tags=["datasets"])

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query
 
 from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from mint.api.pagination import After, Limit, id_path
+from mint.api.pagination import After, Limit, id_path, page_from
 from mint.schemas.common import ID_PATTERN, Page
 from mint.schemas.fine_tuning import (
     EventPage,
@@ -66,13 +66,7 @@ def list_jobs(
 ) -> Page[FineTuningJob]:
     """Jobs of this organization, newest first."""
     result = paginate(session, owned_by(TrainingJob, principal.organization_id), TrainingJob, after=after, limit=limit)
-    data = [_view(session, job) for job in result.rows]
-    return Page[FineTuningJob](
-        data=data,
-        has_more=result.has_more,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-    )
+    return page_from([_view(session, job) for job in result.rows], result.has_more, FineTuningJob)
 
 
 @router.get("/{job_id}", response_model=FineTuningJob)
@@ -116,9 +110,7 @@ def list_checkpoints(job_id: JobId, session: SessionDep, principal: CurrentPrinc
         )
         for row in fine_tuning.list_checkpoints(session, job)
     ]
-    return Page[FineTuningJobCheckpoint](
-        data=data, has_more=False, first_id=data[0].id if data else None, last_id=data[-1].id if data else None
-    )
+    return page_from(data, False, FineTuningJobCheckpoint)
 
 
 def _columns(row: Any) -> dict[str, Any]:
