@@ -18,6 +18,7 @@ The run is safe against any process dying at any moment:
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import tarfile
@@ -90,10 +91,6 @@ def claim(session: Session, job_id: str, worker_id: str) -> TrainingJob | None:
     return job
 
 
-def _ours(job_id: str, worker_id: str) -> Any:
-    return held_by(TrainingJob, job_id, worker_id)
-
-
 def _checkpoint_key(job_id: str, step: int) -> str:
     return f"checkpoints/{job_id}/step-{step:07d}.tar"
 
@@ -108,8 +105,6 @@ def _pack_folder(folder: Path) -> bytes:
 
 
 def _unpack_folder(data: bytes, folder: Path) -> None:
-    import io
-
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
         archive.extractall(folder, filter="data")
 
@@ -186,7 +181,7 @@ class JobRun:
 
     def _require_ours(self, session: Session) -> TrainingJob:
         job = session.execute(
-            select(TrainingJob).where(*_ours(self.context.job_id, self.context.worker_id))
+            select(TrainingJob).where(*held_by(TrainingJob, self.context.job_id, self.context.worker_id))
         ).scalar_one_or_none()
         if job is None:
             raise LostLease(self.context.job_id)
@@ -404,7 +399,7 @@ def fail(settings: Settings, job_id: str, worker_id: str, code: str, message: st
     with session_scope(settings.database) as session:
         failed = session.execute(
             update(TrainingJob)
-            .where(*_ours(job_id, worker_id))
+            .where(*held_by(TrainingJob, job_id, worker_id))
             .values(status="failed", finished_at=utcnow(), error={"code": code, "message": message, "param": None})
         ).rowcount
         if failed:
