@@ -38,12 +38,13 @@ chromium:
 	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-# The whole suite, once on the embedded defaults and once on PostgreSQL + Redis (+ S3).
-test: install chromium
+# The whole suite, once on the embedded defaults and once on PostgreSQL + Redis (+ S3). The
+# vLLM venv comes first, so that the engine contract suite runs against vLLM too.
+test: install chromium vllm-venv
 	$(PY) -m pytest --backend=embedded $(PYTEST_ARGS)
 	$(PY) -m pytest --backend=services $(PYTEST_ARGS)
 
-test-embedded: install chromium
+test-embedded: install chromium vllm-venv
 	$(PY) -m pytest --backend=embedded $(PYTEST_ARGS)
 
 test-services: install
