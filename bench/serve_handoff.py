@@ -102,6 +102,7 @@ def main() -> None:
 
     from mint.config import PROJECT_ROOT, get_settings
     from mint.schemas.base_models import get_base_model_spec
+    from mint.serving.engines import open_engine
     from mint.serving.node import ServingNode
     from mint.storage.objects import LocalObjectStore
     from mint.trainer.chat_data import render_prompt
@@ -115,7 +116,8 @@ def main() -> None:
         trainer = ResidentBase(spec, cache_dir)
         prompt = render_prompt(trainer.tokenizer, QUESTION)
         store = LocalObjectStore(scratch / "objects")
-        node = ServingNode(spec, cache_dir, store, ssd_dir=scratch / "ssd")
+        engine = open_engine(spec, cache_dir, kind="torch", max_adapters=8, max_batch_size=16)
+        node = ServingNode(spec, engine, store, ssd_dir=scratch / "ssd")
         anchor_times, mint_times = [], []
         for repeat in range(args.repeats):
             adapter = trained_adapter(trainer, scratch / f"adapter-{repeat}")

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+EngineKind = Literal["auto", "torch", "vllm"]  # the engine of a serving node (mint.serving.engines)
 
 
 class Settings(BaseSettings):
@@ -45,6 +48,15 @@ class Settings(BaseSettings):
     job_lease_s: float = Field(default=120.0, gt=0)
     reconcile_every_s: float = Field(default=30.0, gt=0)
     requeue_grace_s: float = Field(default=30.0, ge=0)
+
+    # Serving nodes: "auto" runs vLLM where a CUDA GPU and vLLM are (in this venv, or in the one
+    # whose interpreter `vllm_python` names), Mint's torch engine elsewhere.
+    serving_engine: EngineKind = "auto"
+    vllm_python: Path | None = Field(
+        default=None, description="python of a venv with vLLM and Mint; a node's vLLM engine runs there."
+    )
+    serving_engine_slots: int = Field(default=8, ge=1, description="Adapters a node's engine holds at once.")
+    serving_batch_size: int = Field(default=16, ge=1, description="Requests a node's engine decodes together.")
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=1, le=65535)

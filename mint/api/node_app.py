@@ -74,16 +74,27 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         from mint.serving.cache import register_metrics
+        from mint.serving.engines import open_engine
         from mint.serving.node import ServingNode
 
         spec = get_base_model_spec(base_model, settings.model_configs_dir)
+        engine = await run_in_threadpool(
+            open_engine,
+            spec,
+            settings.models_cache_dir,
+            kind=settings.serving_engine,
+            vllm_python=settings.vllm_python,
+            max_adapters=settings.serving_engine_slots,
+            max_batch_size=settings.serving_batch_size,
+        )
         node = await run_in_threadpool(
             ServingNode,
             spec,
-            settings.models_cache_dir,
+            engine,
             object_store_for(settings),
             ssd_dir=settings.home / "adapter-cache" / base_model,
         )
+        log.info("serving %s with the %s engine", base_model, type(engine).__name__)
         registry = CollectorRegistry()
         register_metrics(node.cache, registry)
         state.update(node=node, registry=registry, stop=threading.Event())
@@ -98,6 +109,7 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
         finally:
             state["stop"].set()
             node.close()
+            engine.close()
             with session_scope(settings.database) as session:
                 unregister_node(session, node_id)
 

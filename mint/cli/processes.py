@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import os
 import signal
 import subprocess
@@ -94,11 +95,23 @@ def beat(loglevel: str = "INFO") -> None:
     celery_app.start(["beat", "--loglevel", loglevel])
 
 
+class EngineChoice(enum.StrEnum):
+    """The engines `mint serve --engine` takes (`mint.config.EngineKind`)."""
+
+    auto = "auto"
+    torch = "torch"
+    vllm = "vllm"
+
+
 def serve(
     base: Annotated[str, typer.Option(help="The base model this node serves, with its adapters.")],
     host: Annotated[str, typer.Option(help="Bind address; the API must reach it.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the node's internal API.")] = 8100,
     url: Annotated[str | None, typer.Option(help="URL the API uses to reach this node; from host and port.")] = None,
+    engine: Annotated[
+        EngineChoice | None,
+        typer.Option(help="auto: vLLM where a CUDA GPU and vLLM are, else torch. MINT_SERVING_ENGINE if omitted."),
+    ] = None,
 ) -> None:
     """Run a serving node: the base resident, the multi-LoRA engine and the adapter cache."""
     import uvicorn
@@ -107,6 +120,8 @@ def serve(
     from mint.schemas.base_models import enabled_base_names
 
     settings = get_settings()
+    if engine is not None:
+        settings = settings.model_copy(update={"serving_engine": engine.value})
     bases = enabled_base_names(settings.model_configs_dir)
     if base not in bases:
         raise typer.BadParameter(f"unknown or disabled base {base!r}; enabled: {', '.join(bases)}", param_hint="--base")

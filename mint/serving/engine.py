@@ -216,6 +216,16 @@ class Engine(Protocol):
         """How many adapters can be loaded at once."""
         ...
 
+    @property
+    def max_batch_size(self) -> int:
+        """How many requests decode together; more wait for a place (continuous batching)."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The base's tokenizer (a transformers tokenizer), which renders chats into prompts."""
+        ...
+
     def add_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Load a PEFT adapter (folder or tensors) under `adapter_id`; a no-op if that id is loaded.
 
@@ -241,4 +251,8 @@ class Engine(Protocol):
 
     def stream(self, requests: Sequence[GenerateRequest]) -> Iterator[StreamEvent]:
         """As `generate`, yielding each request's new tokens as soon as they are sampled."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds beyond this object (adapters, a child process)."""
         ...

@@ -35,7 +35,7 @@ from typing import Any
 from mint.errors import InvalidRequest
 from mint.schemas.base_models import BaseModelSpec
 from mint.serving.cache import TieredCache
-from mint.serving.engine import AdapterTensors, GenerateRequest, StreamEvent
+from mint.serving.engine import AdapterTensors, Engine, GenerateRequest, StreamEvent
 from mint.serving.router import MixtureSpec, RouteDecision, Router
 from mint.serving.tiers import CpuTier, EngineTier, LocalDiskTier, ObjectStoreTier
 from mint.storage.objects import ObjectStore
@@ -113,30 +113,30 @@ class ServingNode:
     def __init__(
         self,
         spec: BaseModelSpec,
-        cache_dir: Path,
+        engine: Engine,
         store: ObjectStore,
         *,
         ssd_dir: Path,
-        engine_slots: int = 8,
         cpu_bytes: int = 2 * 1024**3,
         ssd_bytes: int = 20 * 1024**3,
-        max_batch_size: int = 16,
     ) -> None:
-        from mint.serving.torch_engine import TorchEngine
-
+        """Serve `spec` with `engine` (see `mint.serving.engines.open_engine`), whose adapter
+        slots become the cache's first tier, and the adapter versions in `store`."""
         self.spec = spec
         self.store = store
-        self.engine = TorchEngine.from_spec(spec, cache_dir, max_adapters=engine_slots, max_batch_size=max_batch_size)
-        self.tokenizer = self.engine.tokenizer
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
         self._object_keys: dict[str, str] = {}
+        self.ssd = LocalDiskTier(ssd_dir, capacity_bytes=ssd_bytes)
         self.cache = TieredCache(
             [
-                EngineTier(self.engine, max_entries=engine_slots, decode=decode_archive),
+                EngineTier(engine, max_entries=engine.max_adapters, decode=decode_archive),
                 CpuTier(capacity_bytes=cpu_bytes),
-                LocalDiskTier(ssd_dir, capacity_bytes=ssd_bytes),
+                self.ssd,
             ],
             ObjectStoreTier(store, self._object_key),
         )
+        self._adopt_ssd_copies()
         self._routers: OrderedDict[str, Router] = OrderedDict()
         self._routers_lock = threading.Lock()
         self._waiting: queue.Queue[_Pending] = queue.Queue()
@@ -151,6 +151,18 @@ class ServingNode:
         self._stop.set()
 
     # ---- adapters ---------------------------------------------------------------------------
+
+    def _adopt_ssd_copies(self) -> None:
+        """Serve the copies a previous process left on the SSD; delete those over its budget."""
+        kept = dropped = 0
+        for key, size_bytes in self.ssd.stored():
+            if self.cache.adopt(self.ssd.name, key, size_bytes):
+                kept += 1
+            else:
+                self.ssd.delete(key)
+                dropped += 1
+        if kept or dropped:
+            log.info("adapter cache: adopted %d copies left on the SSD, removed %d over its budget", kept, dropped)
 
     def _object_key(self, sha256: str) -> str:
         from mint.errors import NotFound

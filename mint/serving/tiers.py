@@ -14,9 +14,11 @@ into what the engine loads. Nothing here imports torch.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -25,6 +27,8 @@ from typing import Any, Protocol
 from mint.errors import ConfigurationError, Conflict, InvalidRequest, NotFound
 from mint.serving.cache import content_hash, validate_content_hash
 from mint.storage.objects import ObjectStore
+
+log = logging.getLogger(__name__)
 
 INCOMING = ".incoming"  # the disk tier's temp files, on the same filesystem as its copies
 SUFFIX = ".bin"
@@ -138,6 +142,13 @@ class LocalDiskTier:
     crash. Reads check the bytes against the key (`verify`) and remove a bad copy, so the
     cache reads the next tier instead. Temp files a crash left behind are removed at start;
     `stored()` lists the copies a previous process left, for `TieredCache.adopt`.
+
+    Writes are behind by default (`write_behind`): `put` hands the payload to one writer thread
+    and returns, so a promotion into the engine does not wait for the disk, and the copy is
+    served from memory until its file is in place. Pending payloads are bounded
+    (`max_pending_bytes`; past it, `put` waits for the writer). A write that fails, or that
+    a crash interrupts, leaves no copy; the cache reads the next tier when it finds the copy
+    missing, since the object store is the truth.
     """
 
     readable = True
@@ -149,6 +160,8 @@ class LocalDiskTier:
         capacity_bytes: int,
         max_entries: int | None = None,
         verify: bool = True,
+        write_behind: bool = True,
+        max_pending_bytes: int = 256 * 2**20,
         name: str = "ssd",
     ) -> None:
         self.name = name
@@ -157,6 +170,13 @@ class LocalDiskTier:
         self.root = root
         self._verify = verify
         self._incoming = root / INCOMING
+        self._write_behind = write_behind
+        self._max_pending_bytes = max_pending_bytes
+        self._changed = threading.Condition()  # guards the pending writes and every rename or removal
+        self._pending: dict[str, bytes] = {}
+        self._pending_bytes = 0
+        self._queue: deque[str] = deque()
+        self._writer: threading.Thread | None = None
         try:
             self._incoming.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -171,6 +191,10 @@ class LocalDiskTier:
 
     def get(self, key: str) -> bytes:
         path = self.path(key)
+        with self._changed:
+            pending = self._pending.get(key)
+        if pending is not None:
+            return pending  # checked by whoever put it; its file is not written yet
         try:
             payload = path.read_bytes()
         except FileNotFoundError as exc:
@@ -184,23 +208,38 @@ class LocalDiskTier:
         return payload
 
     def put(self, key: str, payload: bytes) -> None:
-        path = self.path(key)
-        path.parent.mkdir(exist_ok=True)
-        fd, temp_name = tempfile.mkstemp(dir=self._incoming, prefix=f"{key[:12]}-")
-        try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(payload)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temp_name, path)
-        finally:
-            Path(temp_name).unlink(missing_ok=True)  # already gone after the replace
+        validate_content_hash(key)
+        if not self._write_behind:
+            self._publish(self._write_temp(key, payload), key, raise_errors=True)
+            return
+        with self._changed:
+            while self._pending and self._pending_bytes + len(payload) > self._max_pending_bytes:
+                self._changed.wait()
+            self._forget_pending(key)
+            self._pending[key] = payload
+            self._pending_bytes += len(payload)
+            self._queue.append(key)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, name=f"{self.name}-writer", daemon=True)
+                self._writer.start()
+            self._changed.notify_all()
 
     def delete(self, key: str) -> None:
-        self.path(key).unlink(missing_ok=True)
+        path = self.path(key)
+        with self._changed:
+            self._forget_pending(key)
+            path.unlink(missing_ok=True)
 
     def contains(self, key: str) -> bool:
-        return self.path(key).is_file()
+        path = self.path(key)
+        with self._changed:
+            return key in self._pending or path.is_file()
+
+    def flush(self) -> None:
+        """Wait until every pending write is on the disk (or has failed)."""
+        with self._changed:
+            while self._pending:
+                self._changed.wait()
 
     def stored(self) -> Iterator[tuple[str, int]]:
         """(key, size in bytes) of every copy in the folder; files with other names are ignored."""
@@ -211,6 +250,60 @@ class LocalDiskTier:
                 key = file.name.removesuffix(SUFFIX)
                 if file.name.endswith(SUFFIX) and _is_hash(key) and key[:2] == folder.name and file.is_file():
                     yield key, file.stat().st_size
+
+    def _write_temp(self, key: str, payload: bytes) -> str:
+        """Write `payload` to a new temp file, flushed to the disk; its name (removed if it fails)."""
+        self.path(key).parent.mkdir(exist_ok=True)
+        fd, temp_name = tempfile.mkstemp(dir=self._incoming, prefix=f"{key[:12]}-")
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(payload)
+                file.flush()
+                os.fsync(file.fileno())
+        except BaseException:
+            Path(temp_name).unlink(missing_ok=True)
+            raise
+        return temp_name
+
+    def _publish(self, temp_name: str, key: str, *, raise_errors: bool = False) -> None:
+        """Move a written temp file into place as the copy of `key`; the temp file is gone after."""
+        try:
+            os.replace(temp_name, self.path(key))
+        except OSError as error:
+            Path(temp_name).unlink(missing_ok=True)
+            if raise_errors:
+                raise
+            log.warning("adapter cache: publishing %s in the %s tier failed: %s", key, self.name, error)
+
+    def _forget_pending(self, key: str) -> None:
+        """Drop a pending write of `key` (under the condition): its writer will discard its file."""
+        payload = self._pending.pop(key, None)
+        if payload is not None:
+            self._pending_bytes -= len(payload)
+            self._changed.notify_all()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._changed:
+                while not self._queue:
+                    self._changed.wait()
+                key = self._queue.popleft()
+                payload = self._pending.get(key)
+            if payload is None:
+                continue  # deleted, or replaced by a later put queued after this one
+            try:
+                temp_name: str | None = self._write_temp(key, payload)
+            except Exception as error:  # noqa: BLE001 - a cache copy that cannot be written is simply absent
+                log.warning("adapter cache: writing %s to the %s tier failed: %s", key, self.name, error)
+                temp_name = None
+            with self._changed:
+                if self._pending.get(key) is payload:
+                    if temp_name is not None:
+                        self._publish(temp_name, key)
+                        temp_name = None
+                    self._forget_pending(key)
+            if temp_name is not None:
+                Path(temp_name).unlink(missing_ok=True)
 
 
 def _is_hash(key: str) -> bool:

@@ -42,7 +42,7 @@ import re
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -876,6 +876,12 @@ class TorchEngine:
         """The loaded adapters, oldest first."""
         with self._lock:
             return [loaded.info for loaded in self._loaded.values()]
+
+    def close(self) -> None:
+        """Unload every adapter not in use; the base goes with this object (no process to stop)."""
+        for info in self.adapters():
+            with suppress(NotFound, Conflict):
+                self.remove_adapter(info.adapter_id)
 
     def slot_of(self, adapter_id: str) -> int:
         """The slot an adapter occupies (1..max_adapters)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,7 @@ def test_disk_tier_round_trip(tmp_path: Path) -> None:
     tier = LocalDiskTier(tmp_path / "ssd", capacity_bytes=10_000)
     for key, payload in zip(KEYS[:3], PAYLOADS[:3], strict=True):
         tier.put(key, payload)
+    tier.flush()
     assert tier.get(KEYS[1]) == PAYLOADS[1] and tier.contains(KEYS[2])
     assert tier.path(KEYS[1]) == tmp_path / "ssd" / KEYS[1][:2] / f"{KEYS[1]}.bin"
 
@@ -85,22 +87,70 @@ def test_disk_tier_publishes_complete_files_only(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(os, "replace", checking_replace)
     tier.put(KEYS[0], PAYLOADS[0])
+    tier.flush()
     assert seen == [(PAYLOADS[0], False)]
     assert final.read_bytes() == PAYLOADS[0]
     assert list((tmp_path / ".incoming").iterdir()) == []
 
 
 def test_disk_tier_leaves_nothing_when_a_write_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    tier = LocalDiskTier(tmp_path, capacity_bytes=10_000)
-
     def failing_fsync(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
+    behind = LocalDiskTier(tmp_path / "behind", capacity_bytes=10_000)
+    behind.put(KEYS[0], PAYLOADS[0])  # accepted; the copy is served from memory until written
+    behind.flush()
+    assert not behind.contains(KEYS[0])
+    with pytest.raises(NotFound):
+        behind.get(KEYS[0])  # the cache then reads the next tier
+    through = LocalDiskTier(tmp_path / "through", capacity_bytes=10_000, write_behind=False)
     with pytest.raises(OSError, match="No space"):
-        tier.put(KEYS[0], PAYLOADS[0])
-    assert not tier.contains(KEYS[0])
+        through.put(KEYS[0], PAYLOADS[0])
+    assert not through.contains(KEYS[0])
+    for tier in (behind, through):
+        assert list((tier.root / ".incoming").iterdir()) == []
+
+
+def test_disk_tier_serves_a_copy_before_its_file_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tier = LocalDiskTier(tmp_path, capacity_bytes=10_000)
+    disk_free = threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        disk_free.wait()
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    tier.put(KEYS[0], PAYLOADS[0])
+    tier.put(KEYS[1], PAYLOADS[1])
+    assert tier.get(KEYS[0]) == PAYLOADS[0] and tier.contains(KEYS[1])
+    assert not tier.path(KEYS[0]).exists()
+    tier.delete(KEYS[1])  # deleted while pending: its file never appears
+    disk_free.set()
+    tier.flush()
+    assert tier.path(KEYS[0]).read_bytes() == PAYLOADS[0]
+    assert not tier.contains(KEYS[1]) and not tier.path(KEYS[1]).exists()
+    assert list(tier.stored()) == [(KEYS[0], len(PAYLOADS[0]))]
     assert list((tmp_path / ".incoming").iterdir()) == []
+
+
+def test_disk_tier_bounds_its_pending_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    size = len(PAYLOADS[0])
+    tier = LocalDiskTier(tmp_path, capacity_bytes=10_000, max_pending_bytes=size)
+    written: list[int] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        real_fsync(fd)
+        written.append(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    for key, payload in zip(KEYS[:3], PAYLOADS[:3], strict=True):
+        tier.put(key, payload)  # waits for the previous write: one payload's bytes may be pending
+        assert len(written) >= KEYS.index(key)
+    tier.flush()
+    assert sorted(tier.stored()) == sorted((key, len(PAYLOADS[0])) for key in KEYS[:3])
 
 
 def test_disk_tier_removes_temp_files_a_crash_left(tmp_path: Path) -> None:
@@ -113,6 +163,7 @@ def test_disk_tier_removes_temp_files_a_crash_left(tmp_path: Path) -> None:
 def test_disk_tier_refuses_a_damaged_copy_and_removes_it(tmp_path: Path) -> None:
     tier = LocalDiskTier(tmp_path, capacity_bytes=10_000)
     tier.put(KEYS[0], PAYLOADS[0])
+    tier.flush()
     tier.path(KEYS[0]).write_bytes(PAYLOADS[0][:-1])  # torn
     with pytest.raises(NotFound, match="damaged"):
         tier.get(KEYS[0])
@@ -135,6 +186,7 @@ def test_disk_tier_refuses_keys_that_are_not_hashes(tmp_path: Path, key: str) ->
 def test_disk_tier_lists_only_its_own_files(tmp_path: Path) -> None:
     tier = LocalDiskTier(tmp_path, capacity_bytes=10_000)
     tier.put(KEYS[0], PAYLOADS[0])
+    tier.flush()
     (tmp_path / KEYS[0][:2] / "notes.txt").write_text("not a copy")
     (tmp_path / "zz").mkdir()
     (tmp_path / "zz" / f"{KEYS[1]}.bin").write_bytes(PAYLOADS[1])  # in the wrong folder
@@ -214,6 +266,7 @@ def test_a_cache_over_the_real_tiers(tmp_path: Path) -> None:
         assert lease.source == "ssd"
 
     # A new process finds the SSD's copies, adopts them and serves from them.
+    disk.flush()
     restarted, engine, disk = build()
     adopted = [key for key, size_bytes in disk.stored() if restarted.adopt("ssd", key, size_bytes)]
     assert sorted(adopted) == sorted(KEYS[:3])

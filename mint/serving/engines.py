@@ -1,0 +1,78 @@
+"""Which engine a serving node runs: Mint's torch engine, or vLLM where vLLM serves best.
+
+`mint serve --engine auto` (the default, `MINT_SERVING_ENGINE`) picks vLLM on a machine with a
+CUDA GPU where vLLM can run, in this process or in the venv named by `MINT_VLLM_PYTHON`, and
+Mint's torch engine everywhere else. Both keep the `mint.serving.engine.Engine` contract, so
+the node, its adapter cache and the API do not change with the choice. vLLM on CPU serves
+dense bases only (it has no LoRA kernels for MoE experts there), so asking for it on an MoE
+base without a GPU is refused when the node starts, saying so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Literal
+
+from mint.config import EngineKind
+from mint.errors import ConfigurationError
+from mint.schemas.base_models import BaseModelSpec
+from mint.serving.engine import Engine
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def choose_engine(spec: BaseModelSpec, kind: EngineKind, *, vllm_python: Path | None) -> Literal["torch", "vllm"]:
+    """The engine to run for `spec`: `kind` itself, or for "auto" vLLM when it can run on a GPU."""
+    vllm_runs_here = vllm_python is not None or importlib.util.find_spec("vllm") is not None
+    if kind == "auto":
+        return "vllm" if vllm_runs_here and _has_cuda() else "torch"
+    if kind == "vllm":
+        if not vllm_runs_here:
+            raise ConfigurationError(
+                "the vLLM engine was asked for, but vllm is not installed here: install it, or set "
+                "MINT_VLLM_PYTHON to the python of a venv that has vLLM and Mint (make vllm-venv)"
+            )
+        if spec.moe and not _has_cuda():
+            raise ConfigurationError(
+                f"{spec.name} is a mixture-of-experts base, and vLLM serves LoRA on experts only on a GPU: "
+                "run this node with --engine torch (or auto)"
+            )
+    return kind
+
+
+def open_engine(
+    spec: BaseModelSpec,
+    cache_dir: Path,
+    *,
+    kind: EngineKind = "auto",
+    vllm_python: Path | None = None,
+    max_adapters: int,
+    max_batch_size: int,
+) -> Engine:
+    """Start the engine `choose_engine` picks, with the base pulled into `cache_dir` if needed."""
+    chosen = choose_engine(spec, kind, vllm_python=vllm_python)
+    if chosen == "torch":
+        from mint.serving.torch_engine import TorchEngine
+
+        return TorchEngine.from_spec(spec, cache_dir, max_adapters=max_adapters, max_batch_size=max_batch_size)
+    options = {"max_adapters": max_adapters, "max_batch_size": max_batch_size}
+    if vllm_python is None:
+        from mint.serving.vllm_engine import VllmEngine
+
+        return VllmEngine.from_spec(spec, cache_dir, **options)
+    from mint.serving.vllm_engine import VllmEngineProcess
+    from mint.trainer.models import pull_base_model
+
+    return VllmEngineProcess(
+        pull_base_model(spec, cache_dir),
+        base_model=spec.name,
+        python=vllm_python,
+        dtype=spec.dtype,
+        context_length=spec.context_length,
+        **options,
+    )

@@ -1,0 +1,127 @@
+"""The serving node (`mint.serving.node.ServingNode`) on each engine of `ENGINE_FACTORIES`, and
+the choice of engine a node makes (`mint.serving.engines`).
+
+A node serves adapter versions that exist only in the object store, as a job leaves them:
+the first request fetches a version through the adapter cache into an engine slot and is
+answered with exactly peft's tokens for that adapter. A restarted node adopts the copies the
+previous one left on its SSD and serves from them without the object store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from mint.config import PROJECT_ROOT
+from mint.errors import ConfigurationError
+from mint.schemas.base_models import get_base_model_spec
+from mint.services.adapters import archive_adapter
+from mint.serving import engines
+from mint.serving.engine import Engine
+from mint.serving.node import AdapterRef, NodeRequest, ServingNode
+from mint.storage.objects import LocalObjectStore
+
+if TYPE_CHECKING:
+    from tests.serving.conftest import AdapterKit, EngineFactory
+
+pytestmark = [pytest.mark.backend_free, pytest.mark.torch]
+
+CONFIGS = PROJECT_ROOT / "configs" / "models"
+PROMPT = "Write the names of three rivers:"
+MAX_TOKENS = 6
+
+
+def store_version(store: LocalObjectStore, folder: Path, name: str) -> AdapterRef:
+    """Store an adapter folder as a finished job does: one archive, named to nodes by its sha256."""
+    archive = archive_adapter(folder)
+    key = f"adapters/{name}/1/adapter.tar"
+    store.put_bytes(key, archive)
+    return AdapterRef(ref=f"{name}@1", sha256=hashlib.sha256(archive).hexdigest(), object_key=key)
+
+
+def ask(node: ServingNode, adapter: AdapterRef | None) -> list[int]:
+    request = NodeRequest(
+        messages=None,
+        prompt=PROMPT,
+        tools=None,
+        adapter=adapter,
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        top_p=1.0,
+        seed=0,
+        stop=[],
+    )
+    return node.complete(request)[0].token_ids
+
+
+def test_a_node_serves_stored_versions_and_after_a_restart_serves_its_ssd_copies(
+    engine_factory: EngineFactory, engine: Engine, kit: AdapterKit, tmp_path: Path
+) -> None:
+    spec = get_base_model_spec(engine_factory.base, CONFIGS)
+    store = LocalObjectStore(tmp_path / "objects")
+    versions = {name: store_version(store, kit[name].folder, name) for name in ("alpha", "beta")}
+    prompt = list(engine.tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
+    expected = {name: kit.reference(name, prompt, MAX_TOKENS).tokens for name in (None, "alpha", "beta")}
+
+    node = ServingNode(spec, engine, store, ssd_dir=tmp_path / "ssd")
+    try:
+        for name, version in versions.items():
+            assert ask(node, version) == expected[name], f"{name} through the node differs from peft"
+        assert ask(node, None) == expected[None]
+        stats = node.cache.stats()
+        assert stats.tier("object_store").hits == 2 and stats.tier("engine").resident_entries == 2
+        assert stats.leases == 0
+    finally:
+        node.close()
+    node.ssd.flush()
+
+    # A new node process: the engine's slots are empty and the object store has lost the versions.
+    for info in engine.adapters():
+        engine.remove_adapter(info.adapter_id)
+    for version in versions.values():
+        store.delete(version.object_key)
+    restarted = ServingNode(spec, engine, store, ssd_dir=tmp_path / "ssd")
+    try:
+        assert restarted.cache.stats().tier("ssd").resident_entries == 2
+        for name, version in versions.items():
+            assert ask(restarted, version) == expected[name]
+        assert restarted.cache.stats().tier("ssd").hits == 2
+    finally:
+        restarted.close()
+
+
+# ---- which engine a node runs -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA GPU, as `choose_engine` sees it: faked, since this suite runs on machines without one."""
+    monkeypatch.setattr(engines, "_has_cuda", lambda: True)
+
+
+def test_auto_runs_the_torch_engine_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engines, "_has_cuda", lambda: False)
+    dense = get_base_model_spec("smollm2-135m-instruct", CONFIGS)
+    assert engines.choose_engine(dense, "auto", vllm_python=Path("/opt/vllm/bin/python")) == "torch"
+    assert engines.choose_engine(dense, "vllm", vllm_python=Path("/opt/vllm/bin/python")) == "vllm"
+
+
+@pytest.mark.usefixtures("gpu")
+def test_auto_runs_vllm_on_a_gpu_where_vllm_is() -> None:
+    moe = get_base_model_spec("tiny-glm-moe", CONFIGS)
+    assert engines.choose_engine(moe, "auto", vllm_python=Path("/opt/vllm/bin/python")) == "vllm"
+    assert engines.choose_engine(moe, "torch", vllm_python=Path("/opt/vllm/bin/python")) == "torch"
+
+
+def test_vllm_is_refused_where_it_cannot_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engines, "_has_cuda", lambda: False)
+    moe = get_base_model_spec("tiny-glm-moe", CONFIGS)
+    with pytest.raises(ConfigurationError, match="experts only on a GPU"):
+        engines.choose_engine(moe, "vllm", vllm_python=Path("/opt/vllm/bin/python"))
+    monkeypatch.setattr(engines.importlib.util, "find_spec", lambda name: None)  # no vllm in this venv
+    with pytest.raises(ConfigurationError, match="MINT_VLLM_PYTHON"):
+        engines.choose_engine(moe, "vllm", vllm_python=None)
+    assert engines.choose_engine(moe, "auto", vllm_python=None) == "torch"
