@@ -16,7 +16,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -24,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from mint.api.deps import CurrentPrincipal, SettingsDep
 from mint.api.pagination import id_path
 from mint.config import Settings
-from mint.errors import MintError, NotFound, ServiceUnavailable
+from mint.errors import MintError, NotFound
 from mint.schemas.inference import (
     ChatCompletion,
     ChatCompletionCreate,
@@ -36,6 +35,7 @@ from mint.schemas.inference import (
 )
 from mint.services.auth import Principal
 from mint.services.inference import ServingPlan, available_models, plan_for
+from mint.services.node_client import complete_stream
 from mint.services.serving_nodes import node_for
 from mint.services.usage import record_usage
 from mint.storage.db import session_scope
@@ -43,7 +43,6 @@ from mint.storage.db import session_scope
 router = APIRouter(tags=["inference"])
 
 ModelName = Annotated[str, id_path("A base, `adapter@version`, or a deployment name.")]
-NODE_TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
 
 
 def _plan(settings: Settings, principal: Principal, model: str) -> tuple[ServingPlan, str]:
@@ -76,38 +75,6 @@ def _mint_field(plan: ServingPlan, served: dict[str, Any]) -> dict[str, Any]:
         "revision": plan.revision,
         "route": served.get("route"),
     }
-
-
-async def _node_lines(url: str, body: NodeCompletion) -> AsyncIterator[dict[str, Any]]:
-    """The node's JSON lines; its errors come back as Mint's (same type, status and message)."""
-    async with httpx.AsyncClient(timeout=NODE_TIMEOUT) as client:
-        try:
-            async with client.stream("POST", f"{url}/internal/v1/complete", json=body.model_dump()) as response:
-                if response.status_code >= 400:
-                    raise _node_error(response.status_code, (await response.aread()).decode())
-                async for line in response.aiter_lines():
-                    if line.strip():
-                        yield json.loads(line)
-        except httpx.TransportError as exc:
-            raise ServiceUnavailable(f"the serving node at {url} did not answer ({exc}); retry", param="model") from exc
-
-
-class NodeError(MintError):
-    """An error a serving node returned, passed on with its status."""
-
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        error = body.get("error", {})
-        super().__init__(str(error.get("message", "the serving node failed")), param=error.get("param"))
-        self.status = status
-        self.type = str(error.get("type", "node_error"))
-
-
-def _node_error(status: int, text: str) -> MintError:
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError:
-        body = {"error": {"message": text[:500]}}
-    return NodeError(status, body)
 
 
 def _node_request(plan: ServingPlan, body: ChatCompletionCreate | CompletionCreate, **prompt: Any) -> NodeCompletion:
@@ -149,11 +116,8 @@ async def _serve(
     node_body = _node_request(plan, request_body, **prompt)
     completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
-    lines = _node_lines(url, node_body)
-    try:
-        first = await anext(lines)
-    except NodeError as error:
-        return _error_response(error)
+    lines = complete_stream(url, node_body)
+    first = await anext(lines)  # a node's refusal is raised here, before any response starts
     served = first["served"]
     mint = _mint_field(plan, served)
     headers = {"X-Mint-Adapter": served.get("adapter") or plan.base_model}
@@ -261,10 +225,6 @@ async def _sse(
     await run_in_threadpool(_record, settings, principal, plan, mint.get("adapter"), usage["total_tokens"])
     yield chunk([], usage=usage)
     yield b"data: [DONE]\n\n"
-
-
-def _error_response(error: NodeError) -> JSONResponse:
-    return JSONResponse({"error": {"type": error.type, "message": error.message, "param": error.param}}, error.status)
 
 
 SSE = {"text/event-stream": {"schema": {"type": "string", "description": "OpenAI's server-sent events."}}}

@@ -31,7 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import Conflict, InvalidRequest, MintError, NotFound, ServiceUnavailable
+from mint.errors import Conflict, InvalidRequest, MintError, NotFound
 from mint.evals.benchmark import BenchmarkTask, select_split
 from mint.evals.compare import (
     DEFAULT_RESAMPLES,
@@ -54,7 +54,7 @@ from mint.evals.runner import (
 )
 from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
 from mint.schemas.inference import AdapterOnNode, NodeCompletion
-from mint.services import adapters, benchmarks
+from mint.services import adapters, benchmarks, node_client
 from mint.services.auth import Principal
 from mint.services.datasets import create_dataset_from_rows
 from mint.services.leases import LeaseKeeper, claim_values, held_by
@@ -85,7 +85,6 @@ ACTIVE = ("queued", "running")
 FINISHED = ("succeeded", "failed", "cancelled")
 # Tasks run together in one batched step and written in one transaction: the most work a
 # redelivered message repeats, and how often a cancel is noticed.
-NODE_TIMEOUT_S = 600.0
 BATCH_TASKS = 16
 
 # Sends a task by name with string arguments to the queue of the workers that hold
@@ -451,14 +450,12 @@ class NodeGenerate:
             seed=request.seed,
         )
         started = time.perf_counter()
-        response = httpx.post(f"{self.url}/internal/v1/complete", json=body.model_dump(), timeout=NODE_TIMEOUT_S)
+        try:
+            lines = node_client.complete(self.url, body)
+        except InvalidRequest as refused:  # this task's prompt (e.g. too long): its trajectory says so
+            latency_ms = 1000 * (time.perf_counter() - started)
+            return Generation(text="", tokens_in=0, tokens_out=0, latency_ms=latency_ms, error=refused.message)
         latency_ms = 1000 * (time.perf_counter() - started)
-        if response.status_code == 400:
-            message = response.json().get("error", {}).get("message", response.text)
-            return Generation(text="", tokens_in=0, tokens_out=0, latency_ms=latency_ms, error=message)
-        if response.status_code >= 400:
-            raise ServiceUnavailable(f"serving node {self.url} failed: {response.text[:300]}")
-        lines = response.json()
         usage = lines[-1].get("usage") or {}
         text = "".join(line.get("text", "") for line in lines[1:])
         return Generation(

@@ -90,3 +90,12 @@ def available_models(session: Session, organization_id: str) -> list[tuple[str, 
     ).scalars()
     models += [(deployment.name, deployment.created_at, organization_id) for deployment in deployments]
     return models
+
+
+def deployment_adapters(session: Session, deployment: Deployment) -> list[AdapterOnNode]:
+    """The adapter versions a deployment serves now (one, or a mixture's)."""
+    plan = plan_for(session, deployment.organization_id, deployment.name)
+    if plan.adapter is not None:
+        return [plan.adapter]
+    versions = (plan.mixture or {}).get("versions", {})
+    return [AdapterOnNode.model_validate(version) for version in versions.values()]

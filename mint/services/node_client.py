@@ -1,48 +1,89 @@
-"""Calls from the API and the CLI to serving nodes' internal routes: cache statistics, pins,
-evictions and prefetch hints. Inference itself is forwarded by `mint.api.openai`."""
+"""Every call to a serving node's internal routes, and the one reading of a node's replies.
+
+The API forwards inference (`complete_stream`, JSON lines as the node writes them), the eval
+runner sends its batches (`complete`), and the API and `mint admin` manage nodes' adapter
+caches (`call_node`: statistics, pins, evictions, prefetch hints). A node's errors come back
+as Mint's: a refusal keeps its type and message (so the client sees what the node said, and
+the CLI its exit code); anything else, including no answer, is ServiceUnavailable.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 from sqlalchemy.orm import Session
 
-from mint.errors import Conflict, InvalidRequest, MintError, NotFound, ServiceUnavailable
-from mint.schemas.inference import AdapterOnNode
-from mint.services.inference import plan_for
+from mint import errors
+from mint.errors import MintError, ServiceUnavailable
+from mint.schemas.inference import AdapterOnNode, NodeCompletion
 from mint.services.serving_nodes import live_nodes
-from mint.storage.tables import Deployment
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 30.0
-# A node's refusal keeps its meaning (and the CLI's exit code); anything else is the node failing.
-ERRORS_BY_STATUS: dict[int, type[MintError]] = {400: InvalidRequest, 404: NotFound, 409: Conflict}
+# Generation may queue behind other batches on the node: reads wait long, connecting does not.
+COMPLETION_TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
+COMPLETE_PATH = "/internal/v1/complete"
+# The refusals a node passes on as they are, by the `type` of its error body.
+REFUSALS: dict[str, type[MintError]] = {
+    cls.type: cls for cls in (errors.InvalidRequest, errors.NotFound, errors.Conflict, errors.PayloadTooLarge)
+}
+
+
+def node_error(url: str, status: int, text: str) -> MintError:
+    """The Mint error for a node's error reply (status and body text)."""
+    try:
+        error = json.loads(text)["error"]
+        message, kind, param = str(error["message"]), str(error.get("type", "")), error.get("param")
+    except (ValueError, KeyError, TypeError):
+        message, kind, param = text[:300], "", None
+    refusal = REFUSALS.get(kind)
+    if refusal is not None and 400 <= status < 500:
+        return refusal(message, param=param)
+    return ServiceUnavailable(f"the serving node at {url} failed ({status}): {message}; retry")
+
+
+def _no_answer(url: str, exc: httpx.HTTPError) -> ServiceUnavailable:
+    return ServiceUnavailable(f"the serving node at {url} did not answer ({exc}); retry")
 
 
 def call_node(url: str, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One JSON call to a node's internal route."""
     try:
         response = httpx.request(method, f"{url}{path}", json=body, timeout=TIMEOUT_S)
     except httpx.HTTPError as exc:
-        raise ServiceUnavailable(f"serving node {url} did not answer: {exc}") from exc
+        raise _no_answer(url, exc) from exc
     if response.status_code >= 400:
-        try:
-            message = str(response.json()["error"]["message"])
-        except (ValueError, KeyError, TypeError):
-            message = response.text[:300]
-        error = ERRORS_BY_STATUS.get(response.status_code, ServiceUnavailable)
-        raise error(f"serving node {url}: {message}")
+        raise node_error(url, response.status_code, response.text)
     return dict(response.json())
 
 
-def deployment_adapters(session: Session, deployment: Deployment) -> list[AdapterOnNode]:
-    """The adapter versions a deployment serves now (one, or a mixture's)."""
-    plan = plan_for(session, deployment.organization_id, deployment.name)
-    if plan.adapter is not None:
-        return [plan.adapter]
-    versions = (plan.mixture or {}).get("versions", {})
-    return [AdapterOnNode.model_validate(version) for version in versions.values()]
+def complete(url: str, body: NodeCompletion) -> list[dict[str, Any]]:
+    """A whole completion from a node: its lines (what served it first, then the choices' events)."""
+    try:
+        response = httpx.post(f"{url}{COMPLETE_PATH}", json=body.model_dump(), timeout=COMPLETION_TIMEOUT)
+    except httpx.HTTPError as exc:
+        raise _no_answer(url, exc) from exc
+    if response.status_code >= 400:
+        raise node_error(url, response.status_code, response.text)
+    return list(response.json())
+
+
+async def complete_stream(url: str, body: NodeCompletion) -> AsyncIterator[dict[str, Any]]:
+    """A completion's lines as the node writes them (`body.stream` set)."""
+    async with httpx.AsyncClient(timeout=COMPLETION_TIMEOUT) as client:
+        try:
+            async with client.stream("POST", f"{url}{COMPLETE_PATH}", json=body.model_dump()) as response:
+                if response.status_code >= 400:
+                    raise node_error(url, response.status_code, (await response.aread()).decode())
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+        except httpx.TransportError as exc:
+            raise _no_answer(url, exc) from exc
 
 
 def prefetch_on_nodes(urls: list[str], adapters: list[AdapterOnNode]) -> None:

@@ -23,15 +23,17 @@ stream still uses, is `Conflict`.
 
 from __future__ import annotations
 
+import abc
 import re
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
-from mint.errors import InvalidRequest
+from mint.errors import InvalidRequest, NotFound
 
 FinishReason = Literal["stop", "length"]
 
@@ -256,3 +258,94 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release what the engine holds beyond this object (adapters, a child process)."""
         ...
+
+
+class BatchEngine(abc.ABC):
+    """What Mint's in-process engines share: the base's name, the slot count, and `generate`
+    and `stream` over a batch that is admitted, then run step by step.
+
+    A subclass says how requests become its running entries (`_resolve` checks them under
+    `_lock`; `_admit` checks them again and takes them in) and how one step advances them
+    (`_run` yields each step's events). Each entry's `result()` is its `GenerateResult`.
+    """
+
+    _lock: threading.RLock
+    _base_model: str
+    _max_adapters: int
+    _loaded: dict[str, Any]  # adapter id -> the subclass's record of it
+    tokenizer: Any
+    vocab_size: int
+    context_length: int
+
+    @property
+    def base_model(self) -> str:
+        return self._base_model
+
+    @property
+    def max_adapters(self) -> int:
+        return self._max_adapters
+
+    def _checked(self, index: int, request: GenerateRequest) -> tuple[Any, list[int]]:
+        """(the record of request `index`'s adapter, None for the base; its prompt tokens, its text
+        tokenized as is), checked: NotFound for an adapter not loaded, InvalidRequest for a
+        prompt outside the base's vocabulary or context."""
+        loaded = None
+        if request.adapter_id is not None:
+            loaded = self._loaded.get(request.adapter_id)
+            if loaded is None:
+                raise NotFound(
+                    f"request {index}: adapter {request.adapter_id!r} is not loaded on base {self._base_model!r}; "
+                    "add it first",
+                    param="adapter_id",
+                )
+        if request.prompt_tokens is not None:
+            prompt = list(request.prompt_tokens)
+        else:
+            prompt = list(self.tokenizer.encode(request.prompt))
+            if not prompt:
+                raise InvalidRequest(f"request {index}: the prompt text gives no tokens", param="prompt")
+        if max(prompt) >= self.vocab_size:
+            raise InvalidRequest(
+                f"request {index}: token id {max(prompt)} is outside the vocabulary ({self.vocab_size} tokens)",
+                param="prompt_tokens",
+            )
+        if len(prompt) >= self.context_length:
+            raise InvalidRequest(
+                f"request {index}: the prompt has {len(prompt)} tokens; base {self._base_model!r} reads at most "
+                f"{self.context_length} including the completion",
+                param="prompt_tokens",
+            )
+        return loaded, prompt
+
+    @abc.abstractmethod
+    def _resolve(self, requests: Sequence[GenerateRequest], *, streaming: bool) -> list[Any]: ...
+
+    @abc.abstractmethod
+    def _admit(self, requests: Sequence[GenerateRequest], *, streaming: bool) -> list[Any]: ...
+
+    @abc.abstractmethod
+    def _run(self, entries: list[Any]) -> Generator[list[StreamEvent], None, None]: ...
+
+    def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Run the batch to completion; results in request order."""
+        entries = self._admit(requests, streaming=False)
+        for _ in self._run(entries):
+            pass
+        return [entry.result() for entry in entries]
+
+    def stream(self, requests: Sequence[GenerateRequest]) -> Iterator[StreamEvent]:
+        """Each request's new tokens as every step samples them; closing the iterator cancels the rest."""
+        # Checked now, so that a bad batch fails at the call and not at the first next().
+        with self._lock:
+            self._resolve(requests, streaming=True)
+        return self._stream(list(requests))
+
+    def _stream(self, requests: list[GenerateRequest]) -> Iterator[StreamEvent]:
+        # Resolved again when iteration starts: an adapter may have been removed in between.
+        entries = self._admit(requests, streaming=True)
+        steps = self._run(entries)
+        try:
+            for events in steps:
+                yield from events
+        finally:
+            steps.close()  # a closed stream releases its adapters now, not when collected

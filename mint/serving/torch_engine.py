@@ -36,12 +36,9 @@ memory the engine reserves, bounded by max_adapters x max_rank.
 
 from __future__ import annotations
 
-import json
-import math
-import re
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,10 +52,10 @@ from torch import nn
 from mint.errors import ConfigurationError, Conflict, InvalidRequest, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.serving.engine import (
-    ADAPTER_FILES,
     AdapterInfo,
     AdapterSource,
     AdapterTensors,
+    BatchEngine,
     FinishReason,
     GenerateRequest,
     GenerateResult,
@@ -66,6 +63,7 @@ from mint.serving.engine import (
     Usage,
     check_adapter_id,
 )
+from mint.serving.peft_format import adapter_files, factor_pairs, holdback, lora_settings, read_config
 from mint.trainer.lora import TargetCatalogue
 from mint.trainer.models import load_base_model
 from mint.trainer.packing import token_logprobs
@@ -76,19 +74,6 @@ DEFAULT_MAX_ADAPTERS = 8
 DEFAULT_MAX_RANK = 16
 DEFAULT_MAX_BATCH_SIZE = 16
 EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
-_PEFT_KEY = re.compile(r"^base_model\.model\.(?P<module>.+?)(?P<nest>(?:\.base_layer)*)\.lora_(?P<side>[AB])\.weight$")
-# adapter_config.json settings whose adapters compute something else than plain LoRA.
-_UNSERVED_SETTINGS = (
-    "use_dora",
-    "fan_in_fan_out",
-    "lora_bias",
-    "modules_to_save",
-    "rank_pattern",
-    "alpha_pattern",
-    "layer_replication",
-    "trainable_token_indices",
-    "alora_invocation_tokens",
-)
 
 
 # ---- reading a PEFT adapter -------------------------------------------------------------------
@@ -96,23 +81,12 @@ _UNSERVED_SETTINGS = (
 
 def read_adapter_folder(folder: Path) -> AdapterTensors:
     """The adapter in a PEFT folder, in memory: its config and its safetensors weights (never pickle)."""
-    folder = Path(folder)
-    config_file, weights_file = (folder / name for name in ADAPTER_FILES)
-    if not config_file.is_file():
-        raise InvalidRequest(f"{folder} holds no PEFT adapter: {ADAPTER_FILES[0]} is missing", param="adapter")
-    if not weights_file.is_file():
-        raise InvalidRequest(
-            f"{folder} has no {ADAPTER_FILES[1]}; Mint loads adapter weights from safetensors only, never from "
-            "pickled files such as adapter_model.bin: save the adapter with save_pretrained(safe_serialization=True)",
-            param="adapter",
-        )
+    config_file, weights_file = adapter_files(folder)
+    config = read_config(config_file)
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
         tensors = load_file(weights_file)
     except (OSError, ValueError, SafetensorError) as exc:
         raise InvalidRequest(f"the adapter in {folder} cannot be read: {exc}", param="adapter") from exc
-    if not isinstance(config, dict):
-        raise InvalidRequest(f"{config_file} does not hold a JSON object", param="adapter")
     return AdapterTensors(config=config, tensors=tensors)
 
 
@@ -150,57 +124,6 @@ class _Adapter:
         tensors = [t for d in self.linears for t in (d.a_r_in, d.b_out_r)]
         tensors += [t for d in self.experts for t in (d.a_e_r_in, d.b_e_out_r)]
         return sum(t.numel() for t in tensors)
-
-
-def _lora_settings(config: Mapping[str, Any], max_rank: int) -> tuple[int, float]:
-    """(rank, scale) of a plain LoRA config; InvalidRequest for anything the engine cannot compute."""
-    if config.get("peft_type") != "LORA":
-        raise InvalidRequest(f"not a LoRA adapter (peft_type {config.get('peft_type')!r})", param="adapter")
-    unserved = [key for key in _UNSERVED_SETTINGS if config.get(key)]
-    if unserved:
-        raise InvalidRequest(
-            f"the adapter sets {', '.join(unserved)} in adapter_config.json; Mint serves plain LoRA only: "
-            "retrain or merge those parts into the base",
-            param="adapter",
-        )
-    rank, alpha = config.get("r"), config.get("lora_alpha")
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise InvalidRequest(f"adapter_config.json has no valid rank r ({rank!r})", param="adapter")
-    if rank > max_rank:
-        raise InvalidRequest(
-            f"the adapter's rank {rank} is above this engine's max_rank {max_rank}; start the engine with a "
-            "larger max_rank or serve a lower-rank adapter",
-            param="adapter",
-        )
-    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or alpha <= 0:
-        raise InvalidRequest(f"adapter_config.json has no valid lora_alpha ({alpha!r})", param="adapter")
-    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-    return rank, float(scale)
-
-
-def _factor_pairs(tensors: Mapping[str, Any]) -> dict[tuple[str, int], dict[str, torch.Tensor]]:
-    """Saved tensors grouped by (module, nesting depth of peft's parameter wrappers) into {"A", "B"}."""
-    pairs: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
-    unknown = []
-    for key, tensor in tensors.items():
-        match = _PEFT_KEY.match(key)
-        if match is None or not isinstance(tensor, torch.Tensor):
-            unknown.append(key)
-            continue
-        depth = match["nest"].count(".base_layer")
-        pairs.setdefault((match["module"], depth), {})[match["side"]] = tensor
-    if unknown:
-        raise InvalidRequest(
-            f"the adapter holds tensors that are not LoRA factors: {sorted(unknown)[:4]}; "
-            "Mint serves lora_A/lora_B weights only",
-            param="adapter",
-        )
-    for (module, _), pair in pairs.items():
-        if set(pair) != {"A", "B"}:
-            raise InvalidRequest(
-                f"the adapter has lora_A without lora_B (or the reverse) for {module!r}", param="adapter"
-            )
-    return pairs
 
 
 def _expert_in_out(experts: nn.Module, parameter: str) -> tuple[int, int, int]:
@@ -244,11 +167,12 @@ def parse_adapter(
     base_model: str,
 ) -> _Adapter:
     """Check an adapter against the base's adaptable modules and split it into per-module factors."""
-    rank, scale = _lora_settings(source.config, max_rank)
+    rank, scale = lora_settings(source.config, max_rank)
     linear_deltas: list[_LinearDelta] = []
     expert_deltas: list[_ExpertDelta] = []
     taken: dict[str, set[str]] = {}
-    for (module, depth), pair in sorted(_factor_pairs(source.tensors).items()):
+    pairs = factor_pairs(source.tensors, is_factor=lambda tensor: isinstance(tensor, torch.Tensor))
+    for (module, depth), pair in sorted(pairs.items()):
         a, b = pair["A"], pair["B"]
         if module in linears and depth == 0:
             linear = linears[module]
@@ -268,8 +192,6 @@ def parse_adapter(
                 "(served: attention and MLP projections, the output head, fused routed experts)",
                 param="adapter",
             )
-    if not linear_deltas and not expert_deltas:
-        raise InvalidRequest("the adapter holds no LoRA weights", param="adapter")
     return _Adapter(rank, scale, tuple(linear_deltas), tuple(expert_deltas))
 
 
@@ -540,15 +462,6 @@ def _replace_module(model: nn.Module, name: str, module: nn.Module) -> None:
 # ---- requests while they run ------------------------------------------------------------------
 
 
-def _holdback(text: str, stops: Sequence[str]) -> int:
-    """How many trailing characters of streamed text to keep back: an unfinished UTF-8 character
-    (shown as U+FFFD), and the longest tail that could still grow into a stop string."""
-    unfinished = len(text) - len(text.rstrip("\ufffd"))
-    stable = text[: len(text) - unfinished]
-    partial = max((k for stop in stops for k in range(1, len(stop)) if stable.endswith(stop[:k])), default=0)
-    return unfinished + partial
-
-
 class _CompletionText:
     """A request's completion text while tokens arrive: stop strings found, stream deltas released safely."""
 
@@ -571,7 +484,7 @@ class _CompletionText:
             return "", (text[:cut], stop)
         if not self._streaming:
             return "", None
-        safe = len(text) - _holdback(text, self._stops)
+        safe = len(text) - holdback(text, self._stops)
         delta = text[self._sent : safe] if safe > self._sent else ""
         self._sent = max(self._sent, safe)
         return delta, None
@@ -699,7 +612,7 @@ class _Loaded:
     modules: tuple[str, ...]
 
 
-class TorchEngine:
+class TorchEngine(BatchEngine):
     """The `Engine` contract on a transformers base in this process: CPU or one GPU, dense or MoE.
 
     The engine takes the model over: it wraps the model's adaptable layers in place, so the
@@ -788,14 +701,6 @@ class TorchEngine:
         return linears, experts
 
     # ---- the Engine contract: adapters ----------------------------------------------------------
-
-    @property
-    def base_model(self) -> str:
-        return self._base_model
-
-    @property
-    def max_adapters(self) -> int:
-        return self._max_adapters
 
     def add_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Copy a PEFT adapter into a free slot; a no-op if `adapter_id` is already loaded."""
@@ -901,30 +806,6 @@ class TorchEngine:
 
     # ---- the Engine contract: generation ---------------------------------------------------------
 
-    def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
-        """Run the batch to completion with continuous batching; results in request order."""
-        rows = self._admit(requests, streaming=False)
-        for _ in self._run(rows):
-            pass
-        return [row.result() for row in rows]
-
-    def stream(self, requests: Sequence[GenerateRequest]) -> Iterator[StreamEvent]:
-        """Each request's new tokens as every step samples them; closing the iterator cancels the rest."""
-        # Checked now, so that a bad batch fails at the call and not at the first next().
-        with self._lock:
-            self._resolve(requests, streaming=True)
-        return self._stream(list(requests))
-
-    def _stream(self, requests: list[GenerateRequest]) -> Iterator[StreamEvent]:
-        # Resolved again when iteration starts: an adapter may have been removed in between.
-        rows = self._admit(requests, streaming=True)
-        steps = self._run(rows)
-        try:
-            for events in steps:
-                yield from events
-        finally:
-            steps.close()  # a closed stream releases its adapters now, not when collected
-
     def _resolve(self, requests: Sequence[GenerateRequest], *, streaming: bool) -> list[_Row]:
         """Turn requests into rows; the whole batch is checked before anything runs."""
         rows = []
@@ -935,33 +816,8 @@ class TorchEngine:
         return rows
 
     def _row(self, index: int, request: GenerateRequest, streaming: bool) -> _Row:
-        slot = 0
-        if request.adapter_id is not None:
-            loaded = self._loaded.get(request.adapter_id)
-            if loaded is None:
-                raise NotFound(
-                    f"request {index}: adapter {request.adapter_id!r} is not loaded on base {self._base_model!r}; "
-                    "add it first",
-                    param="adapter_id",
-                )
-            slot = loaded.slot
-        if request.prompt_tokens is not None:
-            prompt = list(request.prompt_tokens)
-        else:
-            prompt = list(self.tokenizer.encode(request.prompt))
-            if not prompt:
-                raise InvalidRequest(f"request {index}: the prompt text gives no tokens", param="prompt")
-        if max(prompt) >= self.vocab_size:
-            raise InvalidRequest(
-                f"request {index}: token id {max(prompt)} is outside the vocabulary ({self.vocab_size} tokens)",
-                param="prompt_tokens",
-            )
-        if len(prompt) >= self.context_length:
-            raise InvalidRequest(
-                f"request {index}: the prompt has {len(prompt)} tokens; base {self._base_model!r} reads at most "
-                f"{self.context_length} including the completion",
-                param="prompt_tokens",
-            )
+        loaded, prompt = self._checked(index, request)
+        slot = 0 if loaded is None else loaded.slot
         params = SamplingParams(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k)
         stop_ids = set(request.stop_token_ids) | (set() if request.ignore_eos else set(self.eos_token_ids))
         return _Row(
@@ -995,7 +851,7 @@ class TorchEngine:
 
     # ---- continuous batching ---------------------------------------------------------------------
 
-    def _run(self, rows: list[_Row]) -> Iterator[list[StreamEvent]]:
+    def _run(self, rows: list[_Row]) -> Generator[list[StreamEvent], None, None]:
         """Decode `rows` with continuous batching; yields each step's events."""
         waiting = deque(rows)
         running: _Batch | None = None

@@ -55,7 +55,6 @@ import json
 import math
 import os
 import queue
-import re
 import shutil
 import struct
 import subprocess
@@ -65,7 +64,7 @@ import threading
 import time
 import weakref
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -77,6 +76,7 @@ from mint.serving.engine import (
     AdapterInfo,
     AdapterSource,
     AdapterTensors,
+    BatchEngine,
     FinishReason,
     GenerateRequest,
     GenerateResult,
@@ -84,26 +84,23 @@ from mint.serving.engine import (
     Usage,
     check_adapter_id,
 )
+from mint.serving.peft_format import (
+    UNSERVED_SETTINGS,
+    adapter_files,
+    factor_pairs,
+    holdback,
+    lora_settings,
+    read_config,
+)
 
+SERVED_BY = "the vLLM engine"  # in errors about what it cannot serve
 DEFAULT_MAX_ADAPTERS = 8
 DEFAULT_MAX_RANK = 16
 DEFAULT_MAX_BATCH_SIZE = 16
 # vLLM's LoRAConfig accepts these max_lora_rank values only.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-_PEFT_KEY = re.compile(r"^base_model\.model\.(?P<module>.+?)\.lora_(?P<side>[AB])\.weight$")
-# adapter_config.json settings whose adapters compute something else than plain LoRA.
-_UNSERVED_SETTINGS = (
-    "use_dora",
-    "fan_in_fan_out",
-    "lora_bias",
-    "modules_to_save",
-    "rank_pattern",
-    "alpha_pattern",
-    "layer_replication",
-    "trainable_token_indices",
-    "alora_invocation_tokens",
-    "target_parameters",
-)
+# Besides plain LoRA's exclusions: LoRA on parameters (fused MoE experts), which vLLM cannot load.
+_UNSERVED_SETTINGS = (*UNSERVED_SETTINGS, "target_parameters")
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -127,48 +124,8 @@ def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 def _read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
     """(adapter_config.json's content, the weights' shapes) of a PEFT folder; safetensors only."""
-    folder = Path(folder)
-    config_file, weights_file = (folder / name for name in ADAPTER_FILES)
-    if not config_file.is_file():
-        raise InvalidRequest(f"{folder} holds no PEFT adapter: {ADAPTER_FILES[0]} is missing", param="adapter")
-    if not weights_file.is_file():
-        raise InvalidRequest(
-            f"{folder} has no {ADAPTER_FILES[1]}; Mint loads adapter weights from safetensors only, never from "
-            "pickled files such as adapter_model.bin: save the adapter with save_pretrained(safe_serialization=True)",
-            param="adapter",
-        )
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InvalidRequest(f"{config_file} cannot be read: {exc}", param="adapter") from exc
-    if not isinstance(config, dict):
-        raise InvalidRequest(f"{config_file} does not hold a JSON object", param="adapter")
-    return config, _safetensors_shapes(weights_file)
-
-
-def _lora_rank(config: Mapping[str, Any], max_rank: int) -> int:
-    """The rank of a plain LoRA config; InvalidRequest for anything the engine cannot serve."""
-    if config.get("peft_type") != "LORA":
-        raise InvalidRequest(f"not a LoRA adapter (peft_type {config.get('peft_type')!r})", param="adapter")
-    unserved = [key for key in _UNSERVED_SETTINGS if config.get(key)]
-    if unserved:
-        raise InvalidRequest(
-            f"the adapter sets {', '.join(unserved)} in adapter_config.json; the vLLM engine serves plain LoRA on "
-            "linear layers only: retrain or merge those parts into the base",
-            param="adapter",
-        )
-    rank, alpha = config.get("r"), config.get("lora_alpha")
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise InvalidRequest(f"adapter_config.json has no valid rank r ({rank!r})", param="adapter")
-    if rank > max_rank:
-        raise InvalidRequest(
-            f"the adapter's rank {rank} is above this engine's max_rank {max_rank}; start the engine with a "
-            "larger max_rank or serve a lower-rank adapter",
-            param="adapter",
-        )
-    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or alpha <= 0:
-        raise InvalidRequest(f"adapter_config.json has no valid lora_alpha ({alpha!r})", param="adapter")
-    return rank
+    config_file, weights_file = adapter_files(folder)
+    return read_config(config_file), _safetensors_shapes(weights_file)
 
 
 def check_adapter(
@@ -180,33 +137,13 @@ def check_adapter(
     base_model: str,
 ) -> tuple[int, int]:
     """(rank, number of weights) of an adapter that fits the base's linear layers `{name: (in, out)}`."""
-    rank = _lora_rank(config, max_rank)
-    pairs: dict[str, dict[str, tuple[int, ...]]] = {}
-    unknown = []
-    for key, shape in shapes.items():
-        match = _PEFT_KEY.match(key)
-        if match is None:
-            unknown.append(key)
-            continue
-        pairs.setdefault(match["module"], {})[match["side"]] = shape
-    if unknown:
-        raise InvalidRequest(
-            f"the adapter holds tensors that are not LoRA factors of linear layers: {sorted(unknown)[:4]}; "
-            "the vLLM engine serves lora_A/lora_B weights of linear layers only",
-            param="adapter",
-        )
-    if not pairs:
-        raise InvalidRequest("the adapter holds no LoRA weights", param="adapter")
+    rank, _scale = lora_settings(config, max_rank, served_by=SERVED_BY, unserved=_UNSERVED_SETTINGS)
     numel = 0
-    for module, pair in sorted(pairs.items()):
-        if set(pair) != {"A", "B"}:
+    for (module, depth), pair in sorted(factor_pairs(shapes, served_by=SERVED_BY).items()):
+        if depth or module not in linears:
             raise InvalidRequest(
-                f"the adapter has lora_A without lora_B (or the reverse) for {module!r}", param="adapter"
-            )
-        if module not in linears:
-            raise InvalidRequest(
-                f"the adapter adapts {module!r}, which base {base_model!r} has not or the vLLM engine does not serve "
-                "(served: the linear layers of attention and MLPs, and the output head)",
+                f"the adapter adapts {module!r}{'.base_layer' * depth}, which base {base_model!r} has not or "
+                f"{SERVED_BY} does not serve (served: the linear layers of attention and MLPs, and the output head)",
                 param="adapter",
             )
         in_features, out_features = linears[module]
@@ -264,15 +201,6 @@ def lora_int_id(adapter_id: str, taken: set[int]) -> int:
 # ---- requests while they run --------------------------------------------------------------------
 
 
-def _holdback(text: str, stops: Sequence[str]) -> int:
-    """How many trailing characters of streamed text to keep back: an unfinished UTF-8 character
-    (shown as U+FFFD), and the longest tail that could still grow into a stop string."""
-    unfinished = len(text) - len(text.rstrip("\ufffd"))
-    stable = text[: len(text) - unfinished]
-    partial = max((k for stop in stops for k in range(1, len(stop)) if stable.endswith(stop[:k])), default=0)
-    return unfinished + partial
-
-
 @dataclass(eq=False)
 class _Run:
     """One request from admission to its last token."""
@@ -313,7 +241,7 @@ class _Run:
                 self.sent = len(self.final_text)
         elif self.streaming and new_tokens:
             text = self.decode(self.tokens)
-            safe = len(text) - _holdback(text, self.stops)
+            safe = len(text) - holdback(text, self.stops)
             delta = text[self.sent : safe] if safe > self.sent else ""
             self.sent = max(self.sent, safe)
         if not output.finished and not new_tokens:
@@ -388,7 +316,7 @@ def base_linears(model_dir: Path) -> tuple[dict[str, tuple[int, int]], int]:
 # ---- the engine ---------------------------------------------------------------------------------
 
 
-class VllmEngine:
+class VllmEngine(BatchEngine):
     """The `Engine` contract on a `vllm.LLM` in this process (run it in the vLLM venv).
 
     Thread-safe: one lock guards the vLLM engine; whichever call needs output next steps it,
@@ -475,14 +403,6 @@ class VllmEngine:
 
     # ---- the Engine contract: adapters ----------------------------------------------------------
 
-    @property
-    def base_model(self) -> str:
-        return self._base_model
-
-    @property
-    def max_adapters(self) -> int:
-        return self._max_adapters
-
     def add_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Check a PEFT adapter, copy it into the engine's folder and register it with vLLM; a no-op if loaded."""
         from vllm.lora.request import LoRARequest
@@ -560,30 +480,6 @@ class VllmEngine:
 
     # ---- the Engine contract: generation ---------------------------------------------------------
 
-    def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
-        """Run every request to completion, all of them in vLLM's running batch together; results in order."""
-        runs = self._admit(requests, streaming=False)
-        for _ in self._run(runs):
-            pass
-        return [run.result() for run in runs]
-
-    def stream(self, requests: Sequence[GenerateRequest]) -> Iterator[StreamEvent]:
-        """Each request's new tokens as vLLM samples them; closing the iterator aborts the rest."""
-        # Checked now, so that a bad batch fails at the call and not at the first next().
-        with self._lock:
-            self._resolve(requests, streaming=True)
-        return self._stream(list(requests))
-
-    def _stream(self, requests: list[GenerateRequest]) -> Iterator[StreamEvent]:
-        # Resolved again when iteration starts: an adapter may have been removed in between.
-        runs = self._admit(requests, streaming=True)
-        steps = self._run(runs)
-        try:
-            for events in steps:
-                yield from events
-        finally:
-            steps.close()
-
     def _resolve(self, requests: Sequence[GenerateRequest], *, streaming: bool) -> list[_Run]:
         """Turn requests into runs; the whole batch is checked before anything runs."""
         return [self._prepare(index, request, streaming) for index, request in enumerate(requests)]
@@ -594,33 +490,8 @@ class VllmEngine:
 
         if not isinstance(request, GenerateRequest):
             raise InvalidRequest(f"request {index} is not a GenerateRequest", param="requests")
-        lora = None
-        if request.adapter_id is not None:
-            loaded = self._loaded.get(request.adapter_id)
-            if loaded is None:
-                raise NotFound(
-                    f"request {index}: adapter {request.adapter_id!r} is not loaded on base {self._base_model!r}; "
-                    "add it first",
-                    param="adapter_id",
-                )
-            lora = loaded.lora
-        if request.prompt_tokens is not None:
-            prompt = list(request.prompt_tokens)
-        else:
-            prompt = list(self.tokenizer.encode(request.prompt))
-            if not prompt:
-                raise InvalidRequest(f"request {index}: the prompt text gives no tokens", param="prompt")
-        if max(prompt) >= self.vocab_size:
-            raise InvalidRequest(
-                f"request {index}: token id {max(prompt)} is outside the vocabulary ({self.vocab_size} tokens)",
-                param="prompt_tokens",
-            )
-        if len(prompt) >= self.context_length:
-            raise InvalidRequest(
-                f"request {index}: the prompt has {len(prompt)} tokens; base {self._base_model!r} reads at most "
-                f"{self.context_length} including the completion",
-                param="prompt_tokens",
-            )
+        loaded, prompt = self._checked(index, request)
+        lora = None if loaded is None else loaded.lora
         params = SamplingParams(
             temperature=request.temperature,
             top_p=request.top_p,
@@ -704,7 +575,7 @@ class VllmEngine:
                     if mailbox is not None:
                         mailbox.append(output)
 
-    def _run(self, runs: list[_Run]) -> Iterator[list[StreamEvent]]:
+    def _run(self, runs: list[_Run]) -> Generator[list[StreamEvent], None, None]:
         """Collect the runs' outputs step by step until all are finished; yields each step's events."""
         by_id = {run.request_id: run for run in runs}
         unfinished = dict(by_id)

@@ -22,7 +22,7 @@ from mint.schemas.deployments import (
     RollbackRequest,
     WithdrawRequest,
 )
-from mint.services import deployments, node_client
+from mint.services import deployments, inference, node_client
 from mint.storage.queries import owned_by, paginate
 from mint.storage.tables import Deployment
 
@@ -35,7 +35,7 @@ def _prefetch_later(session: SessionDep, deployment: Deployment, tasks: Backgrou
     """After the response: hint the base's serving nodes to warm what the deployment now serves."""
     if deployment.status != "active":
         return
-    adapters = node_client.deployment_adapters(session, deployment)
+    adapters = inference.deployment_adapters(session, deployment)
     urls = node_client.node_urls(session, deployment.base_model)
     if urls:
         tasks.add_task(node_client.prefetch_on_nodes, urls, adapters)
