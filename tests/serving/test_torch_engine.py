@@ -185,11 +185,13 @@ def peft_greedy(model: Any, prompt: list[int], max_tokens: int) -> tuple[list[in
 def peft_adapters(
     model: Any, configs: dict[str, LoraConfig], folder: Path, seed: int, std: float = 0.05
 ) -> tuple[Any, dict[str, Path]]:
-    """A peft model holding `configs` as adapters with seeded random B, each saved in the PEFT format.
+    """A peft model holding `configs` as adapters with seeded random A and B, each saved in the PEFT format.
 
     Adapter names must not be module names of the base: peft drops from a saved adapter every
-    key that contains another adapter's name as a segment.
+    key that contains another adapter's name as a segment. peft draws A from torch's global
+    generator, which is seeded here, so the adapters do not depend on the tests run before.
     """
+    torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     peft_model: Any = None
     folders = {}
