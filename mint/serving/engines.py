@@ -60,19 +60,9 @@ def open_engine(
         from mint.serving.torch_engine import TorchEngine
 
         return TorchEngine.from_spec(spec, cache_dir, max_adapters=max_adapters, max_batch_size=max_batch_size)
+    from mint.serving.vllm_engine import VllmEngine, VllmEngineProcess
+
     options = {"max_adapters": max_adapters, "max_batch_size": max_batch_size}
     if vllm_python is None:
-        from mint.serving.vllm_engine import VllmEngine
-
         return VllmEngine.from_spec(spec, cache_dir, **options)
-    from mint.serving.vllm_engine import VllmEngineProcess
-    from mint.trainer.models import pull_base_model
-
-    return VllmEngineProcess(
-        pull_base_model(spec, cache_dir),
-        base_model=spec.name,
-        python=vllm_python,
-        dtype=spec.dtype,
-        context_length=spec.context_length,
-        **options,
-    )
+    return VllmEngineProcess.from_spec(spec, cache_dir, python=vllm_python, **options)

@@ -901,6 +901,16 @@ class VllmEngineProcess:
         finally:
             self._forget(call_id)
 
+    @classmethod
+    def from_spec(cls, spec: Any, cache_dir: Path, *, python: str | Path, **options: Any) -> VllmEngineProcess:
+        """Serve the base named by `spec` (a `BaseModelSpec`) with the vLLM venv of `python`,
+        the base pulled into `cache_dir` here if needed (the child only reads it)."""
+        from mint.trainer.models import pull_base_model
+
+        options.setdefault("dtype", spec.dtype)
+        options.setdefault("context_length", spec.context_length)
+        return cls(pull_base_model(spec, cache_dir), base_model=spec.name, python=python, **options)
+
     def close(self) -> None:
         """Shut the child process (and vLLM's own processes) down."""
         if self._process.poll() is None and not self._dead:

@@ -47,17 +47,15 @@ needs_vllm = pytest.mark.skipif(vllm_missing() is not None, reason=vllm_missing(
 
 def make_vllm_engine(spec: BaseModelSpec, cache_dir: Path, max_adapters: int, max_batch_size: int) -> Engine:
     from mint.serving.vllm_engine import VllmEngineProcess
-    from mint.trainer.models import pull_base_model
 
     missing = vllm_missing()
     if missing is not None:
         pytest.skip(missing)
-    return VllmEngineProcess(
-        pull_base_model(spec, cache_dir),
-        base_model=spec.name,
+    return VllmEngineProcess.from_spec(
+        spec,
+        cache_dir,
         python=vllm_python(),
         dtype=spec.dtype,  # float32: the peft references are computed in float32
-        context_length=spec.context_length,
         max_adapters=max_adapters,
         max_batch_size=max_batch_size,
         kv_cache_bytes=KV_CACHE_BYTES,
