@@ -13,8 +13,6 @@ Model references name what to sample from: a base (`tiny-glm-moe`) or an adapter
 from __future__ import annotations
 
 import hashlib
-import io
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest, NotFound
+from mint.storage.archives import pack_folder, unpack_folder
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import get_owned
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, new_id
@@ -33,29 +32,12 @@ MAX_ARCHIVE_BYTES = 8 * 1024**3
 
 def archive_adapter(folder: Path) -> bytes:
     """The PEFT files of `folder` as a deterministic, uncompressed tar."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for name in PEFT_FILES:
-            data = (folder / name).read_bytes()
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+    return pack_folder(folder, PEFT_FILES)
 
 
 def extract_adapter(data: bytes, folder: Path) -> Path:
     """Write the PEFT files of an archive into `folder`; anything else in it is refused."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
-        members = archive.getmembers()
-        names = sorted(member.name for member in members)
-        if names != sorted(PEFT_FILES) or not all(member.isfile() for member in members):
-            raise InvalidRequest(f"an adapter archive holds exactly {', '.join(PEFT_FILES)}", param="file")
-        for member in members:
-            source = archive.extractfile(member)
-            assert source is not None  # a regular file, checked above
-            (folder / member.name).write_bytes(source.read())
-    return folder
+    return unpack_folder(data, folder, exactly=PEFT_FILES, param="file")
 
 
 def object_key_of(sha256: str) -> str:

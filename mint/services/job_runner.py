@@ -18,10 +18,8 @@ The run is safe against any process dying at any moment:
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,6 +37,7 @@ from mint.services import adapters, datasets
 from mint.services.fine_tuning import emit_event
 from mint.services.leases import LeaseKeeper, claim_values, held_by
 from mint.services.usage import record_usage
+from mint.storage.archives import pack_folder, unpack_folder
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
 from mint.storage.tables import Checkpoint, Dataset, TrainingJob, new_id, utcnow
@@ -95,20 +94,6 @@ def _checkpoint_key(job_id: str, step: int) -> str:
     return f"checkpoints/{job_id}/step-{step:07d}.tar"
 
 
-def _pack_folder(folder: Path) -> bytes:
-    with tempfile.TemporaryFile() as spool:
-        with tarfile.open(fileobj=spool, mode="w") as archive:
-            for path in sorted(folder.iterdir()):
-                archive.add(path, arcname=path.name, recursive=False)
-        spool.seek(0)
-        return spool.read()
-
-
-def _unpack_folder(data: bytes, folder: Path) -> None:
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
-        archive.extractall(folder, filter="data")
-
-
 class JobRun:
     """One attempt at one job on this worker's resident base."""
 
@@ -143,7 +128,7 @@ class JobRun:
             return self.resident.create_session(options, session_id=self.session_id)
         step, key, tokens = snapshot
         with tempfile.TemporaryDirectory(prefix="mint-resume-") as scratch:
-            _unpack_folder(self.store.get_bytes(key), Path(scratch))
+            unpack_folder(self.store.get_bytes(key), Path(scratch))
             training = self.resident.create_session_from_state(Path(scratch), session_id=self.session_id)
         self.context.start_step, self.context.tokens_at_start = step, tokens
         self.context.trained_tokens = tokens
@@ -152,7 +137,7 @@ class JobRun:
     def save_checkpoint(self, training: TrainingSession, report: StepReport) -> None:
         with tempfile.TemporaryDirectory(prefix="mint-ckpt-") as scratch:
             training.save_state(Path(scratch))
-            data = _pack_folder(Path(scratch))
+            data = pack_folder(Path(scratch))
         key = _checkpoint_key(self.context.job_id, report.step)
         info = self.store.put_bytes(key, data)
         metrics = {**_rounded(report.metrics), "trained_tokens": self.context.trained_tokens}

@@ -38,13 +38,11 @@ The API half never imports torch; the worker half imports the trainer inside fun
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import math
 import os
 import secrets
-import tarfile
 import tempfile
 import time
 from collections import OrderedDict
@@ -65,6 +63,7 @@ from mint.schemas import tinker as wire
 from mint.services import adapters
 from mint.services.usage import record_usage
 from mint.services.workers import STALE_AFTER_S
+from mint.storage.archives import pack_folder, unpack_folder
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
 from mint.storage.queries import get_owned
@@ -1037,25 +1036,6 @@ def weights_info(session: Session, organization_id: str, tinker_path: str) -> wi
 # ---- tokenizers -----------------------------------------------------------------------------
 
 
-def _tar_folder(folder: Path) -> bytes:
-    """The files of `folder` as a deterministic tar (sorted names, zero times and owners)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for path in sorted(p for p in folder.iterdir() if p.is_file()):
-            data = path.read_bytes()
-            info = tarfile.TarInfo(path.name)
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def _untar(data: bytes, folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
-        archive.extractall(folder, filter="data")
-    return folder
-
-
 def tokenizer_archive(settings: Settings, base_model: str) -> bytes:
     """The base's tokenizer files as a tar, for clients on other machines."""
     store = object_store_for(settings)
@@ -1079,7 +1059,7 @@ def local_tokenizer_folder(settings: Settings, base_model: str) -> Path | None:
         return None
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{base_model}.", dir=folder.parent))
-    _untar(store.get_bytes(tokenizer_key(base_model)), staging)
+    unpack_folder(store.get_bytes(tokenizer_key(base_model)), staging)
     try:
         os.replace(staging, folder)
     except OSError:  # unpacked concurrently by another request: keep theirs
@@ -1135,7 +1115,7 @@ def _export_tokenizer(store: ObjectStore, resident: ResidentBase) -> None:
     if not store.exists(tokenizer_key(name)):
         with tempfile.TemporaryDirectory(prefix="mint-tokenizer-") as scratch:
             resident.tokenizer.save_pretrained(scratch)
-            store.put_bytes(tokenizer_key(name), _tar_folder(Path(scratch)))
+            store.put_bytes(tokenizer_key(name), pack_folder(Path(scratch)))
     _resident.tokenizers.add(name)
 
 
@@ -1317,7 +1297,7 @@ def _fetch_checkpoint(ctx: _ModelContext, load: dict[str, Any], scratch: Path) -
     data = ctx.store.get_bytes(load["object_key"])
     if load["kind"] == "sampler":
         return adapters.extract_adapter(data, scratch)
-    return _untar(data, scratch)
+    return unpack_folder(data, scratch)
 
 
 def _load_into(training: LoraSession, folder: Path, load: dict[str, Any]) -> None:
@@ -1388,7 +1368,7 @@ def _save_weights(ctx: _ModelContext, payload: dict[str, Any]) -> dict[str, Any]
         checkpoint_id = existing.id if existing is not None else new_id("tkc")
     with tempfile.TemporaryDirectory(prefix="mint-tinker-state-") as scratch:
         training.save_state(Path(scratch))
-        data = _tar_folder(Path(scratch))
+        data = pack_folder(Path(scratch))
     key = f"tinker/checkpoints/{checkpoint_id}.tar"
     info = ctx.store.put_bytes(key, data)
     with session_scope(ctx.settings.database) as session:

@@ -20,11 +20,9 @@ the adapter that made the call.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import queue
-import tarfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -32,12 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mint.errors import InvalidRequest
 from mint.schemas.base_models import BaseModelSpec
 from mint.serving.cache import TieredCache
-from mint.serving.engine import AdapterTensors, Engine, GenerateRequest, StreamEvent
+from mint.serving.engine import ADAPTER_FILES, AdapterTensors, Engine, GenerateRequest, StreamEvent
 from mint.serving.router import MixtureSpec, RouteDecision, Router
 from mint.serving.tiers import CpuTier, EngineTier, LocalDiskTier, ObjectStoreTier
+from mint.storage.archives import read_archive
 from mint.storage.objects import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -84,16 +82,7 @@ def decode_archive(payload: bytes) -> AdapterTensors:
     """An adapter version's archive (the PEFT files in a tar) as tensors in memory."""
     from safetensors.torch import load as load_safetensors
 
-    files: dict[str, bytes] = {}
-    with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as archive:
-        for member in archive.getmembers():
-            source = archive.extractfile(member) if member.isfile() else None
-            if source is not None:
-                files[member.name] = source.read()
-    if set(files) != {"adapter_config.json", "adapter_model.safetensors"}:
-        raise InvalidRequest(
-            "an adapter archive holds adapter_config.json and adapter_model.safetensors", param="model"
-        )
+    files = read_archive(payload, exactly=ADAPTER_FILES, param="model")
     return AdapterTensors(
         config=json.loads(files["adapter_config.json"]), tensors=load_safetensors(files["adapter_model.safetensors"])
     )
