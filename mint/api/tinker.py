@@ -8,7 +8,8 @@ Point the SDK at Mint with `ServiceClient(base_url=<Mint URL>, api_key=<a Mint k
 and sample are Protocol Buffers, so those two routes stay out of the OpenAPI document.
 
 Routes parse and map; `mint.services.tinker` does the work (see its docstring for how models,
-samplers, futures and checkpoints map onto Mint).
+samplers and futures map onto Mint), and `mint.services.tinker_checkpoints` answers the
+training runs, checkpoints and tokenizers.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from mint.api.pagination import id_path
 from mint.config import Settings
 from mint.errors import InvalidRequest, PayloadTooLarge
 from mint.schemas import tinker as wire
-from mint.services import tinker
+from mint.services import tinker, tinker_checkpoints
 from mint.storage.objects import object_store_for
 from mint.worker.tinker_tasks import TinkerDispatch
 
@@ -154,7 +155,7 @@ def get_info(
     body: wire.GetInfoRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
 ) -> wire.GetInfoResponse:
     """The model's base, LoRA rank and tokenizer (a local folder the client loads offline)."""
-    return tinker.get_info(session, settings, principal.organization_id, body.model_id)
+    return tinker_checkpoints.get_info(session, settings, principal.organization_id, body.model_id)
 
 
 async def _protobuf_body(request: Request, settings: SettingsDep) -> bytes:
@@ -304,12 +305,12 @@ def list_training_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
     offset: Offset = 0,
 ) -> wire.TrainingRunsResponse:
-    return tinker.list_training_runs(session, principal.organization_id, limit=limit, offset=offset)
+    return tinker_checkpoints.list_training_runs(session, principal.organization_id, limit=limit, offset=offset)
 
 
 @router.get("/training_runs/{model_id}", response_model=wire.TrainingRun)
 def get_training_run(model_id: ModelId, session: SessionDep, principal: CurrentPrincipal) -> wire.TrainingRun:
-    return tinker.get_training_run(session, principal.organization_id, model_id)
+    return tinker_checkpoints.get_training_run(session, principal.organization_id, model_id)
 
 
 @router.get("/training_runs/{model_id}/checkpoints", response_model=wire.CheckpointsListResponse)
@@ -317,7 +318,7 @@ def list_checkpoints(
     model_id: ModelId, session: SessionDep, principal: CurrentPrincipal
 ) -> wire.CheckpointsListResponse:
     """A model's training states and sampler weights, oldest first."""
-    return tinker.list_checkpoints(session, principal.organization_id, model_id)
+    return tinker_checkpoints.list_checkpoints(session, principal.organization_id, model_id)
 
 
 @router.delete(
@@ -331,7 +332,7 @@ def delete_checkpoint(
     principal: CurrentPrincipal,
 ) -> wire.DeleteCheckpointResponse:
     """Forget a checkpoint (sampler weights stay an adapter version in /v1/adapters)."""
-    path = tinker.delete_checkpoint(
+    path = tinker_checkpoints.delete_checkpoint(
         session, object_store_for(settings), principal.organization_id, model_id, checkpoint_id
     )
     return wire.DeleteCheckpointResponse(tinker_path=str(path))
@@ -345,21 +346,21 @@ def list_user_checkpoints(
     offset: Offset = 0,
 ) -> wire.CheckpointsListResponse:
     """Every checkpoint of the organization, newest first."""
-    return tinker.list_user_checkpoints(session, principal.organization_id, limit=limit, offset=offset)
+    return tinker_checkpoints.list_user_checkpoints(session, principal.organization_id, limit=limit, offset=offset)
 
 
 @router.post("/weights_info", response_model=wire.WeightsInfoResponse)
 def weights_info(
     body: wire.WeightsInfoRequest, session: SessionDep, principal: CurrentPrincipal
 ) -> wire.WeightsInfoResponse:
-    return tinker.weights_info(session, principal.organization_id, body.tinker_path)
+    return tinker_checkpoints.weights_info(session, principal.organization_id, body.tinker_path)
 
 
 @router.get("/tokenizers/{base_model}", response_class=Response, responses=TAR_RESPONSE)
 def download_tokenizer(base_model: BaseName, settings: SettingsDep, _: CurrentPrincipal) -> Response:
     """The base's tokenizer files (Mint's own route): unpack them into a folder and load it with
     `AutoTokenizer.from_pretrained(folder)` on a machine with no model hub."""
-    data = tinker.tokenizer_archive(settings, base_model)
+    data = tinker_checkpoints.tokenizer_archive(settings, base_model)
     return Response(
         data,
         media_type="application/x-tar",

@@ -1,6 +1,6 @@
 """Live workers as they report themselves: the broker-independent view behind
 `mint admin workers list` (the embedded broker has no broadcast, so Celery's `inspect`
-cannot be the source)."""
+cannot be the source), and the live process a Tinker model's requests go to."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from datetime import timedelta
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from mint.storage.tables import Worker, utcnow
+from mint.services.dispatch import WorkerRef
+from mint.storage.tables import Worker, as_utc, utcnow
 
 STALE_AFTER_S = 180
 
@@ -48,3 +49,25 @@ def prune_stale_workers(session: Session, *, stale_after_s: int = STALE_AFTER_S)
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
     result = session.execute(delete(Worker).where(Worker.last_seen_at < cutoff))
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+def _live_workers(session: Session) -> list[Worker]:
+    cutoff = utcnow() - timedelta(seconds=STALE_AFTER_S)
+    return [w for w in session.execute(select(Worker)).scalars() if as_utc(w.last_seen_at) >= cutoff]
+
+
+def live_worker(session: Session, worker_id: str) -> WorkerRef | None:
+    """The live process `worker_id` names (`<node>/<pid>`), or None if it stopped or went silent."""
+    node, _, pid = worker_id.rpartition("/")
+    row = session.get(Worker, node)
+    if row is None or str(row.pid) != pid:
+        return None
+    if as_utc(row.last_seen_at) < utcnow() - timedelta(seconds=STALE_AFTER_S):
+        return None
+    return WorkerRef(hostname=row.hostname, pid=row.pid)
+
+
+def base_is_served(session: Session, base_model: str) -> bool:
+    """Whether a live worker consumes the training queue of `base_model`."""
+    queue = f"train.{base_model}"
+    return any(queue in (w.queues or []) for w in _live_workers(session))

@@ -1,4 +1,4 @@
-"""Tinker tasks: thin glue from queue messages (a model, future or sampler id) to `services.tinker`.
+"""Tinker tasks: thin glue from queue messages (a model, future or sampler id) to `services.tinker_runner`.
 
 A Tinker model lives on the worker process that created it. Besides its base's queue
 (`train.<base>`), every process started with `mint worker --base NAME` (or plain `mint
@@ -16,7 +16,8 @@ from typing import Any
 from celery import shared_task
 
 from mint.config import Settings, get_settings
-from mint.services import tinker
+from mint.services import tinker, tinker_runner
+from mint.services.dispatch import WorkerRef
 from mint.worker import signals
 from mint.worker.dispatch import _celery_for
 from mint.worker.queues import training_queue
@@ -39,7 +40,7 @@ class TinkerDispatch:
         self.settings = settings
 
     def __call__(
-        self, task: str, *, args: list[str], base_model: str | None = None, worker: tinker.WorkerRef | None = None
+        self, task: str, *, args: list[str], base_model: str | None = None, worker: WorkerRef | None = None
     ) -> None:
         if worker is not None:
             queue = process_queue(worker.hostname, worker.pid)
@@ -50,9 +51,9 @@ class TinkerDispatch:
         _celery_for(self.settings).send_task(task, args=args, queue=queue)
 
 
-def _me(task: Any) -> tinker.WorkerIdentity:
+def _me(task: Any) -> tinker_runner.WorkerIdentity:
     consumed = task.app.amqp.queues.consume_from or {}
-    return tinker.WorkerIdentity(worker_id=signals.process_identity(), reachable=process_queue() in consumed)
+    return tinker_runner.WorkerIdentity(worker_id=signals.process_identity(), reachable=process_queue() in consumed)
 
 
 # No automatic retry: a request that fails records why in its future, and the client decides.
@@ -68,7 +69,7 @@ def _me(task: Any) -> tinker.WorkerIdentity:
 )
 def run_model(self: Any, model_id: str) -> str:
     """Run a Tinker model's waiting requests, in seq_id order, on the process that holds it."""
-    return tinker.run_model_requests(get_settings(), model_id, _me(self), resident_base)
+    return tinker_runner.run_model_requests(get_settings(), model_id, _me(self), resident_base)
 
 
 @shared_task(
@@ -82,10 +83,10 @@ def run_model(self: Any, model_id: str) -> str:
 )
 def sample(self: Any, future_id: str) -> str:
     """Run one sample request on this worker's resident base (a duplicate message returns at once)."""
-    return tinker.run_sample(get_settings(), future_id, _me(self), resident_base)
+    return tinker_runner.run_sample(get_settings(), future_id, _me(self), resident_base)
 
 
 @shared_task(name=tinker.RELEASE_TASK, acks_late=True, ignore_result=True, max_retries=0, time_limit=300)
 def release(model_id: str) -> bool:
     """Free a finished session's model (its adapter and optimizer state) on the process that held it."""
-    return tinker.release_model(model_id)
+    return tinker_runner.release_model(model_id)

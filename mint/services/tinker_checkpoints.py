@@ -1,0 +1,241 @@
+"""Tinker compatibility: training runs, checkpoints and tokenizers as clients read them.
+
+- **Checkpoints**: `save_state` stores the training state in the object store as a
+  `tinker_checkpoints` row (`tinker://<model>/weights/<name>`); `save_weights_for_sampler`
+  with a name also registers an adapter version (adapter `tinker-<model>`), so the weights
+  appear in `/v1/adapters` and can be evaluated and deployed. Save-and-sample snapshots are
+  stored by content hash and loaded by samplers, not registered. The worker writes them
+  (`mint.services.tinker_runner`); this module lists, describes and deletes them.
+- **Tokenizers** travel with no hub: the first worker of a base to serve a Tinker model saves
+  the base's tokenizer (`save_pretrained`) as `tokenizers/<base>.tar` in the object store; the
+  API unpacks it under `MINT_HOME/tokenizers/<base>/` and answers that folder as the model's
+  `tokenizer_id`, which the client's `AutoTokenizer.from_pretrained` loads offline. A client
+  on another machine downloads the archive from `GET /api/v1/tokenizers/<base>` and unpacks it
+  into a folder named after the base in its working directory, where loading the tokenizer by
+  the base's name (tinker-cookbook, `SamplingClient.get_tokenizer`) finds it.
+
+The row readers shared with `mint.services.tinker` and the runner (`owned_model`,
+`owned_checkpoint`, `newest_checkpoint`) live here, at the bottom of the three modules.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from mint.config import Settings
+from mint.errors import NotFound
+from mint.schemas import tinker as wire
+from mint.storage.archives import unpack_folder
+from mint.storage.objects import ObjectStore, object_store_for
+from mint.storage.queries import get_owned
+from mint.storage.tables import BaseModelRow, Future, TinkerCheckpoint, TrainingSession, as_utc
+
+# ---- rows as the API and the worker halves read them ---------------------------------------
+
+
+def tokenizer_key(base_model: str) -> str:
+    return f"tokenizers/{base_model}.tar"
+
+
+def str_dict(values: dict[str, Any] | None) -> dict[str, str]:
+    """User metadata as Tinker keeps it: strings to strings (NUL removed; PostgreSQL refuses it)."""
+    return {str(key).replace("\x00", ""): str(value).replace("\x00", "") for key, value in (values or {}).items()}
+
+
+def owned_model(session: Session, organization_id: str, model_id: str) -> TrainingSession:
+    """The organization's training model `model_id` (a sampler's id is not found)."""
+    row = get_owned(session, TrainingSession, model_id, organization_id=organization_id, noun="model")
+    if row.kind != "training":
+        raise NotFound(f"No model with id {model_id!r} in this organization (it names a sampler).", param="model_id")
+    return row
+
+
+def owned_checkpoint(session: Session, organization_id: str, path: wire.TinkerPath) -> TinkerCheckpoint:
+    """The organization's checkpoint at a `tinker://` path."""
+    row = session.execute(
+        select(TinkerCheckpoint).where(
+            TinkerCheckpoint.model_id == path.model_id,
+            TinkerCheckpoint.kind == path.kind,
+            TinkerCheckpoint.name == path.name,
+            TinkerCheckpoint.organization_id == organization_id,
+        )
+    ).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"no checkpoint {path} in this organization", param="path")
+    return row
+
+
+def newest_checkpoint(session: Session, model_id: str, kind: str) -> TinkerCheckpoint | None:
+    """A model's last saved training state (`kind="training"`) or sampler weights (`"sampler"`)."""
+    return session.execute(
+        select(TinkerCheckpoint)
+        .where(TinkerCheckpoint.model_id == model_id, TinkerCheckpoint.kind == kind)
+        .order_by(TinkerCheckpoint.created_at.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+
+
+# ---- models, training runs and checkpoints ----------------------------------------------------
+
+
+def get_info(session: Session, settings: Settings, organization_id: str, model_id: str) -> wire.GetInfoResponse:
+    """A model's base, LoRA rank and tokenizer folder (`get_info`)."""
+    row = owned_model(session, organization_id, model_id)
+    base = session.get(BaseModelRow, row.base_model)
+    folder = local_tokenizer_folder(settings, row.base_model)
+    return wire.GetInfoResponse(
+        model_id=row.id,
+        model_data=wire.ModelData(
+            arch=base.architecture if base is not None else None,
+            model_name=row.base_model,
+            tokenizer_id=str(folder) if folder is not None else None,
+        ),
+        lora_rank=row.lora.get("rank"),
+        model_name=row.base_model,
+    )
+
+
+def checkpoint_view(row: TinkerCheckpoint) -> wire.Checkpoint:
+    path = wire.TinkerPath(row.model_id, "training" if row.kind == "training" else "sampler", row.name)
+    return wire.Checkpoint(
+        checkpoint_id=path.checkpoint_id,
+        checkpoint_type="training" if row.kind == "training" else "sampler",
+        time=as_utc(row.created_at),
+        tinker_path=str(path),
+        size_bytes=row.size_bytes,
+        user_metadata=str_dict(row.user_metadata) or None,
+        expires_at=as_utc(row.expires_at) if row.expires_at else None,
+    )
+
+
+def training_run_view(session: Session, row: TrainingSession) -> wire.TrainingRun:
+    last_request = session.execute(select(func.max(Future.created_at)).where(Future.model_id == row.id)).scalar_one()
+    last_state = newest_checkpoint(session, row.id, "training")
+    last_sampler = newest_checkpoint(session, row.id, "sampler")
+    return wire.TrainingRun(
+        training_run_id=row.id,
+        base_model=row.base_model,
+        model_owner=row.organization_id,
+        lora_rank=row.lora.get("rank"),
+        last_request_time=as_utc(last_request or row.created_at),
+        last_checkpoint=checkpoint_view(last_state) if last_state else None,
+        last_sampler_checkpoint=checkpoint_view(last_sampler) if last_sampler else None,
+        user_metadata=str_dict(row.tags) or None,
+    )
+
+
+def get_training_run(session: Session, organization_id: str, model_id: str) -> wire.TrainingRun:
+    return training_run_view(session, owned_model(session, organization_id, model_id))
+
+
+def list_training_runs(session: Session, organization_id: str, *, limit: int, offset: int) -> wire.TrainingRunsResponse:
+    where = (TrainingSession.organization_id == organization_id, TrainingSession.kind == "training")
+    total = session.execute(select(func.count()).select_from(TrainingSession).where(*where)).scalar_one()
+    rows = session.execute(
+        select(TrainingSession)
+        .where(*where)
+        .order_by(TrainingSession.created_at.desc(), TrainingSession.id.desc())
+        .limit(limit)
+        .offset(offset)
+    ).scalars()
+    return wire.TrainingRunsResponse(
+        training_runs=[training_run_view(session, row) for row in rows],
+        cursor=wire.Cursor(offset=offset, limit=limit, total_count=total),
+    )
+
+
+def list_checkpoints(session: Session, organization_id: str, model_id: str) -> wire.CheckpointsListResponse:
+    row = owned_model(session, organization_id, model_id)
+    rows = session.execute(
+        select(TinkerCheckpoint).where(TinkerCheckpoint.model_id == row.id).order_by(TinkerCheckpoint.created_at)
+    ).scalars()
+    return wire.CheckpointsListResponse(checkpoints=[checkpoint_view(c) for c in rows])
+
+
+def list_user_checkpoints(
+    session: Session, organization_id: str, *, limit: int, offset: int
+) -> wire.CheckpointsListResponse:
+    where = TinkerCheckpoint.organization_id == organization_id
+    total = session.execute(select(func.count()).select_from(TinkerCheckpoint).where(where)).scalar_one()
+    rows = session.execute(
+        select(TinkerCheckpoint)
+        .where(where)
+        .order_by(TinkerCheckpoint.created_at.desc(), TinkerCheckpoint.id.desc())
+        .limit(limit)
+        .offset(offset)
+    ).scalars()
+    return wire.CheckpointsListResponse(
+        checkpoints=[checkpoint_view(c) for c in rows],
+        cursor=wire.Cursor(offset=offset, limit=limit, total_count=total),
+    )
+
+
+def delete_checkpoint(
+    session: Session, store: ObjectStore, organization_id: str, model_id: str, checkpoint_id: str
+) -> wire.TinkerPath:
+    """Forget a checkpoint. A training state's object goes with it; sampler weights stay an
+    adapter version (retire that through /v1/adapters)."""
+    owned_model(session, organization_id, model_id)
+    segment, _, name = checkpoint_id.partition("/")
+    path = wire.TinkerPath.parse(f"{wire.TINKER_SCHEME}{model_id}/{segment}/{name}")
+    row = owned_checkpoint(session, organization_id, path)
+    if row.kind == "training":
+        store.delete(row.object_key)
+    session.delete(row)
+    return path
+
+
+def weights_info(session: Session, organization_id: str, tinker_path: str) -> wire.WeightsInfoResponse:
+    path = wire.TinkerPath.parse(tinker_path)
+    checkpoint = owned_checkpoint(session, organization_id, path)
+    model = session.get(TrainingSession, checkpoint.model_id)
+    assert model is not None
+    return wire.WeightsInfoResponse(
+        base_model=model.base_model,
+        lora_rank=model.lora.get("rank"),
+        train_attn=model.lora.get("train_attn"),
+        train_mlp=model.lora.get("train_mlp"),
+        train_unembed=model.lora.get("train_unembed"),
+    )
+
+
+# ---- tokenizers -----------------------------------------------------------------------------
+
+
+def tokenizer_archive(settings: Settings, base_model: str) -> bytes:
+    """The base's tokenizer files as a tar, for clients on other machines."""
+    store = object_store_for(settings)
+    key = tokenizer_key(base_model)
+    if not store.exists(key):
+        raise NotFound(
+            f"no tokenizer of base {base_model!r} yet: a worker of the base saves it when it first creates a model",
+            param="base_model",
+        )
+    return store.get_bytes(key)
+
+
+def local_tokenizer_folder(settings: Settings, base_model: str) -> Path | None:
+    """`MINT_HOME/tokenizers/<base>/`, unpacked from the object store on first use; None
+    while no worker of the base has saved it."""
+    folder = settings.home / "tokenizers" / base_model
+    if (folder / "tokenizer_config.json").is_file():
+        return folder
+    store = object_store_for(settings)
+    if not store.exists(tokenizer_key(base_model)):
+        return None
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{base_model}.", dir=folder.parent))
+    unpack_folder(store.get_bytes(tokenizer_key(base_model)), staging)
+    try:
+        os.replace(staging, folder)
+    except OSError:  # unpacked concurrently by another request: keep theirs
+        for path in staging.iterdir():
+            path.unlink()
+        staging.rmdir()
+    return folder
