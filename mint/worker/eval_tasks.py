@@ -1,4 +1,4 @@
-"""The eval-run task: thin glue from a queue message (a run id) to `services.evals.execute_eval_run`.
+"""The eval-run task: thin glue from a queue message (a run id) to `services.eval_runner.execute_eval_run`.
 
 The API sends it to the training queue of the run's base model (`mint.worker.dispatch.TaskSender`
 with `base_model`), so it runs on a worker that keeps that base resident and shares it with
@@ -10,7 +10,8 @@ from __future__ import annotations
 from celery import shared_task
 
 from mint.config import get_settings
-from mint.services.evals import RUN_EVAL_TASK, execute_eval_run
+from mint.services.eval_runner import execute_eval_run
+from mint.services.evals import RUN_EVAL_TASK
 from mint.worker import signals
 from mint.worker.resident import resident_base
 

@@ -240,7 +240,7 @@ def test_versions_are_immutable_once_an_eval_used_them(client: TestClient, tenan
 def test_cancelled_and_missing_runs_leave_the_worker_with_nothing_to_do(
     client: TestClient, tenant: Tenant, prepared: Settings
 ) -> None:
-    from mint.services.evals import execute_eval_run
+    from mint.services.eval_runner import execute_eval_run
 
     dev = tenant.headers("developer")
     benchmark = numeric_benchmark(client, tenant)
@@ -490,7 +490,7 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
     """A worker dies after its first batch; the redelivered message finishes the run without
     running those tasks again, and a message for a finished run changes nothing."""
     from mint.schemas.evals import EvalRunCreate
-    from mint.services import evals
+    from mint.services import eval_runner, evals
     from mint.services.auth import operator
     from mint.storage.tables import Trajectory
 
@@ -516,13 +516,13 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
             return resident.sample_with(*args)
 
     with pytest.raises(WorkerDies):
-        evals.execute_eval_run(prepared, run_id, lambda name: DyingBase(), batch_tasks=2)
+        eval_runner.execute_eval_run(prepared, run_id, lambda name: DyingBase(), batch_tasks=2)
     with session_scope(prepared.database) as db:
         first = {t.task_id: t.id for t in db.query(Trajectory).filter(Trajectory.eval_run_id == run_id)}
     assert len(first) == 2
     assert client.get(f"/v1/evals/{run_id}", headers=owner.headers("viewer")).json()["status"] == "running"
     # A duplicate message finds the run held by the (dead) worker and leaves it alone ...
-    assert evals.execute_eval_run(prepared, run_id, lambda name: DyingBase()) == "not-claimed"
+    assert eval_runner.execute_eval_run(prepared, run_id, lambda name: DyingBase()) == "not-claimed"
     # ... until its lease runs out: the reconciler queues it again with a new message.
     from mint.services.reconciler import reconcile_jobs
 
@@ -546,7 +546,7 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
             counted.append(1)
             return resident.sample_with(*args)
 
-    assert evals.execute_eval_run(prepared, run_id, lambda name: CountingBase(), batch_tasks=2) == "succeeded"
+    assert eval_runner.execute_eval_run(prepared, run_id, lambda name: CountingBase(), batch_tasks=2) == "succeeded"
     assert len(counted) == 4  # only the four tasks not written yet
     with session_scope(prepared.database) as db:
         after = {t.task_id: t.id for t in db.query(Trajectory).filter(Trajectory.eval_run_id == run_id)}
@@ -554,5 +554,5 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
     view = client.get(f"/v1/evals/{run_id}", headers=owner.headers("viewer")).json()
     assert view["status"] == "succeeded" and view["metrics"]["tasks"] == 6
 
-    assert evals.execute_eval_run(prepared, run_id, lambda name: CountingBase()) == "succeeded"
+    assert eval_runner.execute_eval_run(prepared, run_id, lambda name: CountingBase()) == "succeeded"
     assert len(counted) == 4

@@ -1,0 +1,320 @@
+"""Eval runs, the worker half: claim a run, evaluate its model on its benchmark version, finish it.
+
+Runs on the worker that keeps the run's base resident (`mint.worker.eval_tasks`); the API half
+(`mint.services.evals`) created the run and sent its id. The run's model answers through a
+live serving node of its base when there is one (batched on the node's engine), else on this
+worker's sampler. Trajectories are written a batch at a time and are unique per (run, task),
+so a redelivered message skips the tasks already written; each status move is conditional
+on this worker still holding the run, so a cancel always wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from mint.config import Settings
+from mint.errors import Conflict, InvalidRequest, MintError, NotFound
+from mint.evals.benchmark import BenchmarkTask, select_split
+from mint.evals.runner import (
+    Generate,
+    GenerateRequest,
+    Generation,
+    SamplerGenerate,
+    TrajectoryRecord,
+    run_batch,
+    summarize,
+)
+from mint.schemas.inference import AdapterOnNode, NodeCompletion
+from mint.services import adapters, benchmarks, node_client
+from mint.services.evals import FINISHED
+from mint.services.leases import LeaseKeeper, claim_values, held_by
+from mint.services.serving_nodes import live_nodes, node_for
+from mint.services.usage import record_usage
+from mint.storage.db import session_scope
+from mint.storage.objects import object_store_for
+from mint.storage.tables import Adapter, AdapterVersion, EvalRun, Trajectory, new_id, utcnow
+
+if TYPE_CHECKING:
+    from mint.trainer.session import ResidentBase
+
+log = logging.getLogger(__name__)
+
+# Tasks run together in one batched step and written in one transaction: the most work a
+# redelivered message repeats, and how often a cancel is noticed.
+BATCH_TASKS = 16
+
+LoadBase = Callable[[str], "ResidentBase"]
+
+
+def _finish(session: Session, eval_run_id: str, worker_id: str, status: str, **values: Any) -> bool:
+    """Move the run this worker holds to `status`; False if it was cancelled, or queued again
+    after this worker's lease ran out, meanwhile."""
+    changed = session.execute(
+        update(EvalRun)
+        .where(*held_by(EvalRun, eval_run_id, worker_id))
+        .values(status=status, finished_at=utcnow(), **values)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(changed.rowcount)  # type: ignore[attr-defined]
+
+
+def _still_held(settings: Settings, eval_run_id: str, worker_id: str) -> bool:
+    """Whether this worker still holds the run (not cancelled, not queued again after a lost lease)."""
+    with session_scope(settings.database) as session:
+        held = session.execute(select(EvalRun.id).where(*held_by(EvalRun, eval_run_id, worker_id)))
+        return held.scalar_one_or_none() is not None
+
+
+def _write(settings: Settings, run: EvalRun, records: Sequence[TrajectoryRecord]) -> list[TrajectoryRecord]:
+    """Insert the records of tasks not written yet; returns those inserted.
+
+    Two deliveries of one message running at once would race on the unique (run, task)
+    constraint: the loser reads what the winner wrote and inserts only the rest.
+    """
+    for _attempt in range(3):
+        try:
+            with session_scope(settings.database) as session:
+                written = set(
+                    session.execute(
+                        select(Trajectory.task_id).where(
+                            Trajectory.eval_run_id == run.id, Trajectory.task_id.in_([r.task_id for r in records])
+                        )
+                    ).scalars()
+                )
+                fresh = [record for record in records if record.task_id not in written]
+                for record in fresh:
+                    session.add(
+                        Trajectory(
+                            id=new_id("traj"),
+                            eval_run_id=run.id,
+                            task_id=record.task_id,
+                            messages=record.messages,
+                            output=record.output,
+                            score=record.score,
+                            passed=record.passed,
+                            steps=record.steps,
+                            tokens_in=record.tokens_in,
+                            tokens_out=record.tokens_out,
+                            latency_ms=record.latency_ms,
+                            error=record.error,
+                        )
+                    )
+                tokens = sum(record.tokens_in + record.tokens_out for record in fresh)
+                if tokens:
+                    record_usage(
+                        session,
+                        organization_id=run.organization_id,
+                        kind="sampled",
+                        tokens=tokens,
+                        base_model=str(run.config["base_model"]),
+                        model_ref=run.model_ref,
+                        resource_type="eval_run",
+                        resource_id=run.id,
+                    )
+            return fresh
+        except IntegrityError:
+            log.info("trajectories of eval run %s were written concurrently; retrying the rest", run.id)
+    raise Conflict(f"could not write the trajectories of eval run {run.id}: they keep being written concurrently")
+
+
+class NodeGenerate:
+    """`Generate` through a serving node of the run's base: a batch's requests are sent at once
+    and the node's engine runs them together (the base computed once per step, each request
+    on its adapter), instead of one prompt after another on the worker's sampler. Replies are
+    text, parsed for tool calls by the runner exactly as the sampler's are."""
+
+    def __init__(self, url: str, adapter: AdapterOnNode | None, *, max_tokens: int, temperature: float) -> None:
+        self.url, self.adapter = url, adapter
+        self.max_tokens, self.temperature = max_tokens, temperature
+
+    def __call__(self, requests: Sequence[GenerateRequest]) -> list[Generation]:
+        with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
+            return list(pool.map(self._one, requests))
+
+    def _one(self, request: GenerateRequest) -> Generation:
+        body = NodeCompletion(
+            messages=[dict(message) for message in request.messages],
+            tools=[dict(tool) for tool in request.tools] if request.tools else None,
+            adapter=self.adapter,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seed=request.seed,
+        )
+        started = time.perf_counter()
+        try:
+            lines = node_client.complete(self.url, body)
+        except InvalidRequest as refused:  # this task's prompt (e.g. too long): its trajectory says so
+            latency_ms = 1000 * (time.perf_counter() - started)
+            return Generation(text="", tokens_in=0, tokens_out=0, latency_ms=latency_ms, error=refused.message)
+        latency_ms = 1000 * (time.perf_counter() - started)
+        usage = lines[-1].get("usage") or {}
+        text = "".join(line.get("text", "") for line in lines[1:])
+        return Generation(
+            text=text,
+            tokens_in=int(usage.get("prompt_tokens", 0)),
+            tokens_out=int(usage.get("completion_tokens", 0)),
+            latency_ms=latency_ms,
+        )
+
+
+class _Model:
+    """The run's model: through a live serving node of its base when there is one (batched on
+    the node's engine), else on this worker's resident base (the base itself, or the adapter
+    version opened as a session)."""
+
+    def __init__(self, settings: Settings, run: EvalRun, load_base: LoadBase) -> None:
+        self.settings = settings
+        self.run = run
+        self.load_base = load_base
+        self.base: Any = None
+        self.session_id: str | None = None
+        self.generator = "trainer-sampler"
+
+    def _node(self) -> tuple[str, AdapterOnNode | None] | None:
+        base_model = str(self.run.config["base_model"])
+        with session_scope(self.settings.database) as session:
+            adapter = None
+            if self.run.adapter_version_id is not None:
+                version = self._version(session)
+                adapter_row = session.get(Adapter, version.adapter_id)
+                assert adapter_row is not None
+                adapter = AdapterOnNode(
+                    ref=adapters.model_ref_of(adapter_row, version),
+                    sha256=version.sha256,
+                    object_key=version.object_key,
+                )
+            if not live_nodes(session, base_model):
+                return None
+            url = node_for(session, base_model, adapter.sha256 if adapter else base_model).url
+        try:  # a node that stopped without unregistering is skipped, not waited for
+            httpx.get(f"{url}/healthz", timeout=2.0).raise_for_status()
+        except httpx.HTTPError:
+            log.warning("serving node %s does not answer; evaluating on this worker", url)
+            return None
+        return url, adapter
+
+    def _version(self, session: Session) -> AdapterVersion:
+        version = session.get(AdapterVersion, self.run.adapter_version_id)
+        if version is None or version.status != "ready":
+            raise NotFound(f"adapter version {self.run.adapter_version_id} is no longer available")
+        return version
+
+    def __enter__(self) -> Generate:
+        config = self.run.config
+        node = self._node()
+        if node is not None:
+            self.generator = "serving-node"
+            return NodeGenerate(
+                node[0], node[1], max_tokens=int(config["max_tokens"]), temperature=float(config["temperature"])
+            )
+        self.base = self.load_base(str(config["base_model"]))
+        if self.run.adapter_version_id is not None:
+            with session_scope(self.settings.database) as session:
+                key = self._version(session).object_key
+            archive = object_store_for(self.settings).get_bytes(key)
+            with tempfile.TemporaryDirectory(prefix="mint-eval-adapter-") as scratch:
+                folder = adapters.extract_adapter(archive, Path(scratch))
+                self.session_id = self.base.create_session_from_adapter(folder).session_id
+        return SamplerGenerate(
+            self.base,
+            adapter_name=self.session_id,
+            max_tokens=int(config["max_tokens"]),
+            temperature=float(config["temperature"]),
+        )
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.session_id is not None:
+            self.base.close(self.session_id)
+
+
+def _todo(settings: Settings, run: EvalRun) -> list[BenchmarkTask]:
+    tasks = benchmarks.load_tasks(object_store_for(settings), run.config["object_key"], run.config["sha256"])
+    with session_scope(settings.database) as session:
+        written = set(session.execute(select(Trajectory.task_id).where(Trajectory.eval_run_id == run.id)).scalars())
+    return [task for task in select_split(tasks, run.split) if task.id not in written]
+
+
+def _metrics(settings: Settings, run: EvalRun, ran: int, wall_s: float) -> dict[str, Any]:
+    with session_scope(settings.database) as session:
+        rows = list(session.execute(select(Trajectory).where(Trajectory.eval_run_id == run.id)).scalars())
+    metrics: dict[str, Any] = dict(summarize(rows))
+    metrics["wall_s"] = wall_s
+    metrics["tasks_per_s"] = ran / wall_s if ran and wall_s > 0 else None
+    return metrics
+
+
+def execute_eval_run(
+    settings: Settings,
+    eval_run_id: str,
+    load_base: LoadBase,
+    *,
+    batch_tasks: int = BATCH_TASKS,
+    worker_id: str = "local",
+) -> str:
+    """Run an eval run on this worker; returns what happened (for logs and tests).
+
+    Returns at once, touching nothing, if the run is gone or finished. Failures the user can
+    act on (an adapter deleted meanwhile, content that no longer matches) fail the run with
+    that message; anything else fails it as an internal error, logged with its traceback.
+    """
+    with session_scope(settings.database) as session:
+        run = session.get(EvalRun, eval_run_id)
+        if run is None:
+            return "missing"
+        if run.status in FINISHED:
+            return run.status
+        claimed = session.execute(
+            update(EvalRun)
+            .where(EvalRun.id == eval_run_id, EvalRun.status == "queued")
+            .values(**claim_values(worker_id), started_at=func.coalesce(EvalRun.started_at, utcnow()))
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if not claimed:
+            return "not-claimed"  # another worker holds it; the reconciler requeues it if that one died
+    with LeaseKeeper(settings, EvalRun, eval_run_id, worker_id):
+        return _execute(settings, run, load_base, batch_tasks, worker_id)
+
+
+def _execute(settings: Settings, run: EvalRun, load_base: LoadBase, batch_tasks: int, worker_id: str) -> str:
+    eval_run_id = run.id
+    try:
+        todo = _todo(settings, run)
+        config = run.config
+        ran, wall_s = 0, 0.0
+        model = _Model(settings, run, load_base)
+        with model as generate:
+            for start in range(0, len(todo), batch_tasks):
+                if not _still_held(settings, run.id, worker_id):
+                    return "cancelled"
+                began = time.perf_counter()
+                records = run_batch(
+                    todo[start : start + batch_tasks],
+                    generate,
+                    max_steps=int(config["max_steps"]),
+                    seed=int(config["seed"]),
+                )
+                wall_s += time.perf_counter() - began
+                ran += len(_write(settings, run, records))
+        metrics = _metrics(settings, run, ran, wall_s) | {"generator": model.generator}
+        with session_scope(settings.database) as session:
+            finished = _finish(session, run.id, worker_id, "succeeded", metrics=metrics)
+        return "succeeded" if finished else "cancelled"
+    except MintError as exc:
+        error = {"type": exc.type, "message": exc.message}
+    except Exception as exc:
+        log.exception("eval run %s failed", eval_run_id)
+        error = {"type": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+    with session_scope(settings.database) as session:
+        _finish(session, eval_run_id, worker_id, "failed", error=error)
+    return "failed"
