@@ -60,6 +60,7 @@ class Platform:
         from mint.services import auth
         from mint.services.setup import prepare_database
         from mint.storage.db import session_scope
+        from mint.worker.dispatch import CeleryDispatch
 
         get_settings.cache_clear()
         self.settings = get_settings()
@@ -68,7 +69,7 @@ class Platform:
             org = auth.create_organization(session, name=f"faults-{os.getpid()}-{int(time.time())}")
             _key, secret = auth.create_api_key(session, auth.operator(org.id), name="bench", role="developer")
         self.headers = {"Authorization": f"Bearer {secret}"}
-        self.client = TestClient(create_app(self.settings))
+        self.client = TestClient(create_app(self.settings, dispatch=CeleryDispatch(self.settings)))
         self.processes: list[subprocess.Popen[bytes]] = []
         self.env = {**os.environ, **FAST}
 

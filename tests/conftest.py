@@ -222,8 +222,9 @@ def other_tenant(prepared: Settings) -> Tenant:
 @pytest.fixture(scope="session")
 def app(prepared: Settings):  # type: ignore[no-untyped-def]
     from mint.api.app import create_app
+    from mint.worker.dispatch import CeleryDispatch
 
-    return create_app(prepared)
+    return create_app(prepared, dispatch=CeleryDispatch(prepared))
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ FORBIDDEN = {
     "evals": {"api", "worker", "storage", "services", "cli"},
     "storage": {"api", "worker", "services", "trainer", "evals", "cli"},
     "services": {"api", "worker", "cli"},
+    # The API sends work through the `Dispatch` it is given (DESIGN.md section 3).
+    "api": {"worker", "cli"},
     # The SDK speaks HTTP with the server's schemas: nothing of the server comes with it.
     "sdk": {"api", "worker", "storage", "services", "trainer", "evals", "serving", "cli", "config"},
 }

@@ -1,7 +1,10 @@
 """`create_app()`: the FastAPI application of an API replica.
 
 The API process holds nothing but connections: every request opens a database session,
-and long work goes to Celery. It never imports torch (a test checks it).
+and long work goes to the workers through the `Dispatch` the app is given. Importing this
+module imports neither torch nor Celery and writes nothing (a test checks it): `mint api`
+builds the app with Celery's dispatch (`mint.worker.dispatch.CeleryDispatch`), tests may
+give their own.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from mint.api.routes import (
     organization,
 )
 from mint.config import Settings, get_settings
+from mint.services.dispatch import Dispatch
 
 DESCRIPTION = """Mint: evaluate, fine-tune, re-evaluate and deploy LoRA adapters on your own base models.
 
@@ -34,11 +38,15 @@ Authenticate with `Authorization: Bearer <key>` or `X-API-Key: <key>`. Errors sh
 `{"error": {"type", "message", "param"}}`."""
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = None) -> FastAPI:
+    """The app on `settings` (the process settings by default). Routes that start work (jobs,
+    eval runs, Tinker requests) send it through `dispatch`; without one they fail, and every
+    other route works."""
     settings = settings or get_settings()
     logging.basicConfig(level=settings.log_level)
     app = FastAPI(title="Mint", version=__version__, description=DESCRIPTION)
     app.state.settings = settings
+    app.state.dispatch = dispatch
     install_error_handlers(app)
     app.middleware("http")(record_request_metrics)
     app.include_router(health.router)

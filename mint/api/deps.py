@@ -1,4 +1,5 @@
-"""Request dependencies as `Annotated` aliases: the settings, a database session, the caller.
+"""Request dependencies as `Annotated` aliases: the settings, a database session, the caller,
+and the way to send work to the workers.
 
 Authorization that holds for every route lives here, once: a viewer key can only read.
 Finer rules (admin-only operations) are checked by the services.
@@ -15,6 +16,7 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.errors import PermissionDenied
 from mint.services.auth import Principal, authenticate
+from mint.services.dispatch import Dispatch
 from mint.storage.db import session_scope
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -59,3 +61,17 @@ def get_principal(
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+
+
+def get_dispatch(request: Request) -> Dispatch:
+    """The `Dispatch` the app was created with (`create_app(settings, dispatch=...)`)."""
+    dispatch: Dispatch | None = request.app.state.dispatch
+    if dispatch is None:
+        raise RuntimeError(
+            "this API app was created without a Dispatch, so it cannot send work to the workers; "
+            "create it with create_app(settings, dispatch=...) as `mint api` does (Celery's)"
+        )
+    return dispatch
+
+
+DispatchDep = Annotated[Dispatch, Depends(get_dispatch)]

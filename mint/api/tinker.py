@@ -22,15 +22,13 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep, SettingsDep
 from mint.api.errors import error_response
 from mint.api.pagination import id_path
-from mint.config import Settings
 from mint.errors import InvalidRequest, PayloadTooLarge
 from mint.schemas import tinker as wire
 from mint.services import tinker, tinker_checkpoints
 from mint.storage.objects import object_store_for
-from mint.worker.tinker_tasks import TinkerDispatch
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"])
 
@@ -50,10 +48,6 @@ TAR_RESPONSE: dict[int | str, dict[str, Any]] = {
         "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
     }
 }
-
-
-def _send(settings: Settings) -> TinkerDispatch:
-    return TinkerDispatch(settings)
 
 
 # ---- client start-up and sessions -------------------------------------------------------------
@@ -111,10 +105,11 @@ def finish_session(
     body: wire.FinishSessionRequest,
     session: SessionDep,
     settings: SettingsDep,
+    dispatch: DispatchDep,
     principal: CurrentPrincipal,
 ) -> wire.FinishSessionResponse:
     """Finish a session: its models are released from their workers, its samplers closed."""
-    tinker.finish_session(session, principal.organization_id, session_id, body, _send(settings))
+    tinker.finish_session(session, principal.organization_id, session_id, body, dispatch)
     return wire.FinishSessionResponse(session_id=session_id)
 
 
@@ -144,10 +139,14 @@ def _future(future: Any) -> wire.UntypedAPIFuture:
 
 @router.post("/create_model", response_model=wire.UntypedAPIFuture)
 def create_model(
-    body: wire.CreateModelRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+    body: wire.CreateModelRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatch: DispatchDep,
+    principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
     """A LoRA training model on a base; created by the first worker of the base to take it."""
-    return _future(tinker.create_model(session, settings, principal.organization_id, body, _send(settings)))
+    return _future(tinker.create_model(session, settings, principal.organization_id, body, dispatch))
 
 
 @router.post("/get_info", response_model=wire.GetInfoResponse)
@@ -176,44 +175,61 @@ def forward_backward(
     body: Annotated[bytes, Depends(_protobuf_body)],
     session: SessionDep,
     settings: SettingsDep,
+    dispatch: DispatchDep,
     principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
     """Forward (and backward, unless `forward_only`) over a batch; the body is protobuf."""
     request = wire.decode_forward_backward_request(body)
-    future = tinker.submit_forward_backward(session, settings, principal.organization_id, request, _send(settings))
+    future = tinker.submit_forward_backward(session, settings, principal.organization_id, request, dispatch)
     return _future(future)
 
 
 @router.post("/optim_step", response_model=wire.UntypedAPIFuture)
 def optim_step(
-    body: wire.OptimStepRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+    body: wire.OptimStepRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatch: DispatchDep,
+    principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
-    return _future(tinker.submit_optim_step(session, settings, principal.organization_id, body, _send(settings)))
+    return _future(tinker.submit_optim_step(session, settings, principal.organization_id, body, dispatch))
 
 
 @router.post("/save_weights", response_model=wire.UntypedAPIFuture)
 def save_weights(
-    body: wire.SaveWeightsRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+    body: wire.SaveWeightsRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatch: DispatchDep,
+    principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
     """Save the training state (weights, Adam moments, step) as `tinker://<model>/weights/<name>`."""
-    return _future(tinker.submit_save_weights(session, settings, principal.organization_id, body, _send(settings)))
+    return _future(tinker.submit_save_weights(session, settings, principal.organization_id, body, dispatch))
 
 
 @router.post("/save_weights_for_sampler", response_model=wire.UntypedAPIFuture)
 def save_weights_for_sampler(
-    body: wire.SaveWeightsForSamplerRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+    body: wire.SaveWeightsForSamplerRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatch: DispatchDep,
+    principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
     """Named: an adapter version and `tinker://<model>/sampler_weights/<name>`; unnamed: a new sampler."""
-    future = tinker.submit_save_weights_for_sampler(session, settings, principal.organization_id, body, _send(settings))
+    future = tinker.submit_save_weights_for_sampler(session, settings, principal.organization_id, body, dispatch)
     return _future(future)
 
 
 @router.post("/load_weights", response_model=wire.UntypedAPIFuture)
 def load_weights(
-    body: wire.LoadWeightsRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+    body: wire.LoadWeightsRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatch: DispatchDep,
+    principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
     """Load a checkpoint into a model, or create a model from it."""
-    return _future(tinker.submit_load_weights(session, settings, principal.organization_id, body, _send(settings)))
+    return _future(tinker.submit_load_weights(session, settings, principal.organization_id, body, dispatch))
 
 
 # ---- samplers ---------------------------------------------------------------------------------
@@ -235,10 +251,14 @@ def get_sampler(sampler_id: SamplerId, session: SessionDep, principal: CurrentPr
 
 @router.post("/asample", response_model=wire.UntypedAPIFuture)
 def asample(
-    body: wire.SampleRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+    body: wire.SampleRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatch: DispatchDep,
+    principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
     """Sample continuations (with their logprobs) on a worker of the sampler's base."""
-    future, sequence_ids = tinker.submit_sample(session, settings, principal.organization_id, body, _send(settings))
+    future, sequence_ids = tinker.submit_sample(session, settings, principal.organization_id, body, dispatch)
     return wire.UntypedAPIFuture(request_id=future.id, model_id=future.model_id, sample_sequence_ids=sequence_ids)
 
 
@@ -260,13 +280,16 @@ def _answer(state: tinker.FutureState, paused_because: str | None) -> Response:
 
 @router.post("/retrieve_future", include_in_schema=False)
 async def retrieve_future(
-    body: wire.FutureRetrieveRequest, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+    body: wire.FutureRetrieveRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatch: DispatchDep,
+    principal: CurrentPrincipal,
 ) -> Response:
     """A future's result (protobuf for forward, forward_backward and sample), its error, or, after
     holding the request up to 25 s, `try_again`."""
     # Authenticated: end the request's transaction so its connection is not held while polling.
     await run_in_threadpool(session.commit)
-    send = _send(settings)
     deadline = time.monotonic() + tinker.LONG_POLL_S
     next_inspection, delay = 0.0, 0.01
     paused_because: str | None = None  # what the last look at the future's worker found
@@ -276,7 +299,7 @@ async def retrieve_future(
         if inspect:
             next_inspection = now + tinker.INSPECT_EVERY_S
         state = await run_in_threadpool(
-            tinker.poll_future, settings, principal.organization_id, body.request_id, send, inspect=inspect
+            tinker.poll_future, settings, principal.organization_id, body.request_id, dispatch, inspect=inspect
         )
         if inspect:
             paused_because = state.queue_state_reason

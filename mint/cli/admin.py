@@ -234,11 +234,11 @@ def jobs_list(
 def jobs_requeue(job_id: str, as_json: JsonOpt = False) -> None:
     """Send a queued job again, or take a running one from its worker to resume from its last checkpoint."""
     from mint.services.reconciler import requeue_job
-    from mint.worker.dispatch import TaskSender
+    from mint.worker.dispatch import CeleryDispatch
 
     settings = get_settings()
     with session_scope(settings.database) as session:
-        job = requeue_job(session, job_id, send=TaskSender(settings))
+        job = requeue_job(session, job_id, send=CeleryDispatch(settings))
         emit_one({"id": job.id, "status": job.status, "task_id": job.task_id}, as_json=as_json)
 
 

@@ -29,10 +29,12 @@ def api(
     """Run the HTTP API (uvicorn)."""
     import uvicorn
 
+    from mint.api.app import create_app
+    from mint.worker.dispatch import CeleryDispatch
+
     settings = get_settings()
     uvicorn.run(
-        "mint.api.app:create_app",
-        factory=True,
+        create_app(settings, dispatch=CeleryDispatch(settings)),
         host=host or settings.api_host,
         port=port or settings.api_port,
         log_level=settings.log_level.lower(),
@@ -67,11 +69,11 @@ def worker(
     if not queues:
         # A queue of this process's own, so that Tinker models stay on the process that holds
         # them (mint.worker.tinker_tasks). An explicit --queues list is taken as it is.
-        from mint.worker.tinker_tasks import process_queue
+        from mint.worker.queues import process_queue
 
         chosen.append(process_queue())
     node = name or (f"train-{base}@%h" if base else "mint@%h")
-    celery_app.worker_main(
+    celery_app().worker_main(
         [
             "worker",
             "-Q",
@@ -92,7 +94,7 @@ def beat(loglevel: str = "INFO") -> None:
     """Run Celery beat: periodic upkeep (pruning dead workers, reconciling lost messages)."""
     from mint.worker.app import celery_app
 
-    celery_app.start(["beat", "--loglevel", loglevel])
+    celery_app().start(["beat", "--loglevel", loglevel])
 
 
 class EngineChoice(enum.StrEnum):

@@ -29,7 +29,8 @@ from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, NotFound
 from mint.services import evals
-from mint.services.fine_tuning import SendTask, emit_event, mark_queued, send_job
+from mint.services.dispatch import Dispatch
+from mint.services.fine_tuning import emit_event, mark_queued, send_job
 from mint.storage.tables import EvalRun, TrainingJob, as_utc, utcnow
 
 Leased = TypeVar("Leased", TrainingJob, EvalRun)
@@ -84,7 +85,7 @@ def _stranded_queued(session: Session, model: type[Leased], grace_s: float, pend
 
 
 def reconcile_jobs(
-    session: Session, *, lease_s: float, grace_s: float, pending: PendingTaskIds, send: SendTask
+    session: Session, *, lease_s: float, grace_s: float, pending: PendingTaskIds, send: Dispatch
 ) -> ReconcileReport:
     """Requeue jobs of dead workers and re-send lost messages; commits before sending."""
     report = ReconcileReport()
@@ -124,7 +125,7 @@ def reconcile_jobs(
     return report
 
 
-def requeue_job(session: Session, job_id: str, *, send: SendTask) -> TrainingJob:
+def requeue_job(session: Session, job_id: str, *, send: Dispatch) -> TrainingJob:
     """An operator's requeue: a queued job's message is sent again; a running one is taken from its
     worker (which stops at its next step) and queued to resume from its last checkpoint."""
     job = session.get(TrainingJob, job_id)

@@ -1,9 +1,12 @@
-"""The Celery application: configuration only, no task logic.
+"""The Celery application: configuration only, no task logic, built on first use.
 
 Runs unchanged on the embedded broker (kombu's SQLAlchemy transport on SQLite) and on
 Redis: the broker is a setting. Payloads are ids and JSON only. Tasks are acknowledged
 after they finish (`acks_late`) and requeued if their worker dies, so every task is
 idempotent and the database row stays the truth (DESIGN.md section 2).
+
+Nothing is built at import: an app reads the model registry and makes the home folder, which
+only a process that sends or runs tasks needs (`celery_for`, `celery_app`).
 """
 
 from __future__ import annotations
@@ -69,4 +72,17 @@ def create_celery(settings: Settings | None = None) -> Celery:
     return app
 
 
-celery_app = create_celery()
+_apps: dict[tuple[str, str], Celery] = {}
+
+
+def celery_for(settings: Settings) -> Celery:
+    """One Celery app (and broker connection pool) per broker and result store, made on first use."""
+    key = (settings.broker, settings.result_backend)
+    if key not in _apps:
+        _apps[key] = create_celery(settings)
+    return _apps[key]
+
+
+def celery_app() -> Celery:
+    """The app of this process's settings: what `mint worker` and `mint beat` run."""
+    return celery_for(get_settings())

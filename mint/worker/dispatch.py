@@ -1,42 +1,49 @@
-"""Sending tasks from any process (API, CLI, beat): by name, so no task module is imported.
+"""Celery's `Dispatch` (`mint.services.dispatch`): tasks sent by name from any process (API,
+CLI, beat, a worker), so no task module is imported, on an app built at the first send.
 
-A task's queue follows from what it needs: work on a base model goes to the queue of the
-workers that keep that base resident.
+Where a task goes follows from what it needs: work on a base model goes to the queue of the
+workers that keep that base resident; a Tinker model's requests to the one process that
+holds it; upkeep to the system queue.
 """
 
 from __future__ import annotations
 
-from celery import Celery
-
 from mint.config import Settings
+from mint.services.dispatch import WorkerRef
 from mint.services.reconciler import PendingTaskIds, ReconcileReport, reconcile_jobs
 from mint.storage.broker import queue_states
 from mint.storage.db import session_scope
-from mint.worker.app import create_celery
-from mint.worker.queues import SYSTEM_QUEUE, training_queue
-
-_apps: dict[tuple[str, str], Celery] = {}
+from mint.worker.app import celery_for
+from mint.worker.queues import SYSTEM_QUEUE, process_queue, training_queue
 
 
-def _celery_for(settings: Settings) -> Celery:
-    """One Celery app (and broker connection pool) per broker and result store, reused."""
-    key = (settings.broker, settings.result_backend)
-    if key not in _apps:
-        _apps[key] = create_celery(settings)
-    return _apps[key]
+def queue_for(base_model: str | None, worker: WorkerRef | None) -> str:
+    """One worker process's queue, else the training queue of `base_model`, else the system queue."""
+    if worker is not None:
+        return process_queue(worker.hostname, worker.pid)
+    if base_model is not None:
+        return training_queue(base_model)
+    return SYSTEM_QUEUE
 
 
-class TaskSender:
-    """Publishes tasks on the broker that `settings` name (`send(task, args=..., task_id=..., base_model=...)`)."""
+class CeleryDispatch:
+    """Publishes tasks on the broker that `settings` name (`send(task, args=..., task_id=...,
+    base_model=... | worker=...)`); the Celery app and its connections are made on the first send."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
     def __call__(
-        self, task: str, *, args: list[str], task_id: str | None = None, base_model: str | None = None
+        self,
+        task: str,
+        *,
+        args: list[str],
+        task_id: str | None = None,
+        base_model: str | None = None,
+        worker: WorkerRef | None = None,
     ) -> None:
-        queue = training_queue(base_model) if base_model else SYSTEM_QUEUE
-        _celery_for(self.settings).send_task(task, args=args, task_id=task_id, queue=queue)
+        queue = queue_for(base_model, worker)
+        celery_for(self.settings).send_task(task, args=args, task_id=task_id, queue=queue)
 
 
 def pending_task_ids(settings: Settings) -> PendingTaskIds:
@@ -58,5 +65,5 @@ def run_reconciler(settings: Settings) -> ReconcileReport:
             lease_s=settings.job_lease_s,
             grace_s=settings.requeue_grace_s,
             pending=pending_task_ids(settings),
-            send=TaskSender(settings),
+            send=CeleryDispatch(settings),
         )

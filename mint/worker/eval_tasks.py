@@ -1,7 +1,7 @@
 """The eval-run task: thin glue from a queue message (a run id) to `services.eval_runner.execute_eval_run`.
 
-The API sends it to the training queue of the run's base model (`mint.worker.dispatch.TaskSender`
-with `base_model`), so it runs on a worker that keeps that base resident and shares it with
+The API sends it to the training queue of the run's base model (a `Dispatch` with
+`base_model`), so it runs on a worker that keeps that base resident and shares it with
 the fine-tuning jobs and Tinker sessions of the same process.
 """
 

@@ -1,9 +1,13 @@
-"""Queue names: one per base model for training, one for evals, one for serving control.
+"""Queue names: one per base model for training, one for evals, one for serving control, and
+one per worker process (for the Tinker models it holds).
 
-Kept free of Celery so that the API and the CLI can name queues without importing it.
+Kept free of Celery so that the CLI can name queues without importing it.
 """
 
 from __future__ import annotations
+
+import os
+import socket
 
 EVALS_QUEUE = "evals"
 SERVING_QUEUE = "serving"
@@ -11,6 +15,9 @@ SERVING_QUEUE = "serving"
 # consumes it so that it never waits behind a long training step.
 SYSTEM_QUEUE = "system"
 TRAINING_PREFIX = "train."
+# A Tinker model lives in one worker process's memory: its messages go to that process's own
+# queue, which every process started with `mint worker --base NAME` also consumes.
+PROCESS_QUEUE_PREFIX = "process."
 
 
 def training_queue(base_model: str) -> str:
@@ -25,3 +32,8 @@ def base_of_queue(queue: str) -> str | None:
 
 def all_queues(base_models: list[str]) -> list[str]:
     return [*(training_queue(name) for name in base_models), EVALS_QUEUE, SERVING_QUEUE, SYSTEM_QUEUE]
+
+
+def process_queue(hostname: str | None = None, pid: int | None = None) -> str:
+    """The queue only one worker process consumes (this one, by default)."""
+    return f"{PROCESS_QUEUE_PREFIX}{hostname or socket.gethostname()}.{pid or os.getpid()}"

@@ -3,52 +3,24 @@
 A Tinker model lives on the worker process that created it. Besides its base's queue
 (`train.<base>`), every process started with `mint worker --base NAME` (or plain `mint
 worker`) consumes a queue of its own, `process.<host>.<pid>`; once a process has claimed a
-model, the model's messages go there (`TinkerDispatch`). Samplers need no such pinning: their
-requests go to the base's queue and any of its workers serves them.
+model, the model's messages go there (a `Dispatch` with `worker`). Samplers need no such
+pinning: their requests go to the base's queue and any of its workers serves them.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any
 
 from celery import shared_task
 
-from mint.config import Settings, get_settings
+from mint.config import get_settings
 from mint.services import tinker, tinker_runner
-from mint.services.dispatch import WorkerRef
 from mint.worker import signals
-from mint.worker.dispatch import _celery_for
-from mint.worker.queues import training_queue
+from mint.worker.queues import process_queue
 from mint.worker.resident import resident_base
 
-PROCESS_QUEUE_PREFIX = "process."
 # Generous: a long forward_backward of a large batch; enforced by pools that support limits.
 TASK_TIME_LIMIT_S = 6 * 3600
-
-
-def process_queue(hostname: str | None = None, pid: int | None = None) -> str:
-    """The queue only one worker process consumes (this one, by default)."""
-    return f"{PROCESS_QUEUE_PREFIX}{hostname or socket.gethostname()}.{pid or os.getpid()}"
-
-
-class TinkerDispatch:
-    """Publishes Tinker tasks: to a base's training queue, or to one worker process's own queue."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-
-    def __call__(
-        self, task: str, *, args: list[str], base_model: str | None = None, worker: WorkerRef | None = None
-    ) -> None:
-        if worker is not None:
-            queue = process_queue(worker.hostname, worker.pid)
-        elif base_model is not None:
-            queue = training_queue(base_model)
-        else:
-            raise ValueError("a Tinker task goes to a base's queue or to a worker's")
-        _celery_for(self.settings).send_task(task, args=args, queue=queue)
 
 
 def _me(task: Any) -> tinker_runner.WorkerIdentity:

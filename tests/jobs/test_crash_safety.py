@@ -123,11 +123,13 @@ def test_jobs_queued_when_redis_restarts_are_not_lost(
     prepared: Settings, tenant: Tenant, workers: Workers, own_redis: tuple[str, Any]
 ) -> None:
     from mint.api.app import create_app
+    from mint.worker.dispatch import CeleryDispatch
 
     broker, restart = own_redis
     import redis
 
-    with TestClient(create_app(prepared.model_copy(update={"broker_url": broker}))) as client:
+    settings = prepared.model_copy(update={"broker_url": broker})
+    with TestClient(create_app(settings, dispatch=CeleryDispatch(settings))) as client:
         file = upload(client, tenant, chat_rows(6))
         ids = [
             client.post(

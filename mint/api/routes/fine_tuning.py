@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 
-from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep
 from mint.api.pagination import After, Limit, id_path, page_from
 from mint.schemas.common import ID_PATTERN, Page
 from mint.schemas.fine_tuning import (
@@ -24,7 +24,6 @@ from mint.schemas.fine_tuning import (
 from mint.services import fine_tuning
 from mint.storage.queries import owned_by, paginate
 from mint.storage.tables import TrainingJob
-from mint.worker.dispatch import TaskSender
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 
@@ -51,12 +50,12 @@ def _view(session: SessionDep, job: TrainingJob) -> FineTuningJob:
 def create_job(
     body: FineTuningJobCreate,
     session: SessionDep,
-    settings: SettingsDep,
+    dispatch: DispatchDep,
     principal: CurrentPrincipal,
     idempotency_key: IdempotencyKey = None,
 ) -> FineTuningJob:
     """Start a supervised, DPO or reinforcement job on a base model's training workers."""
-    job = fine_tuning.create_job(session, principal, body, send=TaskSender(settings), idempotency_key=idempotency_key)
+    job = fine_tuning.create_job(session, principal, body, send=dispatch, idempotency_key=idempotency_key)
     return _view(session, job)
 
 
