@@ -29,6 +29,7 @@ from mint.errors import Conflict, InvalidRequest
 from mint.evals.graders import GraderSpec
 from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.fine_tuning import FineTuningJobCreate, Method
+from mint.schemas.plans import TrainingPlan, parse_plan
 from mint.services.adapters import model_ref_of
 from mint.services.auth import Principal
 from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
@@ -88,8 +89,13 @@ def _resolve(value: Any, default: Any) -> Any:
     return default if value == "auto" else value
 
 
-def resolve_plan(body: FineTuningJobCreate, method: Method, rows: int) -> dict[str, Any]:
-    """The concrete hyperparameters of a job: `auto` values filled in, steps counted."""
+def resolve_plan(body: FineTuningJobCreate, method: Method, rows: int) -> TrainingPlan:
+    """The job's typed plan: `auto` values filled in, steps counted, every number checked.
+
+    A plan the checks refuse (a non-finite or out-of-range value the request's fields led to,
+    such as a NaN multiplier or more epochs than `MAX_STEPS` steps) is an `InvalidRequest`
+    naming the plan's field.
+    """
     kind = METHOD_OF_TYPE[method.type]
     section = getattr(method, method.type)
     hyper = section.hyperparameters if section is not None else None
@@ -98,6 +104,7 @@ def resolve_plan(body: FineTuningJobCreate, method: Method, rows: int) -> dict[s
     multiplier = _resolve(getattr(hyper, "learning_rate_multiplier", "auto"), 1.0)
     steps = body.steps or epochs * math.ceil(rows / batch)
     plan: dict[str, Any] = {
+        "method": kind,
         "batch_size": batch,
         "n_epochs": epochs if body.steps is None else steps * batch / rows,
         "learning_rate_multiplier": multiplier,
@@ -117,7 +124,7 @@ def resolve_plan(body: FineTuningJobCreate, method: Method, rows: int) -> dict[s
             "kl_beta": rl.kl_beta,
             "grader": GraderSpec.model_validate(method.reinforcement.grader).model_dump(),
         }
-    return plan
+    return parse_plan(plan)
 
 
 def _check_lora(body: FineTuningJobCreate, seed: int) -> dict[str, Any]:
@@ -186,19 +193,20 @@ def create_job(
             get_dataset(session, principal.organization_id, body.validation_file), training.kind, "validation_file"
         )
     plan = resolve_plan(body, method, training.row_count)
+    stored_plan = plan.model_dump(mode="json")
     job.spec = {
         "request": body.model_dump(mode="json", exclude_none=True),
         "request_sha256": request_hash,
-        "plan": plan,
+        "plan": stored_plan,
         "lora": lora,
         "adapter_name": body.suffix or f"ft-{job.id.removeprefix('ftjob_')}",
         "metadata": body.metadata or {},
     }
-    job.total_steps = plan["steps"]
+    job.total_steps = plan.steps
     session.add(job)
     session.flush()
     emit_event(session, job.id, f"Validating training file: {training.id} ({training.row_count} {training.kind} rows)")
-    emit_event(session, job.id, f"Files validated; {plan['steps']} optimizer steps planned", data={"plan": plan})
+    emit_event(session, job.id, f"Files validated; {plan.steps} optimizer steps planned", data={"plan": stored_plan})
     mark_queued(session, job, reason="Job enqueued")
     session.commit()
     send_job(job, send)

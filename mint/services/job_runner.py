@@ -14,6 +14,11 @@ The run is safe against any process dying at any moment:
 - **Finish.** The adapter is stored (content-addressed) before the transaction that
   records its version and marks the job succeeded, so a crash in between redoes the
   finish, never half of it.
+
+The plan stored on the row is validated again into its typed plan (`mint.schemas.plans`)
+when the job is claimed: a plan that no longer validates (written by another version, or
+edited) fails the job with `invalid_plan` and the field at fault, once, instead of failing in
+a recipe on every retry. The method registry (`mint.trainer.methods`) picks the recipe.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +37,7 @@ from sqlalchemy.orm import Session
 
 from mint.config import Settings
 from mint.errors import InvalidRequest, MintError
-from mint.evals.graders import GraderSpec
+from mint.schemas.plans import TrainingPlan, parse_plan
 from mint.services import adapters, datasets
 from mint.services.fine_tuning import emit_event
 from mint.services.leases import LeaseKeeper, claim_values, held_by
@@ -58,8 +63,7 @@ class JobContext:
     job_id: str
     organization_id: str
     base_model: str
-    method: str
-    plan: dict[str, Any]
+    plan: TrainingPlan
     lora: dict[str, Any]
     adapter_name: str
     seed: int
@@ -67,6 +71,28 @@ class JobContext:
     start_step: int = 0
     tokens_at_start: int = 0
     trained_tokens: int = 0
+
+    @classmethod
+    def claimed(cls, job: TrainingJob, worker_id: str) -> JobContext:
+        """The context of a job this worker just claimed; `InvalidRequest` if its stored plan is refused."""
+        return cls(
+            job_id=job.id,
+            organization_id=job.organization_id,
+            base_model=job.base_model,
+            plan=stored_plan(job.method, job.spec.get("plan", {})),
+            lora=dict(job.spec["lora"]),
+            adapter_name=job.spec["adapter_name"],
+            seed=job.seed,
+            worker_id=worker_id,
+        )
+
+
+def stored_plan(method: str, stored: Mapping[str, Any]) -> TrainingPlan:
+    """A job's plan as read back from its row, validated again; `InvalidRequest` names the field.
+
+    Rows written before plans named their method carry it only in the `method` column.
+    """
+    return parse_plan({"method": method, **stored})
 
 
 class LostLease(Exception):
@@ -186,13 +212,13 @@ class JobRun:
             emit_event(
                 session,
                 job.id,
-                f"Step {report.step}/{plan['steps']}: "
+                f"Step {report.step}/{plan.steps}: "
                 + ", ".join(f"{name} {value:.4g}" for name, value in report.metrics.items() if name in SHOWN),
                 type="metrics",
                 data={"step": report.step, "learning_rate": report.learning_rate, **_rounded(report.metrics)},
             )
             cancel = job.cancel_requested_at is not None
-        due = report.step % plan["checkpoint_interval"] == 0 and report.step < plan["steps"]
+        due = report.step % plan.checkpoint_interval == 0 and report.step < plan.steps
         if due and not cancel:
             self.save_checkpoint(training, report)
         return not cancel
@@ -204,8 +230,8 @@ class JobRun:
         try:
             self._note_resume()
             reports = self._train(training)
-            finished = bool(reports) and reports[-1].step == self.context.plan["steps"]
-            if self.context.start_step == self.context.plan["steps"]:
+            finished = bool(reports) and reports[-1].step == self.context.plan.steps
+            if self.context.start_step == self.context.plan.steps:
                 finished = True
             if finished:
                 self.finish(training)
@@ -234,72 +260,22 @@ class JobRun:
             job.trained_tokens = self.context.trained_tokens
 
     def _train(self, training: TrainingSession) -> list[StepReport]:
-        from mint.trainer.recipes.dpo import DpoConfig, run_dpo
-        from mint.trainer.recipes.rl import RlConfig, run_rl
-        from mint.trainer.recipes.sft import SftConfig, run_sft
-
-        plan, context = self.context.plan, self.context
-        rows = self._rows()
-        tokenizer = self.resident.tokenizer
+        from mint.trainer.methods import METHODS
+        from mint.trainer.recipes.common import RecipeInputs
 
         def on_step(report: StepReport) -> bool:
             return self.on_step(training, report)
 
-        common = {"start_step": context.start_step, "on_step": on_step}
-        if context.method == "sft":
-            from mint.trainer.chat_data import render_chat
-
-            examples = [
-                _rendered(index, lambda row=row: render_chat(tokenizer, row["messages"], row.get("tools")))
-                for index, row in enumerate(rows)
-            ]
-            config = SftConfig(
-                steps=plan["steps"],
-                batch_size=plan["batch_size"],
-                learning_rate=plan["learning_rate"],
-                seed=context.seed,
-            )
-            return run_sft(training, examples, config, **common)
-        if context.method == "dpo":
-            from mint.trainer.chat_data import render_preference
-
-            pairs = [
-                _rendered(index, lambda row=row: render_preference(tokenizer, row)) for index, row in enumerate(rows)
-            ]
-            config_dpo = DpoConfig(
-                steps=plan["steps"],
-                pairs_per_step=plan["batch_size"],
-                beta=plan["beta"],
-                learning_rate=plan["learning_rate"],
-                seed=context.seed,
-            )
-            return run_dpo(training, pairs, config_dpo, **common)
-        from mint.trainer.chat_data import render_prompt
-        from mint.trainer.recipes.rl import RlPrompt
-
-        grader = GraderSpec.model_validate(plan["grader"])
-        prompts = [
-            RlPrompt(
-                prompt_tokens=_rendered(
-                    index, lambda row=row: render_prompt(tokenizer, row["messages"], row.get("tools"))
-                ),
-                reference=row.get("reference"),
-                grader=grader,
-            )
-            for index, row in enumerate(rows)
-        ]
-        config_rl = RlConfig(
-            steps=plan["steps"],
-            prompts_per_step=plan["batch_size"],
-            group_size=plan["group_size"],
-            max_tokens=plan["max_tokens"],
-            temperature=plan["temperature"],
-            learning_rate=plan["learning_rate"],
-            kl_beta=plan["kl_beta"],
-            seed=context.seed,
+        inputs = RecipeInputs(
+            training=training,
+            tokenizer=self.resident.tokenizer,
+            reference=self.resident,
+            rows=self._rows(),
+            seed=self.context.seed,
+            start_step=self.context.start_step,
+            on_step=on_step,
         )
-        reference = self.resident if plan["kl_beta"] > 0 else None
-        return run_rl(training, prompts, config_rl, decode=tokenizer.decode, reference=reference, **common)
+        return METHODS.run(self.context.plan, inputs)
 
     def _rows(self) -> list[dict[str, Any]]:
         with session_scope(self.settings.database) as session:
@@ -340,7 +316,7 @@ class JobRun:
             )
             job.status, job.finished_at = "succeeded", utcnow()
             job.result_adapter_version_id = version.id
-            job.completed_steps, job.trained_tokens = context.plan["steps"], context.trained_tokens
+            job.completed_steps, job.trained_tokens = context.plan.steps, context.trained_tokens
             record_usage(
                 session,
                 organization_id=context.organization_id,
@@ -372,14 +348,6 @@ def _rounded(metrics: dict[str, float]) -> dict[str, float]:
     return {name: round(float(value), 6) for name, value in metrics.items()}
 
 
-def _rendered(index: int, render: Callable[[], Any]) -> Any:
-    """Render one row, naming its line when the base's chat template refuses it."""
-    try:
-        return render()
-    except InvalidRequest as exc:
-        raise InvalidRequest(f"line {index + 1}: {exc.message}", param=exc.param) from None
-
-
 def fail(settings: Settings, job_id: str, worker_id: str, code: str, message: str) -> None:
     with session_scope(settings.database) as session:
         failed = session.execute(
@@ -393,21 +361,18 @@ def fail(settings: Settings, job_id: str, worker_id: str, code: str, message: st
 
 def run_job(settings: Settings, job_id: str, worker_id: str, load_base: Callable[[str], ResidentBase]) -> str:
     """Claim and run one job; returns what happened (for logs and tests)."""
+    refused: InvalidRequest | None = None
     with session_scope(settings.database) as session:
         job = claim(session, job_id, worker_id)
         if job is None:
             return "not-claimed"
-        context = JobContext(
-            job_id=job.id,
-            organization_id=job.organization_id,
-            base_model=job.base_model,
-            method=job.method,
-            plan=dict(job.spec["plan"]),
-            lora=dict(job.spec["lora"]),
-            adapter_name=job.spec["adapter_name"],
-            seed=job.seed,
-            worker_id=worker_id,
-        )
+        try:
+            context = JobContext.claimed(job, worker_id)
+        except InvalidRequest as exc:
+            refused = exc
+    if refused is not None:  # failed once (after the claim commits), not retried: no retry can fix the row
+        fail(settings, job_id, worker_id, "invalid_plan", f"the job's plan is not valid: {refused.message}")
+        return "failed"
     started = time.perf_counter()
     try:
         with LeaseKeeper(settings, TrainingJob, job_id, worker_id):

@@ -7,10 +7,14 @@ queued (the tests that run jobs use `tiny-glm-moe`)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi.testclient import TestClient
 
+from mint.config import Settings
+from mint.storage.db import session_scope
+from mint.storage.tables import TrainingJob
 from tests.conftest import LiveServer, Tenant
 from tests.jobs.conftest import chat_rows, jsonl, preference_rows, prompt_rows, upload
 
@@ -128,3 +132,48 @@ def test_openai_client_fine_tuning_jobs(live_server: LiveServer, tenant: Tenant)
         assert "No fine-tuning job" in str(exc)
     else:
         raise AssertionError("a missing job was found")
+
+
+def test_a_plan_the_request_leads_to_is_checked_at_create(client: TestClient, tenant: Tenant) -> None:
+    """Fields each valid alone can resolve to a plan the checks refuse: the 400 names the plan's field."""
+    file = upload(client, tenant, chat_rows(3))
+    base = {"model": IDLE_BASE, "training_file": file["id"]}
+    supervised = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 10**7}}}
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({**base, "hyperparameters": {"learning_rate_multiplier": float("nan")}}, "learning_rate_multiplier"),
+        ({**base, "hyperparameters": {"learning_rate_multiplier": 1e4}}, "learning_rate"),  # 4e-4 * 1e4 > 1
+        ({**base, "method": supervised}, "steps"),  # 3 rows * 10**7 epochs: more than 1,000,000 steps
+    ]
+    for body, field in cases:
+        # JSON with NaN, which Python's json writes and FastAPI reads, and httpx would refuse to send.
+        response = client.post(
+            "/v1/fine_tuning/jobs",
+            headers={**tenant.headers("developer"), "content-type": "application/json"},
+            content=json.dumps(body),
+        )
+        assert response.status_code == 400, (body, response.text)
+        error = response.json()["error"]
+        assert error["param"] == field and field in error["message"], error
+
+
+def test_a_stored_plan_that_no_longer_validates_fails_the_job_on_the_worker(
+    client: TestClient, tenant: Tenant, prepared: Settings
+) -> None:
+    from mint.services.job_runner import run_job
+
+    file = upload(client, tenant, chat_rows(4))
+    created = _create(client, tenant, {"model": IDLE_BASE, "training_file": file["id"], "steps": 2}).json()
+    with session_scope(prepared.database) as session:  # as a row written by another version could be
+        row = session.get(TrainingJob, created["id"])
+        assert row is not None and row.spec["plan"]["method"] == "sft"
+        row.spec = {**row.spec, "plan": {**row.spec["plan"], "batch_size": 0}}
+
+    def no_base(name: str) -> Any:
+        raise AssertionError("a job whose plan is refused loads no base")
+
+    assert run_job(prepared, created["id"], "worker-under-test", no_base) == "failed"
+    job = client.get(f"/v1/fine_tuning/jobs/{created['id']}", headers=tenant.headers("viewer")).json()
+    assert job["status"] == "failed" and job["error"]["code"] == "invalid_plan", job
+    assert "plan batch_size" in job["error"]["message"] and job["attempts"] == 1
+    # A second delivery of its message finds the job finished: no retry loop.
+    assert run_job(prepared, created["id"], "worker-under-test", no_base) == "not-claimed"

@@ -13,14 +13,18 @@ import pytest
 import torch
 
 from mint.config import PROJECT_ROOT
+from mint.errors import InvalidRequest
 from mint.evals.builtin import Task, load_builtin
 from mint.evals.graders import GraderSpec
 from mint.schemas.base_models import get_base_model_spec
+from mint.schemas.plans import PLAN_TYPES, DpoPlan, RlPlan, SftPlan
 from mint.trainer.chat_data import PreferencePair, render_chat, render_preference, render_prompt
 from mint.trainer.full import FullParameterTrainer
-from mint.trainer.recipes.dpo import DpoConfig, preference_accuracy, run_dpo
+from mint.trainer.methods import METHODS, MethodRegistry
+from mint.trainer.recipes.common import RecipeInputs, StepReport
+from mint.trainer.recipes.dpo import DpoConfig, preference_accuracy, run_dpo, run_dpo_plan
 from mint.trainer.recipes.rl import RlConfig, RlPrompt, _with_kl_penalty, completion_datum, group_advantages, run_rl
-from mint.trainer.recipes.sft import SftConfig, run_sft
+from mint.trainer.recipes.sft import SftConfig, run_sft, run_sft_plan
 from mint.trainer.session import ResidentBase, TrainingSession
 from mint.trainer.types import LoraOptions, SampledSequence, SamplingParams
 
@@ -146,6 +150,80 @@ def test_rl_raises_mean_reward(open_session: Callable[..., TrainingSession], res
     rewards = [report.metrics["reward"] for report in reports]
     first, late = rewards[0], sum(rewards[-5:]) / 5
     assert late > first + 0.1, rewards
+
+
+def test_the_method_registry_is_closed_and_covers_every_plan() -> None:
+    assert sorted(METHODS.names()) == sorted(PLAN_TYPES)
+    assert all(METHODS.get(name).plan_type is PLAN_TYPES[name] for name in PLAN_TYPES)
+    registry = MethodRegistry()
+    registry.register("sft", SftPlan, run_sft_plan)
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("sft", SftPlan, run_sft_plan)
+    with pytest.raises(ValueError, match="runs DpoPlan"):
+        registry.register("dpo", SftPlan, run_sft_plan)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mint.schemas.plans"):
+        registry.register("ppo", DpoPlan, run_dpo_plan)
+
+
+PLAN_COMMON = {"n_epochs": 1, "learning_rate_multiplier": 1.0, "checkpoint_interval": 1}
+
+
+def test_jobs_plans_run_through_the_registry(
+    open_session: Callable[..., TrainingSession], resident: ResidentBase
+) -> None:
+    """The runners a job reaches: rows rendered with the base's template, the plan's numbers
+    in the recipe's config, and (RL with kl_beta > 0) the base as the reference."""
+    tasks = load_builtin("format", "train", 4, seed=0)  # type: ignore[arg-type]
+    chat = [{"messages": [*task.messages, *(task.solution or [])]} for task in tasks]
+    prompts = [{"messages": task.messages, "reference": "x"} for task in tasks]
+    seen: list[int] = []
+
+    def record(report: StepReport) -> bool:
+        seen.append(report.step)
+        return True
+
+    for plan, rows in [
+        (SftPlan(steps=2, batch_size=2, learning_rate=1e-3, **PLAN_COMMON), chat),
+        (
+            RlPlan(
+                steps=2,
+                batch_size=2,
+                learning_rate=1e-3,
+                group_size=2,
+                max_tokens=2,
+                temperature=1.0,
+                kl_beta=0.1,
+                grader={"type": "exact"},  # type: ignore[arg-type]
+                **PLAN_COMMON,
+            ),
+            prompts,
+        ),
+    ]:
+        session = open_session(LoraOptions(seed=0))
+        inputs = RecipeInputs(
+            training=session,
+            tokenizer=resident.tokenizer,
+            reference=resident,
+            rows=rows,
+            seed=1,
+            start_step=1,
+            on_step=record,
+        )
+        reports = METHODS.run(plan, inputs)
+        assert [report.step for report in reports] == [2] and session.step == 1
+    assert seen == [2, 2]
+
+
+def test_a_row_the_template_refuses_names_its_line(
+    open_session: Callable[..., TrainingSession], resident: ResidentBase
+) -> None:
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    rows = [good, {"messages": [{"role": "robot", "content": "hi"}]}]
+    inputs = RecipeInputs(
+        training=open_session(LoraOptions(seed=0)), tokenizer=resident.tokenizer, reference=resident, rows=rows, seed=0
+    )
+    with pytest.raises(InvalidRequest, match="^line 2: messages"):
+        METHODS.run(SftPlan(steps=1, batch_size=1, learning_rate=1e-3, **PLAN_COMMON), inputs)
 
 
 @pytest.mark.slow

@@ -1,13 +1,22 @@
-"""What the three recipes share: the trainer they drive, the per-step report, the callback."""
+"""What the recipes share: the trainer they drive, the per-step report, the callback, and
+what a job hands the runner of its method (`RecipeInputs`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from mint.errors import InvalidRequest
 from mint.trainer.data import learning_rate_at
 from mint.trainer.types import AdamParams, Datum, ForwardOutput
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from mint.trainer.session import TrainingSession
+
+Rendered = TypeVar("Rendered")
 
 
 class Trainer(Protocol):
@@ -63,3 +72,30 @@ def scheduled_learning_rate(config: Schedule, step: int) -> float:
 
 def keep_going(on_step: OnStep | None, report: StepReport) -> bool:
     return on_step is None or on_step(report) is not False
+
+
+@dataclass(frozen=True)
+class RecipeInputs:
+    """What a job gives the runner of its method (`mint.trainer.methods`), besides the plan:
+    the session to train, the base's tokenizer, the base itself as a reference scorer (the
+    KL penalty of RL), the training file's rows, the job's seed, and the step to start from
+    (that of the checkpoint a resumed job loaded)."""
+
+    training: TrainingSession
+    tokenizer: PreTrainedTokenizerBase
+    reference: Scorer
+    rows: Sequence[Mapping[str, Any]]
+    seed: int
+    start_step: int = 0
+    on_step: OnStep | None = None
+
+
+def render_rows(rows: Sequence[Mapping[str, Any]], render: Callable[[Mapping[str, Any]], Rendered]) -> list[Rendered]:
+    """Render every row of a training file, naming its line when the base's chat template refuses it."""
+    rendered = []
+    for index, row in enumerate(rows):
+        try:
+            rendered.append(render(row))
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"line {index + 1}: {exc.message}", param=exc.param) from None
+    return rendered

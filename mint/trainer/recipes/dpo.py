@@ -6,7 +6,8 @@
 Each step sends `pairs_per_step` (chosen, rejected) pairs as consecutive data to
 `forward_backward("dpo")`. The reference log-probs are the same model's with the adapter
 disabled (the session computes them), so DPO on LoRA needs no second copy of the base.
-`preference_accuracy` measures held-out pairs the same way, without a gradient.
+`preference_accuracy` measures held-out pairs the same way, without a gradient. A
+fine-tuning job runs it from its `DpoPlan` through `run_dpo_plan`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mint.trainer.chat_data import PreferencePair
+from mint.schemas.plans import DpoPlan
+from mint.trainer.chat_data import PreferencePair, render_preference
 from mint.trainer.data import batch_plan, example_datum
-from mint.trainer.recipes.common import OnStep, Scorer, StepReport, Trainer, keep_going, scheduled_learning_rate
+from mint.trainer.recipes.common import (
+    OnStep,
+    RecipeInputs,
+    Scorer,
+    StepReport,
+    Trainer,
+    keep_going,
+    render_rows,
+    scheduled_learning_rate,
+)
 from mint.trainer.types import AdamParams, Datum
 
 
@@ -63,6 +74,20 @@ def run_dpo(
         if not keep_going(on_step, report):
             break
     return reports
+
+
+def run_dpo_plan(plan: DpoPlan, inputs: RecipeInputs) -> list[StepReport]:
+    """A job's DPO plan on its preference rows."""
+    tokenizer = inputs.tokenizer
+    pairs = render_rows(inputs.rows, lambda row: render_preference(tokenizer, row))
+    config = DpoConfig(
+        steps=plan.steps,
+        pairs_per_step=plan.batch_size,
+        beta=plan.beta,
+        learning_rate=plan.learning_rate,
+        seed=inputs.seed,
+    )
+    return run_dpo(inputs.training, pairs, config, start_step=inputs.start_step, on_step=inputs.on_step)
 
 
 def preference_accuracy(session: Scorer, pairs: Sequence[PreferencePair], *, beta: float = 0.1) -> dict[str, float]:

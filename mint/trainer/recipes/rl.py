@@ -10,7 +10,8 @@ importance ratio starts at 1), grade each with the prompt's grader (the same gra
 score benchmarks), and give every token of a completion the advantage
 (reward - group mean) / (group std + eps). A group whose rewards are all equal carries no
 signal and is left out. With `kl_beta > 0`, each token's advantage is lowered by
-kl_beta * (logp_sample - logp_base), which keeps the policy near the base.
+kl_beta * (logp_sample - logp_base), which keeps the policy near the base. A fine-tuning job
+runs it from its `RlPlan` through `run_rl_plan`.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mint.evals.graders import GraderSpec, grade
+from mint.schemas.plans import RlPlan
+from mint.trainer.chat_data import render_prompt
 from mint.trainer.data import batch_plan, mean_over_tokens
-from mint.trainer.recipes.common import OnStep, Scorer, StepReport, Trainer, keep_going
+from mint.trainer.recipes.common import OnStep, RecipeInputs, Scorer, StepReport, Trainer, keep_going, render_rows
 from mint.trainer.types import AdamParams, Datum, SampledSequence, SamplingParams
 
 ADVANTAGE_EPS = 1e-6
@@ -143,3 +146,36 @@ def run_rl(
         if not keep_going(on_step, report):
             break
     return reports
+
+
+def run_rl_plan(plan: RlPlan, inputs: RecipeInputs) -> list[StepReport]:
+    """A job's RL plan on its prompt rows (`messages`, optional `tools` and `reference`)."""
+    grader = GraderSpec.model_validate(plan.grader.model_dump())  # the closed registry's check
+    tokenizer = inputs.tokenizer
+    prompts = render_rows(
+        inputs.rows,
+        lambda row: RlPrompt(
+            prompt_tokens=render_prompt(tokenizer, row["messages"], row.get("tools")),
+            reference=row.get("reference"),
+            grader=grader,
+        ),
+    )
+    config = RlConfig(
+        steps=plan.steps,
+        prompts_per_step=plan.batch_size,
+        group_size=plan.group_size,
+        max_tokens=plan.max_tokens,
+        temperature=plan.temperature,
+        learning_rate=plan.learning_rate,
+        kl_beta=plan.kl_beta,
+        seed=inputs.seed,
+    )
+    return run_rl(
+        inputs.training,
+        prompts,
+        config,
+        decode=tokenizer.decode,
+        reference=inputs.reference if plan.kl_beta > 0 else None,
+        start_step=inputs.start_step,
+        on_step=inputs.on_step,
+    )

@@ -7,6 +7,7 @@ Each step takes `batch_size` examples from a seeded plan, normalises their weigh
 loss is the mean negative log-likelihood per assistant token, runs one packed
 `forward_backward("cross_entropy")` (no padding: the examples lie end to end), and one
 `optim_step`. LoRA by default; full-parameter training with a `FullParameterTrainer`.
+A fine-tuning job runs it from its `SftPlan` through `run_sft_plan`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mint.trainer.chat_data import Example
+from mint.schemas.plans import SftPlan
+from mint.trainer.chat_data import Example, render_chat
 from mint.trainer.data import batch_plan, example_datum, mean_over_tokens
-from mint.trainer.recipes.common import OnStep, StepReport, Trainer, keep_going, scheduled_learning_rate
+from mint.trainer.recipes.common import (
+    OnStep,
+    RecipeInputs,
+    StepReport,
+    Trainer,
+    keep_going,
+    render_rows,
+    scheduled_learning_rate,
+)
 from mint.trainer.types import AdamParams
 
 
@@ -72,3 +82,11 @@ def run_sft(
         if not keep_going(on_step, report):
             break
     return reports
+
+
+def run_sft_plan(plan: SftPlan, inputs: RecipeInputs) -> list[StepReport]:
+    """A job's SFT plan on its chat rows (`messages`, optional `tools`)."""
+    tokenizer = inputs.tokenizer
+    examples = render_rows(inputs.rows, lambda row: render_chat(tokenizer, row["messages"], row.get("tools")))
+    config = SftConfig(steps=plan.steps, batch_size=plan.batch_size, learning_rate=plan.learning_rate, seed=inputs.seed)
+    return run_sft(inputs.training, examples, config, start_step=inputs.start_step, on_step=inputs.on_step)

@@ -1,0 +1,90 @@
+"""Training plans: the concrete, typed description of what one fine-tuning job trains.
+
+The API resolves a request into a plan (`auto` hyperparameters filled in, steps counted),
+validates it, and stores it as JSON on the job's row (`spec["plan"]`); the worker validates
+the stored JSON again into the same type before it trains, so a plan that no longer
+validates fails its job with a message instead of reaching a recipe.
+
+    plan = parse_plan({"method": "dpo", "steps": 20, "batch_size": 4, "beta": 0.1, ...})
+    plan.beta  # a float, checked once
+
+`method` tells the plans apart: `SftPlan | DpoPlan | RlPlan` is a union discriminated on it,
+and `PLAN_TYPES` (method -> plan type) is read from that union, so adding a method here is
+one class and one member of the union. The trainer's registry (`mint.trainer.methods`) maps
+the same names to the recipes that run them. No torch here: the API process imports this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from mint.errors import InvalidRequest
+from mint.schemas.evals import GraderSpecIn
+
+# The same ceiling as a request's explicit `steps`; also keeps `total_steps` in a 32-bit column.
+MAX_STEPS = 1_000_000
+
+
+class _Plan(BaseModel):
+    """What every method's plan holds: the optimizer's schedule and the checkpoint cadence."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    steps: int = Field(ge=1, le=MAX_STEPS, description="Optimizer steps.")
+    batch_size: int = Field(ge=1, description="Examples (pairs, prompts) per optimizer step.")
+    # An int when the request gave epochs; a float when it gave `steps` (steps * batch / rows).
+    n_epochs: int | float = Field(gt=0, description="Passes over the training file.")
+    learning_rate_multiplier: float = Field(gt=0, description="The multiplier of the method's default rate.")
+    learning_rate: float = Field(gt=0, le=1.0, description="The absolute peak learning rate.")
+    checkpoint_interval: int = Field(ge=1, description="Steps between resumable checkpoints.")
+
+
+class SftPlan(_Plan):
+    """Supervised fine-tuning on chat rows."""
+
+    method: Literal["sft"] = "sft"
+
+
+class DpoPlan(_Plan):
+    """Direct preference optimisation on preference rows."""
+
+    method: Literal["dpo"] = "dpo"
+    beta: float = Field(gt=0, description="DPO temperature.")
+
+
+class RlPlan(_Plan):
+    """Group-normalised RL on prompt rows, graded by a grader of the closed registry."""
+
+    method: Literal["rl"] = "rl"
+    group_size: int = Field(ge=1, description="Samples per prompt.")
+    max_tokens: int = Field(ge=1, le=4096, description="Longest sampled completion.")
+    temperature: float = Field(gt=0, le=2.0, description="Sampling temperature.")
+    kl_beta: float = Field(ge=0, description="KL penalty towards the base (0: none).")
+    grader: GraderSpecIn = Field(description="Scores each sample; its options are checked by the grader registry.")
+
+
+TrainingPlan = Annotated[SftPlan | DpoPlan | RlPlan, Field(discriminator="method")]
+PLAN_ADAPTER: TypeAdapter[TrainingPlan] = TypeAdapter(TrainingPlan)
+# method name -> plan type, read from the union so the two cannot disagree.
+PLAN_TYPES: dict[str, type[SftPlan | DpoPlan | RlPlan]] = {
+    get_args(plan_type.model_fields["method"].annotation)[0]: plan_type
+    for plan_type in get_args(get_args(TrainingPlan)[0])
+}
+
+
+def parse_plan(data: Mapping[str, Any]) -> TrainingPlan:
+    """Validate a plan into its method's type; `InvalidRequest` names the first bad field."""
+    try:
+        return PLAN_ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        # loc is (method, field, ...) for a field of a known method; () when `method` itself is bad.
+        loc = error["loc"]
+        if len(loc) < 2:
+            raise InvalidRequest(f"plan method: {error['msg']}", param="method") from None
+        field = str(loc[1])
+        got = "" if error["type"] == "missing" else f" (got {error['input']!r})"
+        raise InvalidRequest(f"plan {field}: {error['msg']}{got}", param=field) from None
