@@ -73,7 +73,7 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        from mint.serving.cache import register_metrics
+        from mint.serving.cache_stats import register_metrics
         from mint.serving.engines import open_engine
         from mint.serving.node import ServingNode
 
