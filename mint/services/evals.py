@@ -53,13 +53,14 @@ from mint.evals.runner import (
     summarize,
 )
 from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
-from mint.schemas.inference import AdapterOnNode, NodeCompletion
+from mint.schemas.inference import AdapterOnNode
 from mint.services import adapters, benchmarks, node_client
 from mint.services.auth import Principal
 from mint.services.datasets import create_dataset_from_rows
 from mint.services.leases import LeaseKeeper, claim_values, held_by
 from mint.services.serving_nodes import live_nodes, node_for
 from mint.services.usage import record_usage
+from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
