@@ -87,7 +87,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip install -q --no-deps -e .
 	$(VLLM_PY) -m pip install -q "pydantic>=2.9,<3" pyyaml "safetensors>=0.4"
-	$(VLLM_PY) -c "import vllm, mint.serving.vllm_engine"
+	$(VLLM_PY) -c "import vllm, mint.serving.vllm_process"
 	touch $@
 
 vllm-venv: $(VLLM_STAMP)

@@ -76,19 +76,20 @@ def merged_first_token(
 def mint_first_token(node: object, adapter: Path, prompt_messages: list[dict[str, str]]) -> tuple[float, float, int]:
     """Store the version by content hash, lease it into an engine slot (servable), then answer the
     first request. (servable s, first token s, token)."""
+    from mint.schemas.inference import AdapterOnNode
     from mint.services.adapters import archive_adapter
-    from mint.serving.node import AdapterRef, NodeRequest
+    from mint.serving.completion import NodeCompletion
 
     started = time.perf_counter()
     archive = archive_adapter(adapter)
     sha256 = hashlib.sha256(archive).hexdigest()
     key = f"adapters/sha256/{sha256}.tar"
     node.store.put_bytes(key, archive)  # type: ignore[attr-defined]
-    version = AdapterRef(ref="bench@1", sha256=sha256, object_key=key)
+    version = AdapterOnNode(ref="bench@1", sha256=sha256, object_key=key)
     node.know(version)  # type: ignore[attr-defined]
     with node.cache.acquire(sha256):  # type: ignore[attr-defined]
         servable = time.perf_counter() - started
-        request = NodeRequest(
+        request = NodeCompletion(
             messages=prompt_messages,
             prompt=None,
             tools=None,

@@ -33,8 +33,9 @@ from mint.api.errors import install_error_handlers
 from mint.config import Settings
 from mint.evals.environments import parse_tool_calls
 from mint.schemas.base_models import get_base_model_spec
-from mint.schemas.inference import AdapterOnNode, NodeCompletion
+from mint.schemas.inference import AdapterOnNode
 from mint.services.serving_nodes import HEARTBEAT_EVERY_S, heartbeat, register_node, unregister_node
+from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 
@@ -73,7 +74,7 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        from mint.serving.cache import register_metrics
+        from mint.serving.cache_stats import register_metrics
         from mint.serving.engines import open_engine
         from mint.serving.node import ServingNode
 
@@ -132,7 +133,7 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
     @app.post("/internal/v1/cache/pin")
     def pin(body: PinRequest) -> dict[str, Any]:
         node = state["node"]
-        node.know(_adapter(body.adapter))
+        node.know(body.adapter)
         node.cache.pin(body.adapter.sha256)
         return {"pinned": body.adapter.sha256}
 
@@ -147,7 +148,7 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
 
     @app.post("/internal/v1/cache/prefetch")
     def prefetch(body: PrefetchRequest) -> dict[str, Any]:
-        state["node"].prefetch([_adapter(adapter) for adapter in body.adapters])
+        state["node"].prefetch(body.adapters)
         return {"prefetching": [adapter.sha256 for adapter in body.adapters]}
 
     @app.post("/internal/v1/complete")
@@ -161,34 +162,13 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
     return app
 
 
-def _adapter(wire: AdapterOnNode) -> Any:
-    from mint.serving.node import AdapterRef
-
-    return AdapterRef(ref=wire.ref, sha256=wire.sha256, object_key=wire.object_key)
-
-
 def _collect(gather: Any, lines: Iterator[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in gather(lines)]
 
 
 def _completion_lines(node: Any, body: NodeCompletion) -> Iterator[str]:
     """JSON lines: what served the request, then each choice's new tokens, then its end."""
-    from mint.serving.node import NodeRequest
-
-    request = NodeRequest(
-        messages=body.messages,
-        prompt=body.prompt,
-        tools=body.tools,
-        adapter=_adapter(body.adapter) if body.adapter else None,
-        max_tokens=body.max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        seed=body.seed,
-        stop=body.stop,
-        mixture=body.mixture,
-        metadata=body.metadata,
-    )
-    routed, decision = node.route(request)
+    routed, decision = node.route(body)
     served = {
         "adapter": routed.adapter.ref if routed.adapter else None,
         "sha256": routed.adapter.sha256 if routed.adapter else None,
@@ -196,9 +176,8 @@ def _completion_lines(node: Any, body: NodeCompletion) -> Iterator[str]:
     }
     yield json.dumps({"served": served}, default=str) + "\n"
     for choice in range(body.n):
-        seeded = NodeRequest(**{**routed.__dict__, "seed": None if body.seed is None else body.seed + choice})
         text = []
-        for event in node.stream(seeded):
+        for event in node.stream(routed.choice(choice)):
             text.append(event.text)
             line = {"choice": choice, "text": event.text, "token_ids": event.token_ids, "logprobs": event.logprobs}
             if event.finished:
@@ -209,7 +188,7 @@ def _completion_lines(node: Any, body: NodeCompletion) -> Iterator[str]:
                 if body.messages is not None:
                     reply = _assistant_message("".join(text), hashlib.sha256("".join(text).encode()).hexdigest()[:12])
                     line["message"] = reply
-                    node.remember(request, decision, reply)
+                    node.remember(body, decision, reply)
             yield json.dumps(line) + "\n"
 
 

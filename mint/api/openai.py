@@ -30,7 +30,6 @@ from mint.schemas.inference import (
     CompletionCreate,
     ModelCard,
     ModelList,
-    NodeCompletion,
     TextCompletion,
 )
 from mint.services.auth import Principal
@@ -38,6 +37,7 @@ from mint.services.inference import ServingPlan, available_models, plan_for
 from mint.services.node_client import complete_stream
 from mint.services.serving_nodes import node_for
 from mint.services.usage import record_usage
+from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
 
 router = APIRouter(tags=["inference"])
@@ -77,7 +77,17 @@ def _mint_field(plan: ServingPlan, served: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _node_request(plan: ServingPlan, body: ChatCompletionCreate | CompletionCreate, **prompt: Any) -> NodeCompletion:
+def _node_request(plan: ServingPlan, body: ChatCompletionCreate | CompletionCreate) -> NodeCompletion:
+    """The one request a node serves, built from OpenAI's body and the model the plan resolved."""
+    prompt: dict[str, Any]
+    if isinstance(body, ChatCompletionCreate):
+        messages = [message.model_dump(exclude_none=True) for message in body.messages]
+        for message in messages:
+            if message["role"] == "developer":
+                message["role"] = "system"
+        prompt = {"messages": messages, "tools": body.tools}
+    else:
+        prompt = {"prompt": body.prompt}
     return NodeCompletion(
         **prompt,
         adapter=plan.adapter,
@@ -108,12 +118,10 @@ async def _serve(
     request_body: ChatCompletionCreate | CompletionCreate,
     settings: Settings,
     principal: Principal,
-    *,
-    chat: bool,
-    prompt: dict[str, Any],
 ) -> Response:
+    chat = isinstance(request_body, ChatCompletionCreate)
     plan, url = await run_in_threadpool(_plan, settings, principal, request_body.model)
-    node_body = _node_request(plan, request_body, **prompt)
+    node_body = _node_request(plan, request_body)
     completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
     lines = complete_stream(url, node_body)
@@ -235,17 +243,13 @@ async def chat_completions(
     body: ChatCompletionCreate, request: Request, settings: SettingsDep, principal: CurrentPrincipal
 ) -> Response:
     """OpenAI's chat completions, streaming included, on a base, an adapter version or a deployment."""
-    messages = [message.model_dump(exclude_none=True) for message in body.messages]
-    for message in messages:
-        if message["role"] == "developer":
-            message["role"] = "system"
-    return await _serve(body, settings, principal, chat=True, prompt={"messages": messages, "tools": body.tools})
+    return await _serve(body, settings, principal)
 
 
 @router.post("/v1/completions", response_model=None, responses={200: {"model": TextCompletion, "content": SSE}})
 async def completions(body: CompletionCreate, settings: SettingsDep, principal: CurrentPrincipal) -> Response:
     """OpenAI's text completions: the prompt is continued as is, without a chat template."""
-    return await _serve(body, settings, principal, chat=False, prompt={"prompt": body.prompt})
+    return await _serve(body, settings, principal)
 
 
 def _models(settings: Settings, principal: Principal) -> list[dict[str, Any]]:

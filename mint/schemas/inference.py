@@ -1,5 +1,5 @@
-"""Wire types of inference: OpenAI's chat and text completions, and the request the API forwards
-to a serving node once it has resolved the model."""
+"""Wire types of inference: OpenAI's chat and text completions, and an adapter version as the API
+names it to a serving node (the request it forwards is `mint.serving.completion.NodeCompletion`)."""
 
 from __future__ import annotations
 
@@ -61,29 +61,11 @@ class CompletionCreate(_Sampling):
 
 
 class AdapterOnNode(BaseModel):
+    """An adapter version as a node needs it: its reference, content hash and object key."""
+
     ref: str
     sha256: str
     object_key: str
-
-
-class NodeCompletion(BaseModel):
-    """What the API forwards to a serving node: the prompt, what serves it, how to sample."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    messages: list[dict[str, Any]] | None = None
-    prompt: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    adapter: AdapterOnNode | None = None
-    mixture: dict[str, Any] | None = Field(default=None, description="{revision_id, spec, versions: {ref: adapter}}")
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    max_tokens: int = Field(ge=1, le=MAX_COMPLETION_TOKENS)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: list[str] = Field(default_factory=list)
-    n: int = Field(default=1, ge=1, le=16)
-    stream: bool = False
 
 
 class Served(BaseModel):

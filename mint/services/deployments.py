@@ -25,7 +25,7 @@ from mint.services.adapters import ResolvedModel, resolve_model_ref
 from mint.services.audit import record_audit
 from mint.services.auth import Principal
 from mint.services.evals import check_gate
-from mint.serving.router import MixtureSpec
+from mint.serving.mixture import MixtureSpec
 from mint.storage.queries import get_owned
 from mint.storage.tables import (
     AdapterVersion,

@@ -35,12 +35,13 @@ from mint.evals.runner import (
     run_batch,
     summarize,
 )
-from mint.schemas.inference import AdapterOnNode, NodeCompletion
+from mint.schemas.inference import AdapterOnNode
 from mint.services import adapters, benchmarks, node_client
 from mint.services.evals import FINISHED
 from mint.services.leases import LeaseKeeper, claim_values, held_by
 from mint.services.serving_nodes import live_nodes, node_for
 from mint.services.usage import record_usage
+from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Adapter, AdapterVersion, EvalRun, Trajectory, new_id, utcnow

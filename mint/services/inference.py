@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from mint.schemas.inference import AdapterOnNode
 from mint.services.adapters import model_ref_of, resolve_model_ref
 from mint.services.deployments import deployment_of_model
+from mint.serving.mixture import MixtureTarget
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Deployment
 
 
@@ -29,7 +30,7 @@ class ServingPlan:
     model: str
     base_model: str
     adapter: AdapterOnNode | None = None
-    mixture: dict[str, Any] | None = None
+    mixture: MixtureTarget | None = None
     deployment: str | None = None
     revision: int | None = None
     served: dict[str, Any] = field(default_factory=dict)
@@ -59,10 +60,11 @@ def plan_for(session: Session, organization_id: str, model: str) -> ServingPlan:
             return ServingPlan(
                 model, deployment.base_model, adapter=adapter, deployment=deployment.name, revision=revision.revision
             )
-        versions = {
-            ref: _on_node(session, version_id).model_dump() for ref, version_id in revision.routing["versions"].items()
-        }
-        mixture = {"revision_id": revision.id, "spec": revision.routing["mixture"], "versions": versions}
+        mixture = MixtureTarget(
+            revision_id=revision.id,
+            spec=revision.routing["mixture"],
+            versions={ref: _on_node(session, version_id) for ref, version_id in revision.routing["versions"].items()},
+        )
         return ServingPlan(
             model, deployment.base_model, mixture=mixture, deployment=deployment.name, revision=revision.revision
         )
@@ -97,5 +99,4 @@ def deployment_adapters(session: Session, deployment: Deployment) -> list[Adapte
     plan = plan_for(session, deployment.organization_id, deployment.name)
     if plan.adapter is not None:
         return [plan.adapter]
-    versions = (plan.mixture or {}).get("versions", {})
-    return [AdapterOnNode.model_validate(version) for version in versions.values()]
+    return list(plan.mixture.versions.values()) if plan.mixture is not None else []

@@ -19,8 +19,9 @@ from sqlalchemy.orm import Session
 
 from mint import errors
 from mint.errors import MintError, ServiceUnavailable
-from mint.schemas.inference import AdapterOnNode, NodeCompletion
+from mint.schemas.inference import AdapterOnNode
 from mint.services.serving_nodes import live_nodes
+from mint.serving.completion import NodeCompletion
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 30.0
@@ -64,7 +65,7 @@ def call_node(url: str, method: str, path: str, body: dict[str, Any] | None = No
 def complete(url: str, body: NodeCompletion) -> list[dict[str, Any]]:
     """A whole completion from a node: its lines (what served it first, then the choices' events)."""
     try:
-        response = httpx.post(f"{url}{COMPLETE_PATH}", json=body.model_dump(), timeout=COMPLETION_TIMEOUT)
+        response = httpx.post(f"{url}{COMPLETE_PATH}", json=body.model_dump(mode="json"), timeout=COMPLETION_TIMEOUT)
     except httpx.HTTPError as exc:
         raise _no_answer(url, exc) from exc
     if response.status_code >= 400:
@@ -76,7 +77,7 @@ async def complete_stream(url: str, body: NodeCompletion) -> AsyncIterator[dict[
     """A completion's lines as the node writes them (`body.stream` set)."""
     async with httpx.AsyncClient(timeout=COMPLETION_TIMEOUT) as client:
         try:
-            async with client.stream("POST", f"{url}{COMPLETE_PATH}", json=body.model_dump()) as response:
+            async with client.stream("POST", f"{url}{COMPLETE_PATH}", json=body.model_dump(mode="json")) as response:
                 if response.status_code >= 400:
                     raise node_error(url, response.status_code, (await response.aread()).decode())
                 async for line in response.aiter_lines():

@@ -59,6 +59,10 @@ space a victim frees counts only for the promotion that evicted it until the vic
 physically gone, so the bytes and entries a tier physically holds never exceed its budget,
 even for an instant. The API is synchronous and thread-safe; an asyncio server calls it
 through `asyncio.to_thread`.
+
+Each tier's W-TinyLFU bookkeeping (the frequency sketch, the segments, the choice of a victim)
+is in `mint.serving.wtinylfu`; what the cache counts (per tier: hits, misses, promotions,
+demotions, evictions, promotion latency) and its Prometheus metrics in `mint.serving.cache_stats`.
 """
 
 from __future__ import annotations
@@ -68,24 +72,24 @@ import logging
 import re
 import threading
 import time
-from bisect import bisect_left
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
-
 from mint.errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
+from mint.serving.cache_stats import CacheStats, TierCounters, TierStats
+from mint.serving.wtinylfu import (
+    WINDOW,
+    WINDOW_FRACTION,
+    Entry,
+    FrequencySketch,
+    TierState,
+)
 
 log = logging.getLogger(__name__)
 
 _CONTENT_HASH = re.compile(r"[0-9a-f]{64}")
-WINDOW_FRACTION = 0.01  # of each tier, for new entries (W-TinyLFU's default)
-PROTECTED_FRACTION = 0.8  # of each tier's main area, for entries hit at least twice
-LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0)
 
 
 def validate_content_hash(key: str) -> str:
@@ -138,179 +142,7 @@ class Origin(Protocol):
     def get(self, key: str) -> bytes: ...
 
 
-# ---- statistics ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LatencyStats:
-    """A latency histogram: `buckets` are (upper bound in seconds, how many took at most that),
-    cumulative, the last bound infinite."""
-
-    count: int
-    sum_s: float
-    buckets: tuple[tuple[float, int], ...]
-
-
-@dataclass(frozen=True)
-class TierStats:
-    """One tier's counters since start-up, and what it holds now.
-
-    `hits`: acquires whose nearest copy was here; `misses`: acquires that looked here and
-    found none. `promotions`: copies written here on the way up (acquire, pin, prefetch);
-    `demotions`: copies moved here from a faster tier that evicted them; `evictions`: copies
-    removed to make room or by `TieredCache.evict`. `promotion_latency`: promotions into the
-    engine served from this tier, from the first look to the lease. The origin's residency and
-    budget are None.
-    """
-
-    name: str
-    hits: int
-    misses: int
-    promotions: int
-    demotions: int
-    evictions: int
-    resident_entries: int | None
-    resident_bytes: int | None
-    capacity_bytes: int | None
-    max_entries: int | None
-    promotion_latency: LatencyStats
-
-
-@dataclass(frozen=True)
-class CacheStats:
-    """Every tier's statistics, fastest first and the origin last, and the cache's holds now."""
-
-    tiers: tuple[TierStats, ...]
-    leases: int  # leases held now
-    pinned: int  # adapters pinned now
-    prefetched: int  # copies warmed by `prefetch` since start-up
-
-    def tier(self, name: str) -> TierStats:
-        for stats in self.tiers:
-            if stats.name == name:
-                return stats
-        raise KeyError(name)
-
-
-class _Latency:
-    """Counts of latencies per bucket of `LATENCY_BUCKETS_S` (the last bucket is everything above)."""
-
-    __slots__ = ("counts", "sum_s")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
-        self.sum_s = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
-        self.sum_s += seconds
-
-    def snapshot(self) -> LatencyStats:
-        cumulative, buckets = 0, []
-        for bound, count in zip((*LATENCY_BUCKETS_S, float("inf")), self.counts, strict=True):
-            cumulative += count
-            buckets.append((bound, cumulative))
-        return LatencyStats(count=cumulative, sum_s=self.sum_s, buckets=tuple(buckets))
-
-
-@dataclass
-class _Counters:
-    hits: int = 0
-    misses: int = 0
-    promotions: int = 0
-    demotions: int = 0
-    evictions: int = 0
-    latency: _Latency = field(default_factory=_Latency)
-
-
-# ---- frequency -------------------------------------------------------------------------------
-
-_HALVED = bytes(value >> 1 for value in range(256))
-
-
-class FrequencySketch:
-    """How often each key was requested lately, in 16 bytes per cached entry.
-
-    A count-min sketch: 4 rows of saturating counters (at most 15), each key counted in one
-    counter per row chosen by double hashing; the estimate is the smallest of its 4 counters,
-    so collisions can only overestimate, and the conservative update (only the smallest
-    counters grow) keeps that small. Each row has 4 counters per cached entry (as Caffeine's
-    sketch): with a catalogue far larger than the cache, most keys are asked for once, and a
-    narrower row lets their collisions drown the counts that matter. After 10 increments per
-    cached entry every counter is halved, so the history fades and a key that stops being
-    asked for loses its standing.
-    """
-
-    DEPTH = 4
-    MAX_COUNT = 15
-    COUNTERS_PER_ENTRY = 4  # per row
-
-    def __init__(self, expected_entries: int) -> None:
-        expected_entries = max(expected_entries, 1)
-        self.width = 1 << max(4, (self.COUNTERS_PER_ENTRY * expected_entries - 1).bit_length())
-        self.sample_size = 10 * expected_entries
-        self._mask = self.width - 1
-        self._table = bytearray(self.DEPTH * self.width)
-        self._additions = 0
-
-    def _counters(self, key: str) -> tuple[int, int, int, int]:
-        """The key's counter in each row (double hashing; the rows are unrolled: this is the hot path)."""
-        mask, width = self._mask, self.width
-        hashed = hash(key)  # str hashes are cached on the object: no work after the first call
-        low, step = hashed & 0xFFFFFFFF, ((hashed >> 32) & 0xFFFFFFFF) | 1
-        return (
-            low & mask,
-            width + ((low + step) & mask),
-            2 * width + ((low + 2 * step) & mask),
-            3 * width + ((low + 3 * step) & mask),
-        )
-
-    def increment(self, key: str) -> None:
-        table = self._table
-        first, second, third, fourth = self._counters(key)
-        smallest = min(table[first], table[second], table[third], table[fourth])
-        if smallest >= self.MAX_COUNT:
-            return
-        for index in (first, second, third, fourth):
-            if table[index] == smallest:
-                table[index] += 1
-        self._additions += 1
-        if self._additions >= self.sample_size:
-            self._table = self._table.translate(_HALVED)  # halve every counter, at C speed
-            self._additions //= 2
-
-    def estimate(self, key: str) -> int:
-        table = self._table
-        first, second, third, fourth = self._counters(key)
-        return min(table[first], table[second], table[third], table[fourth])
-
-
 # ---- bookkeeping -----------------------------------------------------------------------------
-
-# Where a copy sits in its tier: 2 bits per tier in `_Entry.segments` (tier i at bits 2i, 2i+1).
-_ABSENT, _WINDOW, _PROBATION, _PROTECTED = 0, 1, 2, 3
-
-
-class _Entry:
-    """One adapter version the cache tracks: its copies, holds and whether it is moving.
-
-    `segments` packs the segment of its copy in each tier (0 = no copy); `listed` has bit i
-    set while its copy in tier i is in that tier's eviction lists (not held), `durable`
-    while that copy is held by a lease or a pin. `flying` is True while a flight moves its
-    copies; it holds all of them for that while.
-    """
-
-    __slots__ = ("key", "size_bytes", "segments", "listed", "durable", "leases", "pins", "flying")
-
-    def __init__(self, key: str, size_bytes: int) -> None:
-        self.key = key
-        self.size_bytes = size_bytes
-        self.segments = 0
-        self.listed = 0
-        self.durable = 0
-        self.leases = 0
-        self.pins = 0
-        self.flying = False
 
 
 class _Flight:
@@ -326,191 +158,11 @@ class _Flight:
         self.source = ""  # the name of the tier the copy came from, once landed
 
 
-class _TierState:
-    """The policy's view of one tier: its W-TinyLFU segments, budget accounting and counters.
-
-    Accounting has two parts. The segment sizes count the copies placed in each segment
-    (held or not): they shape the policy. `used_*` counts what the tier may physically hold:
-    placed copies, copies being written, and victims not yet deleted; it never exceeds the
-    budget except by victims whose space their own promotion is about to reuse.
-    """
-
-    def __init__(self, tier: Tier, index: int, window_fraction: float) -> None:
-        self.tier = tier
-        self.index = index
-        self.bit = 1 << index
-        self.shift = 2 * index
-        self.capacity_bytes = tier.capacity_bytes
-        self.max_entries = tier.max_entries
-        cap, most = tier.capacity_bytes, tier.max_entries
-        self.window_bytes_max = None if cap is None else cap * window_fraction
-        self.window_entries_max = None if most is None else max(1, int(most * window_fraction))
-        self.protected_bytes_max = None if cap is None else PROTECTED_FRACTION * (cap - cap * window_fraction)
-        self.protected_entries_max = (
-            None if most is None else int(PROTECTED_FRACTION * (most - (self.window_entries_max or 0)))
-        )
-        self.lists: tuple[OrderedDict[str, _Entry], ...] = (OrderedDict(), OrderedDict(), OrderedDict(), OrderedDict())
-        self.segment_bytes = [0, 0, 0, 0]
-        self.segment_entries = [0, 0, 0, 0]
-        self.used_bytes = 0
-        self.used_entries = 0
-        self.evictable_bytes = 0
-        self.evictable_entries = 0
-        self.durable_bytes = 0  # placed copies held by leases or pins
-        self.durable_entries = 0
-        self.counters = _Counters()
-
-    # -- placement
-
-    def segment(self, entry: _Entry) -> int:
-        return (entry.segments >> self.shift) & 3
-
-    def holds(self, entry: _Entry) -> bool:
-        return (entry.segments >> self.shift) & 3 != _ABSENT
-
-    def place(self, entry: _Entry, segment: int) -> None:
-        """Record a copy in `segment` (not listed: `TieredCache._sync` lists it unless it is held)."""
-        entry.segments = (entry.segments & ~(3 << self.shift)) | (segment << self.shift)
-        self.segment_bytes[segment] += entry.size_bytes
-        self.segment_entries[segment] += 1
-
-    def unplace(self, entry: _Entry) -> None:
-        """Forget the copy (its space stays in `used_*` until released)."""
-        segment = self.segment(entry)
-        if entry.listed & self.bit:
-            self.unlink(entry)
-        if entry.durable & self.bit:
-            self.set_durable(entry, False)
-        entry.segments &= ~(3 << self.shift)
-        self.segment_bytes[segment] -= entry.size_bytes
-        self.segment_entries[segment] -= 1
-
-    def link(self, entry: _Entry) -> None:
-        self.lists[self.segment(entry)][entry.key] = entry  # at the most recent end
-        entry.listed |= self.bit
-        self.evictable_bytes += entry.size_bytes
-        self.evictable_entries += 1
-
-    def set_durable(self, entry: _Entry, durable: bool) -> None:
-        """Count the copy as held by a lease or a pin (or no longer)."""
-        sign = 1 if durable else -1
-        entry.durable ^= self.bit
-        self.durable_bytes += sign * entry.size_bytes
-        self.durable_entries += sign
-
-    def unlink(self, entry: _Entry) -> None:
-        del self.lists[self.segment(entry)][entry.key]
-        entry.listed &= ~self.bit
-        self.evictable_bytes -= entry.size_bytes
-        self.evictable_entries -= 1
-
-    def move(self, entry: _Entry, segment: int) -> None:
-        """Move the copy to another segment, at its most recent end if listed."""
-        listed = bool(entry.listed & self.bit)
-        if listed:
-            self.unlink(entry)
-        old = self.segment(entry)
-        self.segment_bytes[old] -= entry.size_bytes
-        self.segment_entries[old] -= 1
-        self.place(entry, segment)
-        if listed:
-            self.link(entry)
-
-    def touch(self, entry: _Entry) -> None:
-        """A hit: window and protected copies become most recent; probation ones are protected."""
-        segment = self.segment(entry)
-        if segment == _PROBATION:
-            self.move(entry, _PROTECTED)
-            self.settle()
-        elif entry.listed & self.bit:
-            self.lists[segment].move_to_end(entry.key)
-
-    def settle(self) -> None:
-        """Overflowing window entries enter probation; overflowing protected ones fall back to it.
-
-        The window keeps its newest entry even when that one alone is over its share (a large
-        adapter in a small tier), so a newcomer still has to win a duel to reach the main area.
-        """
-        window, protected = self.lists[_WINDOW], self.lists[_PROTECTED]
-        while len(window) > 1 and self._over(_WINDOW, self.window_bytes_max, self.window_entries_max):
-            self.move(window[next(iter(window))], _PROBATION)
-        while protected and self._over(_PROTECTED, self.protected_bytes_max, self.protected_entries_max):
-            self.move(protected[next(iter(protected))], _PROBATION)
-
-    def _over(self, segment: int, bytes_max: float | None, entries_max: int | None) -> bool:
-        return (bytes_max is not None and self.segment_bytes[segment] > bytes_max) or (
-            entries_max is not None and self.segment_entries[segment] > entries_max
-        )
-
-    # -- room
-
-    def fits(self, size_bytes: int, freed_bytes: int = 0, freed_entries: int = 0) -> bool:
-        """Whether one more copy of `size_bytes` fits once `freed_*` are gone."""
-        return (self.capacity_bytes is None or self.used_bytes - freed_bytes + size_bytes <= self.capacity_bytes) and (
-            self.max_entries is None or self.used_entries - freed_entries + 1 <= self.max_entries
-        )
-
-    def could_fit(self, size_bytes: int) -> bool:
-        """Whether it would fit after evicting every copy that is not held."""
-        return self.fits(size_bytes, self.evictable_bytes, self.evictable_entries)
-
-    def could_fit_later(self, size_bytes: int) -> bool:
-        """Whether it would fit once the moves in flight are done: only leases and pins hold room for good."""
-        return (self.capacity_bytes is None or self.durable_bytes + size_bytes <= self.capacity_bytes) and (
-            self.max_entries is None or self.durable_entries + 1 <= self.max_entries
-        )
-
-    def reserve(self, size_bytes: int) -> None:
-        self.used_bytes += size_bytes
-        self.used_entries += 1
-
-    def release(self, size_bytes: int) -> None:
-        self.used_bytes -= size_bytes
-        self.used_entries -= 1
-
-    def next_victim(self, incoming_bytes: int, sketch: FrequencySketch) -> _Entry:
-        """The copy to evict next for an incoming one (which will enter the window).
-
-        If the window is full, its oldest entry duels the main area's victim (the oldest in
-        probation, else in protected): the more frequent one stays, the incumbent on a tie,
-        and a winning candidate enters probation. Only listed copies take part; the caller
-        has checked with `could_fit` that there is one.
-        """
-        window, main = self.lists[_WINDOW], self.lists[_PROBATION] or self.lists[_PROTECTED]
-        window_full = (
-            self.window_bytes_max is not None and self.segment_bytes[_WINDOW] + incoming_bytes > self.window_bytes_max
-        ) or (self.window_entries_max is not None and self.segment_entries[_WINDOW] + 1 > self.window_entries_max)
-        victim = main[next(iter(main))] if main else None
-        if window and (window_full or victim is None):
-            candidate = window[next(iter(window))]
-            if victim is None or sketch.estimate(candidate.key) <= sketch.estimate(victim.key):
-                return candidate
-            self.move(candidate, _PROBATION)
-        assert victim is not None
-        return victim
-
-    def snapshot(self) -> TierStats:
-        counters = self.counters
-        return TierStats(
-            name=self.tier.name,
-            hits=counters.hits,
-            misses=counters.misses,
-            promotions=counters.promotions,
-            demotions=counters.demotions,
-            evictions=counters.evictions,
-            resident_entries=sum(self.segment_entries[1:]),
-            resident_bytes=sum(self.segment_bytes[1:]),
-            capacity_bytes=self.capacity_bytes,
-            max_entries=self.max_entries,
-            promotion_latency=counters.latency.snapshot(),
-        )
-
-
 @dataclass
 class _Eviction:
     """A copy leaving `tier`, and where it is demoted to (`room` makes space there first)."""
 
-    entry: _Entry
+    entry: Entry
     tier: int
     demote_to: int | None = None
     read_from: int | None = None
@@ -585,14 +237,14 @@ class TieredCache:
             raise InvalidRequest(f"window_fraction must be in (0, 1], not {window_fraction}", param="window_fraction")
         self._tiers = list(tiers)
         self._origin = origin
-        self._states = [_TierState(tier, index, window_fraction) for index, tier in enumerate(tiers)]
+        self._states = [TierState(tier, index, window_fraction) for index, tier in enumerate(tiers)]
         self._origin_index = len(tiers)
-        self._origin_counters = _Counters()
+        self._origin_counters = TierCounters()
         self._sketch = FrequencySketch(expected_entries)
         self._clock = clock
         self._lock = threading.Lock()
         self._landed = threading.Condition(self._lock)  # notified whenever a flight lands
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, Entry] = {}
         self._flights: dict[str, _Flight] = {}
         self._leases = 0
         self._pinned = 0
@@ -725,9 +377,9 @@ class TieredCache:
             if (entry is not None and (entry.flying or entry.size_bytes != size_bytes)) or not state.fits(size_bytes):
                 return False
             if entry is None:
-                entry = self._entries[key] = _Entry(key, size_bytes)
+                entry = self._entries[key] = Entry(key, size_bytes)
             state.reserve(size_bytes)
-            state.place(entry, _WINDOW)
+            state.place(entry, WINDOW)
             self._sync(entry)
             state.settle()
             return True
@@ -796,7 +448,7 @@ class TieredCache:
             # An eviction or a prefetch of this key has finished: look again.
         return self._lead_promotion(entry, flight, request=request, started=started)
 
-    def _lead_promotion(self, entry: _Entry, flight: _Flight, *, request: bool, started: float) -> Lease:
+    def _lead_promotion(self, entry: Entry, flight: _Flight, *, request: bool, started: float) -> Lease:
         """Move `entry` into the engine for this thread and the flight's waiters."""
         source, fills = self._move_up(entry, flight, target=0)
         with self._lock:
@@ -832,17 +484,17 @@ class TieredCache:
             self._land(entry, flight, None)
         return warmed
 
-    def _take_off(self, key: str, *, grants_leases: bool = True) -> tuple[_Entry, _Flight]:
+    def _take_off(self, key: str, *, grants_leases: bool = True) -> tuple[Entry, _Flight]:
         """Start a flight for `key` (under the lock): its copies are held until it lands."""
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(key, 0)
+            entry = self._entries[key] = Entry(key, 0)
         flight = self._flights[key] = _Flight(grants_leases=grants_leases)
         entry.flying = True
         self._sync(entry)
         return entry, flight
 
-    def _land(self, entry: _Entry, flight: _Flight, error: BaseException | None) -> None:
+    def _land(self, entry: Entry, flight: _Flight, error: BaseException | None) -> None:
         """End the flight (under the lock), waking its waiters."""
         entry.flying = False
         self._sync(entry)
@@ -854,7 +506,7 @@ class TieredCache:
         self._landed.notify_all()
         self._forget_if_idle(entry)
 
-    def _move_up(self, entry: _Entry, flight: _Flight, *, target: int) -> tuple[int, list[_Fill]]:
+    def _move_up(self, entry: Entry, flight: _Flight, *, target: int) -> tuple[int, list[_Fill]]:
         """Read the nearest copy below `target` and write it into `target` and every tier down to it.
 
         The first fill is `target` itself when it can make room; for the engine it must, or
@@ -882,7 +534,7 @@ class TieredCache:
                 fill.error = error
         return source, fills
 
-    def _read_nearest(self, entry: _Entry, *, below: int) -> tuple[bytes, int]:
+    def _read_nearest(self, entry: Entry, *, below: int) -> tuple[bytes, int]:
         """The payload from the nearest readable copy below tier `below`, else from the origin.
 
         A copy that turns out missing (deleted behind the cache's back, or corrupt) is
@@ -909,7 +561,7 @@ class TieredCache:
                 entry.size_bytes = len(payload)
             return payload, source
 
-    def _forget_copy(self, entry: _Entry, index: int) -> None:
+    def _forget_copy(self, entry: Entry, index: int) -> None:
         """Forget a copy that is gone behind the cache's back (deleted, or removed as damaged)."""
         state = self._states[index]
         if state.holds(entry):
@@ -917,13 +569,13 @@ class TieredCache:
             state.unplace(entry)
             state.release(entry.size_bytes)
 
-    def _nearest_copy(self, entry: _Entry, *, below: int) -> int:
+    def _nearest_copy(self, entry: Entry, *, below: int) -> int:
         for state in self._states[below + 1 :]:
             if state.holds(entry) and state.tier.readable:
                 return state.index
         return self._origin_index
 
-    def _plan_fills(self, entry: _Entry, tiers: range, *, required: bool) -> list[_Fill] | None:
+    def _plan_fills(self, entry: Entry, tiers: range, *, required: bool) -> list[_Fill] | None:
         """Reserve room for `entry` in each of `tiers` that can make it; the first must if `required`.
 
         When the first cannot yet but will once the moves in flight are done, reserves nothing
@@ -942,7 +594,7 @@ class TieredCache:
                 raise self._full(index, entry)
         return fills
 
-    def _full(self, index: int, entry: _Entry) -> CacheFull:
+    def _full(self, index: int, entry: Entry) -> CacheFull:
         state = self._states[index]
         budget = " and ".join(
             part
@@ -958,7 +610,7 @@ class TieredCache:
             "unpin adapters, or give the tier a larger budget"
         )
 
-    def _make_room(self, index: int, entry: _Entry) -> list[_Eviction] | None:
+    def _make_room(self, index: int, entry: Entry) -> list[_Eviction] | None:
         """Choose victims so that `entry` fits in tier `index`, and reserve its space (under the lock).
 
         Returns the evictions to run, or None when the tier cannot take the copy (it is too
@@ -984,7 +636,7 @@ class TieredCache:
         # them may have copies here that the loop above was counting on.
         return [self._plan_demotion(victim, index) for victim in victims]
 
-    def _plan_demotion(self, victim: _Entry, index: int) -> _Eviction:
+    def _plan_demotion(self, victim: Entry, index: int) -> _Eviction:
         """Where the copy evicted from tier `index` goes: the nearest lower tier that takes it,
         unless a lower tier already holds one or there is nothing to read it from."""
         eviction = _Eviction(victim, index)
@@ -1029,7 +681,7 @@ class TieredCache:
                 self._commit_evictions(eviction.room)
                 lower = self._states[eviction.demote_to]
                 if eviction.demoted:
-                    lower.place(entry, _WINDOW)
+                    lower.place(entry, WINDOW)
                     lower.counters.demotions += 1
                 else:
                     lower.release(entry.size_bytes)
@@ -1037,19 +689,19 @@ class TieredCache:
                     self._forget_copy(entry, eviction.read_from)
             self._land(entry, self._flights[entry.key], None)
 
-    def _commit_fills(self, entry: _Entry, fills: list[_Fill]) -> None:
+    def _commit_fills(self, entry: Entry, fills: list[_Fill]) -> None:
         for fill in fills:
             self._commit_evictions(fill.room)
             state = self._states[fill.tier]
             if fill.error is None:
-                state.place(entry, _WINDOW)
+                state.place(entry, WINDOW)
                 state.counters.promotions += 1
             else:
                 state.release(entry.size_bytes)
 
     # -- eviction by an operator
 
-    def _plan_evict(self, entry: _Entry, targets: Iterable[int]) -> list[_TierState]:
+    def _plan_evict(self, entry: Entry, targets: Iterable[int]) -> list[TierState]:
         """The tiers among `targets` whose copy of `entry` an `evict` removes (under the lock, no flight)."""
         if entry.pins:
             raise Conflict(f"adapter {entry.key} is pinned, which keeps every copy of it: unpin it first", param="key")
@@ -1064,20 +716,20 @@ class TieredCache:
 
     # -- holds
 
-    def _grant(self, entry: _Entry, count: int) -> None:
+    def _grant(self, entry: Entry, count: int) -> None:
         """Add `count` leases on the entry (under the lock); its engine copy is held from now."""
         entry.leases += count
         self._leases += count
         if entry.leases == count and self._states[0].holds(entry):
             self._sync_tier(entry, self._states[0])
 
-    def _sync(self, entry: _Entry) -> None:
+    def _sync(self, entry: Entry) -> None:
         """List each copy of the entry for eviction unless it is held (moving, pinned, or leased in the engine)."""
         for state in self._states:
             if state.holds(entry):
                 self._sync_tier(entry, state)
 
-    def _sync_tier(self, entry: _Entry, state: _TierState) -> None:
+    def _sync_tier(self, entry: Entry, state: TierState) -> None:
         """`_sync` for the entry's copy in one tier (which holds one)."""
         durable = entry.pins > 0 or (state.index == 0 and entry.leases > 0)
         if durable != bool(entry.durable & state.bit):
@@ -1089,22 +741,22 @@ class TieredCache:
         elif not listed and not held:
             state.link(entry)
 
-    def _touch(self, entry: _Entry) -> None:
+    def _touch(self, entry: Entry) -> None:
         """A request counts as a hit on every copy of the entry (see the module's docstring)."""
         for state in self._states:
             if state.holds(entry):
                 state.touch(entry)
 
-    def _forget_if_idle(self, entry: _Entry) -> None:
+    def _forget_if_idle(self, entry: Entry) -> None:
         if not (entry.segments or entry.flying or entry.leases or entry.pins):
             self._entries.pop(entry.key, None)
 
     # -- lookups
 
-    def _counters(self, index: int) -> _Counters:
+    def _counters(self, index: int) -> TierCounters:
         return self._states[index].counters if index < self._origin_index else self._origin_counters
 
-    def _state_named(self, name: str) -> _TierState:
+    def _state_named(self, name: str) -> TierState:
         for state in self._states:
             if state.tier.name == name:
                 return state
@@ -1133,61 +785,3 @@ def _check_tiers(tiers: Sequence[Tier], origin: Origin) -> None:
         for budget in (tier.capacity_bytes, tier.max_entries):
             if budget is not None and budget < 1:
                 raise InvalidRequest(f"tier {tier.name!r} has a budget of {budget}; budgets must be positive")
-
-
-# ---- metrics ---------------------------------------------------------------------------------
-
-
-class CacheCollector(Collector):
-    """Prometheus metrics read from `TieredCache.stats()` at each scrape (labels: the tier's name)."""
-
-    def __init__(self, cache: TieredCache, prefix: str = "mint_adapter_cache") -> None:
-        self._cache = cache
-        self._prefix = prefix
-
-    def collect(self) -> Iterator[Metric]:
-        stats, prefix = self._cache.stats(), self._prefix
-        counters = {
-            "hits": "Acquires whose nearest copy was in this tier",
-            "misses": "Acquires that looked in this tier and found no copy",
-            "promotions": "Copies written into this tier on the way to the engine",
-            "demotions": "Copies moved into this tier from a faster tier that evicted them",
-            "evictions": "Copies removed from this tier to make room or by an operator",
-        }
-        for name, documentation in counters.items():
-            family = CounterMetricFamily(f"{prefix}_{name}", documentation, labels=["tier"])
-            for tier in stats.tiers:
-                family.add_metric([tier.name], getattr(tier, name))
-            yield family
-        gauges = {
-            "resident_bytes": "Bytes of the copies this tier holds",
-            "resident_entries": "Copies this tier holds",
-            "capacity_bytes": "This tier's budget in bytes",
-            "max_entries": "This tier's budget in entries",
-        }
-        for name, documentation in gauges.items():
-            gauge = GaugeMetricFamily(f"{prefix}_{name}", documentation, labels=["tier"])
-            for tier in stats.tiers:
-                value = getattr(tier, name)
-                if value is not None:
-                    gauge.add_metric([tier.name], value)
-            yield gauge
-        latency = HistogramMetricFamily(
-            f"{prefix}_promotion_seconds",
-            "Time to make an adapter servable in the engine, by the tier its copy came from",
-            labels=["source"],
-        )
-        for tier in stats.tiers:
-            histogram = tier.promotion_latency
-            buckets = [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in histogram.buckets]
-            latency.add_metric([tier.name], buckets, histogram.sum_s)
-        yield latency
-        yield GaugeMetricFamily(f"{prefix}_leases", "Leases held now", value=stats.leases)
-        yield GaugeMetricFamily(f"{prefix}_pinned", "Adapters pinned now", value=stats.pinned)
-
-
-def register_metrics(cache: TieredCache, registry: CollectorRegistry = REGISTRY) -> CacheCollector:
-    """Expose the cache's statistics on `registry` (the API's `/metrics` serves the default one)."""
-    collector = CacheCollector(cache)
-    registry.register(collector)
-    return collector

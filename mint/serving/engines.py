@@ -60,9 +60,11 @@ def open_engine(
         from mint.serving.torch_engine import TorchEngine
 
         return TorchEngine.from_spec(spec, cache_dir, max_adapters=max_adapters, max_batch_size=max_batch_size)
-    from mint.serving.vllm_engine import VllmEngine, VllmEngineProcess
-
     options = {"max_adapters": max_adapters, "max_batch_size": max_batch_size}
     if vllm_python is None:
+        from mint.serving.vllm_process import VllmEngine
+
         return VllmEngine.from_spec(spec, cache_dir, **options)
+    from mint.serving.vllm_engine import VllmEngineProcess
+
     return VllmEngineProcess.from_spec(spec, cache_dir, python=vllm_python, **options)

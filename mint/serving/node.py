@@ -2,8 +2,10 @@
 
 `mint serve --base NAME` runs one `ServingNode` behind an internal HTTP app
 (`mint.api.node_app`); the public API resolves a model reference (a base, `adapter@version`
-or a deployment) to what must serve it and forwards the request here. A request carries
-the adapter version it needs by content hash and object key, so the node never reads the
+or a deployment) to what must serve it and forwards the request here, a
+`mint.serving.completion.NodeCompletion`, which this node turns into the engine's
+`GenerateRequest`. A request carries the adapter version it needs (or its mixture's
+versions) by content hash and object key, so the node never reads the
 database: the cache fetches the version from the object store the first time (once, however
 many requests wait) and keeps it in its tiers (engine slots -> CPU RAM -> local SSD).
 
@@ -13,7 +15,8 @@ requests on different adapters share each forward pass. Two batchers run, so a n
 starts while a long one is still decoding (the engine interleaves them step by step).
 
 Mixture deployments are routed here, where the MiniLM encoder and the engine are: a request
-names the deployment's revision and its spec, and the node keeps one `Router` per revision.
+names the deployment's revision and its spec (`mint.serving.mixture.MixtureTarget`), and
+the node keeps one `Router` per revision.
 A reply that makes a tool call is remembered, so the conversation's continuation returns to
 the adapter that made the call.
 """
@@ -26,14 +29,16 @@ import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mint.schemas.base_models import BaseModelSpec
+from mint.schemas.inference import AdapterOnNode
 from mint.serving.cache import TieredCache
+from mint.serving.completion import NodeCompletion
 from mint.serving.engine import ADAPTER_FILES, AdapterTensors, Engine, GenerateRequest, StreamEvent
-from mint.serving.router import MixtureSpec, RouteDecision, Router
+from mint.serving.mixture import MixtureTarget
+from mint.serving.router import RouteDecision, Router
 from mint.serving.tiers import CpuTier, EngineTier, LocalDiskTier, ObjectStoreTier
 from mint.storage.archives import read_archive
 from mint.storage.objects import ObjectStore
@@ -42,40 +47,6 @@ log = logging.getLogger(__name__)
 
 BATCHERS = 2
 MAX_ROUTERS = 256
-
-
-@dataclass(frozen=True)
-class AdapterRef:
-    """An adapter version as the API names it to a node: reference, content hash, object key."""
-
-    ref: str
-    sha256: str
-    object_key: str
-
-
-@dataclass
-class NodeRequest:
-    """One completion request after the API resolved its model."""
-
-    messages: list[dict[str, Any]] | None
-    prompt: str | None
-    tools: list[dict[str, Any]] | None
-    adapter: AdapterRef | None
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop: list[str]
-    mixture: dict[str, Any] | None = None  # {"revision_id", "spec", "versions": {ref: AdapterRef fields}}
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Served:
-    """What served a request: the adapter version (None: the base) and, for a mixture, the route."""
-
-    adapter: AdapterRef | None
-    route: dict[str, Any] | None = None
 
 
 def decode_archive(payload: bytes) -> AdapterTensors:
@@ -161,11 +132,11 @@ class ServingNode:
             raise NotFound(f"no adapter version with sha256 {sha256} was named to this node")
         return key
 
-    def know(self, adapter: AdapterRef) -> None:
+    def know(self, adapter: AdapterOnNode) -> None:
         """Learn where an adapter version lives, so the cache can fetch it."""
         self._object_keys[adapter.sha256] = adapter.object_key
 
-    def prefetch(self, adapters: Sequence[AdapterRef]) -> None:
+    def prefetch(self, adapters: Sequence[AdapterOnNode]) -> None:
         """Warm the CPU and SSD tiers with adapters about to be asked for (a deployment's, a
         mixture's), in the background: no engine slot is taken and no request waits for it."""
         for adapter in adapters:
@@ -181,8 +152,8 @@ class ServingNode:
 
     # ---- routing ----------------------------------------------------------------------------
 
-    def _router(self, mixture: dict[str, Any]) -> Router:
-        revision = str(mixture["revision_id"])
+    def _router(self, mixture: MixtureTarget) -> Router:
+        revision = mixture.revision_id
         with self._routers_lock:
             router = self._routers.get(revision)
             if router is not None:
@@ -190,29 +161,24 @@ class ServingNode:
                 return router
         from mint.serving.embeddings import get_encoder
 
-        spec = MixtureSpec.model_validate(mixture["spec"])
-        router = Router(spec, encoder=get_encoder(), generate=self._generate_for_router(mixture))
-        self.prefetch([AdapterRef(**version) for version in mixture["versions"].values()])
+        router = Router(mixture.spec, encoder=get_encoder(), generate=self._generate_for_router(mixture))
+        self.prefetch(list(mixture.versions.values()))
         with self._routers_lock:
             self._routers[revision] = router
             while len(self._routers) > MAX_ROUTERS:
                 self._routers.popitem(last=False)
         return router
 
-    def _generate_for_router(self, mixture: dict[str, Any]) -> Any:
+    def _generate_for_router(self, mixture: MixtureTarget) -> Any:
         def generate(adapters: Sequence[str], messages: Sequence[dict[str, Any]], *, max_tokens: int) -> list[str]:
-            versions = mixture["versions"]
             requests = [
-                NodeRequest(
+                NodeCompletion(
                     messages=list(messages),
-                    prompt=None,
-                    tools=None,
-                    adapter=AdapterRef(**versions[ref]),
+                    adapter=mixture.versions[ref],
                     max_tokens=max_tokens,
                     temperature=0.0,
                     top_p=1.0,
                     seed=0,
-                    stop=[],
                 )
                 for ref in adapters
             ]
@@ -220,17 +186,16 @@ class ServingNode:
 
         return generate
 
-    def route(self, request: NodeRequest) -> tuple[NodeRequest, RouteDecision | None]:
+    def route(self, request: NodeCompletion) -> tuple[NodeCompletion, RouteDecision | None]:
         """Pick the adapter of a mixture request (the request itself otherwise)."""
         if request.mixture is None:
             return request, None
         router = self._router(request.mixture)
         decision = router.route(request.messages or [], metadata=request.metadata)
-        chosen = AdapterRef(**request.mixture["versions"][decision.adapter])
-        routed = NodeRequest(**{**request.__dict__, "adapter": chosen, "mixture": None})
-        return routed, decision
+        chosen = request.mixture.versions[decision.adapter]
+        return request.model_copy(update={"adapter": chosen, "mixture": None}), decision
 
-    def remember(self, request: NodeRequest, decision: RouteDecision | None, reply: dict[str, Any]) -> None:
+    def remember(self, request: NodeCompletion, decision: RouteDecision | None, reply: dict[str, Any]) -> None:
         """Keep the adapter of a reply that makes tool calls, so the continuation is routed back to it."""
         if decision is None or request.mixture is None or request.messages is None or not reply.get("tool_calls"):
             return
@@ -238,7 +203,7 @@ class ServingNode:
 
     # ---- generation -------------------------------------------------------------------------
 
-    def _prompt_tokens(self, request: NodeRequest) -> list[int]:
+    def _prompt_tokens(self, request: NodeCompletion) -> list[int]:
         from mint.trainer.chat_data import render_prompt
 
         if request.messages is not None:
@@ -246,7 +211,7 @@ class ServingNode:
         assert request.prompt is not None
         return list(self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"])
 
-    def _engine_request(self, request: NodeRequest) -> GenerateRequest:
+    def _engine_request(self, request: NodeCompletion) -> GenerateRequest:
         return GenerateRequest(
             adapter_id=request.adapter.sha256 if request.adapter else None,
             prompt_tokens=self._prompt_tokens(request),
@@ -257,7 +222,7 @@ class ServingNode:
             stop=request.stop,
         )
 
-    def stream(self, request: NodeRequest) -> Iterator[StreamEvent]:
+    def stream(self, request: NodeCompletion) -> Iterator[StreamEvent]:
         """Events of one request, generated in a batch with whatever else is waiting.
 
         The adapter is leased for the whole request, so it cannot leave the engine mid-stream.
@@ -281,7 +246,7 @@ class ServingNode:
             if lease is not None:
                 lease.release()
 
-    def complete(self, request: NodeRequest) -> list[StreamEvent]:
+    def complete(self, request: NodeCompletion) -> list[StreamEvent]:
         """The request's events merged into one: its whole text, tokens, logprobs and usage."""
         events = list(self.stream(request))
         last = events[-1]

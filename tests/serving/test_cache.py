@@ -15,7 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from mint.errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
-from mint.serving.cache import CacheFull, Lease, TieredCache, content_hash, register_metrics
+from mint.serving.cache import CacheFull, Lease, TieredCache, content_hash
+from mint.serving.cache_stats import register_metrics
 
 pytestmark = pytest.mark.backend_free
 

@@ -18,10 +18,12 @@ import pytest
 from mint.config import PROJECT_ROOT
 from mint.errors import ConfigurationError
 from mint.schemas.base_models import get_base_model_spec
+from mint.schemas.inference import AdapterOnNode
 from mint.services.adapters import archive_adapter
 from mint.serving import engines
+from mint.serving.completion import NodeCompletion
 from mint.serving.engine import Engine
-from mint.serving.node import AdapterRef, NodeRequest, ServingNode
+from mint.serving.node import ServingNode
 from mint.storage.objects import LocalObjectStore
 
 if TYPE_CHECKING:
@@ -34,16 +36,16 @@ PROMPT = "Write the names of three rivers:"
 MAX_TOKENS = 6
 
 
-def store_version(store: LocalObjectStore, folder: Path, name: str) -> AdapterRef:
+def store_version(store: LocalObjectStore, folder: Path, name: str) -> AdapterOnNode:
     """Store an adapter folder as a finished job does: one archive, named to nodes by its sha256."""
     archive = archive_adapter(folder)
     key = f"adapters/{name}/1/adapter.tar"
     store.put_bytes(key, archive)
-    return AdapterRef(ref=f"{name}@1", sha256=hashlib.sha256(archive).hexdigest(), object_key=key)
+    return AdapterOnNode(ref=f"{name}@1", sha256=hashlib.sha256(archive).hexdigest(), object_key=key)
 
 
-def ask(node: ServingNode, adapter: AdapterRef | None) -> list[int]:
-    request = NodeRequest(
+def ask(node: ServingNode, adapter: AdapterOnNode | None) -> list[int]:
+    request = NodeCompletion(
         messages=None,
         prompt=PROMPT,
         tools=None,

@@ -19,9 +19,9 @@ import pytest
 
 from mint.errors import InvalidRequest
 from mint.serving.embeddings import SentenceEncoder, get_encoder
+from mint.serving.mixture import MixtureSpec
 from mint.serving.router import (
     ADAPTER_HINT_FIELD,
-    MixtureSpec,
     Router,
     ToolCallMemory,
     continued_tool_call,
@@ -180,6 +180,13 @@ def test_adapter_refs_for_prefetch_include_the_router_model() -> None:
 
 def test_importing_the_router_does_not_import_torch() -> None:
     code = "import sys, mint.serving.router, mint.serving.embeddings; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_api_side_of_mixtures_imports_no_torch() -> None:
+    """The spec and the request that carries it are what the API process imports: no torch, no transformers."""
+    modules = "mint.serving.mixture, mint.serving.completion, mint.services.inference, mint.services.deployments"
+    code = f"import sys, {modules}, mint.api.openai; assert not {{'torch', 'transformers'}} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
