@@ -11,6 +11,7 @@ from mint.cli.output import console, emit, emit_one
 from mint.config import get_settings
 from mint.errors import InvalidRequest, ServiceUnavailable
 from mint.services import auth
+from mint.services.principal import operator
 from mint.services.setup import initialize, prepare_database
 from mint.services.workers import list_workers
 from mint.storage import migrate
@@ -116,7 +117,7 @@ def keys_create(
     with session_scope(get_settings().database) as session:
         organization = auth.find_organization(session, org)
         key, secret = auth.create_api_key(
-            session, auth.operator(organization.id), name=name, role=role, expires_in_days=expires_in_days
+            session, operator(organization.id), name=name, role=role, expires_in_days=expires_in_days
         )
         row = {**_key_row(key), "organization": organization.name, "key": secret}
     if as_json:
@@ -139,7 +140,7 @@ def keys_revoke(key_id: str, org: OrgOpt, as_json: JsonOpt = False) -> None:
     """Revoke a key at once."""
     with session_scope(get_settings().database) as session:
         organization = auth.find_organization(session, org)
-        key = auth.revoke_api_key(session, auth.operator(organization.id), key_id)
+        key = auth.revoke_api_key(session, operator(organization.id), key_id)
         emit_one(_key_row(key), as_json=as_json)
 
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.orm import Session
 
+from mint.services.principal import Principal
 from mint.storage.tables import AuditLog, new_id
-
-if TYPE_CHECKING:
-    from mint.services.auth import Principal
 
 
 def record_audit(

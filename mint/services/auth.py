@@ -1,4 +1,4 @@
-"""Organizations, API keys and the caller's identity (`Principal`).
+"""Organizations and API keys, and the check that turns a key into a `Principal`.
 
 Keys are 256-bit random secrets shown once. Only their sha256 is stored: a key has the
 entropy of a token, so a slow password hash would add latency to every request and no
@@ -11,49 +11,21 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from mint.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, Unauthenticated
+from mint.errors import Conflict, InvalidRequest, NotFound, Unauthenticated
 from mint.schemas.common import LABEL_PATTERN
 from mint.services.audit import record_audit
+from mint.services.principal import Principal, operator  # also reached as auth.Principal, auth.operator
 from mint.storage.queries import get_owned, owned_by
 from mint.storage.tables import ROLES, ApiKey, Organization, as_utc, new_id, utcnow
 
 KEY_PREFIX = "tml-"
 SHOWN_PREFIX_LENGTH = 12
-ROLE_RANK = {"viewer": 0, "developer": 1, "admin": 2}
 LAST_USED_RESOLUTION = timedelta(minutes=1)
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who is calling: one key of one organization, with its role."""
-
-    organization_id: str
-    key_id: str | None
-    role: str
-    name: str
-
-    def require(self, role: str) -> None:
-        """Raise PermissionDenied unless this principal's role is at least `role`."""
-        if ROLE_RANK[self.role] < ROLE_RANK[role]:
-            raise PermissionDenied(
-                f"This operation needs a {role} key; the key {self.name!r} has role {self.role}. "
-                f"Ask an admin of your organization for a {role} key."
-            )
-
-    @property
-    def actor(self) -> str:
-        return f"key:{self.key_id}" if self.key_id else self.name
-
-
-def operator(organization_id: str) -> Principal:
-    """The principal of an operator acting through `mint admin` with database access."""
-    return Principal(organization_id=organization_id, key_id=None, role="admin", name="operator")
 
 
 def hash_key(secret: str) -> str:

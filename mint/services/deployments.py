@@ -23,8 +23,8 @@ from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.evals.gates import GateSpec, GateVerdict
 from mint.services.adapters import ResolvedModel, resolve_model_ref
 from mint.services.audit import record_audit
-from mint.services.auth import Principal
 from mint.services.evals import check_gate
+from mint.services.principal import Principal
 from mint.serving.router import MixtureSpec
 from mint.storage.queries import get_owned
 from mint.storage.tables import (
