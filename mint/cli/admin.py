@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from mint.cli.output import console, emit, emit_one
+from mint.cli.usage import COLUMNS as USAGE_COLUMNS
 from mint.config import get_settings
 from mint.errors import InvalidRequest, ServiceUnavailable
 from mint.services import auth
@@ -343,4 +344,4 @@ def usage_command(org: OrgOpt, as_json: JsonOpt = False) -> None:
             {"kind": kind, "base_model": base, "tokens": tokens, "records": records}
             for kind, base, tokens, records in usage_summary(session, organization.id)
         ]
-    emit(rows, ["kind", "base_model", "tokens", "records"], as_json=as_json, title=f"usage of {org}")
+    emit(rows, USAGE_COLUMNS, as_json=as_json, title=f"usage of {org}")
