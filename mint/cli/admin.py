@@ -132,7 +132,7 @@ def keys_create(
 def keys_list(org: OrgOpt, as_json: JsonOpt = False) -> None:
     with session_scope(get_settings().database) as session:
         organization = auth.find_organization(session, org)
-        rows = [_key_row(key) for key in auth.list_api_keys(session, organization.id)]
+        rows = [_key_row(key) for key in auth.all_api_keys(session, organization.id)]
     emit(rows, KEY_COLUMNS, as_json=as_json, title=f"keys of {org}")
 
 

@@ -20,7 +20,7 @@ from mint.errors import Conflict, InvalidRequest, NotFound, Unauthenticated
 from mint.schemas.common import LABEL_PATTERN
 from mint.services.audit import record_audit
 from mint.services.principal import Principal, operator  # also reached as auth.Principal, auth.operator
-from mint.storage.queries import get_owned, owned_by
+from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import ROLES, ApiKey, Organization, as_utc, new_id, utcnow
 
 KEY_PREFIX = "tml-"
@@ -99,7 +99,18 @@ def create_api_key(
     return key, secret
 
 
-def list_api_keys(session: Session, organization_id: str) -> list[ApiKey]:
+def get_organization(session: Session, organization_id: str) -> Organization:
+    """The organization of a principal (it exists: its key was just checked)."""
+    return session.execute(select(Organization).where(Organization.id == organization_id)).scalar_one()
+
+
+def list_api_keys(session: Session, organization_id: str, *, after: str | None, limit: int) -> PageResult[ApiKey]:
+    """One page of the organization's keys, newest first (hashes and prefixes, never secrets)."""
+    return paginate(session, owned_by(ApiKey, organization_id), ApiKey, after=after, limit=limit)
+
+
+def all_api_keys(session: Session, organization_id: str) -> list[ApiKey]:
+    """Every key of the organization, oldest first, for operators (`mint admin keys list`)."""
     query = owned_by(ApiKey, organization_id).order_by(ApiKey.created_at)
     return list(session.execute(query).scalars())
 
