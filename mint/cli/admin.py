@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from mint.cli.organization import KEY_COLUMNS
 from mint.cli.output import console, emit, emit_one
 from mint.cli.usage import COLUMNS as USAGE_COLUMNS
 from mint.config import get_settings
@@ -36,8 +37,6 @@ admin.add_typer(workers, name="workers")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 OrgOpt = Annotated[str, typer.Option("--org", help="Organization name or id.")]
-
-KEY_COLUMNS = ["id", "name", "prefix", "role", "created_at", "expires_at", "revoked_at", "last_used_at"]
 
 
 def _key_row(key: Any) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The `mint` command: one module per command group, assembled here.
 
-User commands (datasets, benchmarks, evals, jobs, adapters, deployments, chat, usage) speak
-HTTP through the SDK and share their connection and `--json` options (`mint.cli.options`);
-`mint admin` acts on the database; `api | worker | beat | serve | up` run the processes.
+User commands (datasets, benchmarks, evals, jobs, adapters, deployments, chat, models, keys,
+audit, usage) speak HTTP through the SDK and share their connection and `--json` options
+(`mint.cli.options`); `mint admin` acts on the database; `api | worker | beat | serve | up`
+run the processes.
 Errors Mint raises on purpose print their message and exit with a code that scripts can
 trust (see EXIT_CODES); anything else is a bug and shows a traceback. Waited-for work (a job
 or eval run with `--wait`) that does not succeed exits 1."""
@@ -14,7 +15,7 @@ import sys
 import typer
 
 from mint import errors
-from mint.cli import adapters, benchmarks, datasets, demo, deployments, evals, jobs, processes
+from mint.cli import adapters, benchmarks, datasets, demo, deployments, evals, jobs, models, organization, processes
 from mint.cli.admin import admin
 from mint.cli.chat import chat
 from mint.cli.output import errors as stderr
@@ -39,6 +40,9 @@ app.command("deploy")(deployments.deploy)
 app.command("promote")(deployments.promote)
 app.command("rollback")(deployments.rollback)
 app.command("chat")(chat)
+app.add_typer(models.app, name="models")
+app.add_typer(organization.keys, name="keys")
+app.command("audit")(organization.audit)
 app.command("usage")(usage)
 app.add_typer(admin, name="admin")
 

@@ -188,6 +188,21 @@ def test_usage_is_readable_with_any_key(cli: Cli, owner: Tenant) -> None:
     assert all(header in table for header in ("kind", "base_model", "tokens", "records"))
 
 
+def test_models_keys_and_audit_log_of_the_organization(cli: Cli, owner: Tenant) -> None:
+    from mint.cli.organization import AUDIT_COLUMNS, KEY_COLUMNS
+
+    assert BASE in {card["id"] for card in as_json(cli("models", "list", "--json"))}
+    keys = as_json(cli("keys", "list", "--json", key=owner.keys["admin"]))
+    assert {"admin", "developer", "viewer"} <= {key["role"] for key in keys}
+    assert all("key" not in key and key["organization_id"] == owner.organization_id for key in keys)
+    table = cli("keys", "list", key=owner.keys["admin"], COLUMNS="80").stdout
+    assert all(header in table for header in KEY_COLUMNS) and all(key["id"] in table for key in keys)
+    audit = cli("audit", "--limit", "5", key=owner.keys["admin"], COLUMNS="80").stdout
+    assert all(header in audit for header in AUDIT_COLUMNS)
+    assert len(as_json(cli("audit", "--limit", "2", "--json", key=owner.keys["admin"]))) <= 2
+    assert "admin" in cli("audit", key=owner.keys["viewer"], code=4).stderr
+
+
 @pytest.mark.torch
 def test_lists_keep_every_column_at_80_columns(cli: Cli, trained: list[Job]) -> None:
     """A pipe or a default terminal is 80 columns wide: every column of every row stays, whole
