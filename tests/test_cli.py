@@ -128,3 +128,55 @@ def test_admin_on_an_uninitialized_or_unreachable_database_says_what_to_do(tmp_p
         "admin", "orgs", "list", env=fresh | {"MINT_DATABASE_URL": "postgresql+psycopg://u@127.0.0.1:1/x"}, check=False
     )
     assert down.returncode == 7 and "MINT_DATABASE_URL" in down.stderr
+
+
+JOB_ROWS = [
+    {
+        "id": "ftjob_3pXabcdefghijklmnopqrs",
+        "status": "validating_files",
+        "model": "smollm2-135m-instruct",
+        "method": "reinforcement",
+        "steps": "12/300",
+        "fine_tuned_model": None,
+        "created_at": "2026-12-03 17:52:55",
+    },
+    {
+        "id": "ftjob_9pXabcdefghijklmnopqrs",
+        "status": "succeeded",
+        "model": "tiny-glm-moe",
+        "method": "supervised",
+        "steps": "3/3",
+        "fine_tuned_model": "support-bot@12",
+        "created_at": "2026-12-03 17:52:55",
+    },
+]
+
+
+@pytest.mark.backend_free
+@pytest.mark.parametrize("width", [60, 80, 130, 200])
+def test_tables_fit_the_terminal_and_keep_every_column(width: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Narrow, wide or in between: no line is wider than the terminal, every header and every
+    id is there whole, and so are the statuses, methods and step counts."""
+    from rich.console import Console
+
+    from mint.cli import output
+
+    screen = Console(width=width, soft_wrap=True, record=True, force_terminal=False)
+    monkeypatch.setattr(output, "console", screen)
+    output.emit(JOB_ROWS, list(JOB_ROWS[0]), as_json=False, title="fine-tuning jobs")
+    text = screen.export_text()
+    assert all(len(line) <= width for line in text.splitlines()), text
+    words = set(text.split())
+    assert set(JOB_ROWS[0]) <= words, text
+    for row in JOB_ROWS:
+        assert {row["id"], row["status"], row["method"], row["steps"]} <= words, text
+    if width >= 200:  # room for one line per row
+        assert any(JOB_ROWS[1]["id"] in line and "support-bot@12" in line for line in text.splitlines())
+
+
+@pytest.mark.backend_free
+def test_json_output_keeps_every_field(capsys: pytest.CaptureFixture[str]) -> None:
+    from mint.cli import output
+
+    output.emit(JOB_ROWS, ["id"], as_json=True)
+    assert json.loads(capsys.readouterr().out) == JOB_ROWS

@@ -15,8 +15,9 @@ from sqlalchemy.orm import Session
 
 from mint.config import Settings
 from mint.errors import PermissionDenied
-from mint.services.auth import Principal, authenticate
+from mint.services.auth import authenticate
 from mint.services.dispatch import Dispatch
+from mint.services.principal import Principal
 from mint.storage.db import session_scope
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

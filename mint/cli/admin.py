@@ -7,10 +7,13 @@ from typing import Annotated, Any
 
 import typer
 
+from mint.cli.organization import KEY_COLUMNS
 from mint.cli.output import console, emit, emit_one
+from mint.cli.usage import COLUMNS as USAGE_COLUMNS
 from mint.config import get_settings
 from mint.errors import InvalidRequest, ServiceUnavailable
 from mint.services import auth
+from mint.services.principal import operator
 from mint.services.setup import initialize, prepare_database
 from mint.services.workers import list_workers
 from mint.storage import migrate
@@ -34,8 +37,6 @@ admin.add_typer(workers, name="workers")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 OrgOpt = Annotated[str, typer.Option("--org", help="Organization name or id.")]
-
-KEY_COLUMNS = ["id", "name", "prefix", "role", "created_at", "expires_at", "revoked_at", "last_used_at"]
 
 
 def _key_row(key: Any) -> dict[str, Any]:
@@ -116,7 +117,7 @@ def keys_create(
     with session_scope(get_settings().database) as session:
         organization = auth.find_organization(session, org)
         key, secret = auth.create_api_key(
-            session, auth.operator(organization.id), name=name, role=role, expires_in_days=expires_in_days
+            session, operator(organization.id), name=name, role=role, expires_in_days=expires_in_days
         )
         row = {**_key_row(key), "organization": organization.name, "key": secret}
     if as_json:
@@ -130,7 +131,7 @@ def keys_create(
 def keys_list(org: OrgOpt, as_json: JsonOpt = False) -> None:
     with session_scope(get_settings().database) as session:
         organization = auth.find_organization(session, org)
-        rows = [_key_row(key) for key in auth.list_api_keys(session, organization.id)]
+        rows = [_key_row(key) for key in auth.all_api_keys(session, organization.id)]
     emit(rows, KEY_COLUMNS, as_json=as_json, title=f"keys of {org}")
 
 
@@ -139,7 +140,7 @@ def keys_revoke(key_id: str, org: OrgOpt, as_json: JsonOpt = False) -> None:
     """Revoke a key at once."""
     with session_scope(get_settings().database) as session:
         organization = auth.find_organization(session, org)
-        key = auth.revoke_api_key(session, auth.operator(organization.id), key_id)
+        key = auth.revoke_api_key(session, operator(organization.id), key_id)
         emit_one(_key_row(key), as_json=as_json)
 
 
@@ -342,4 +343,4 @@ def usage_command(org: OrgOpt, as_json: JsonOpt = False) -> None:
             {"kind": kind, "base_model": base, "tokens": tokens, "records": records}
             for kind, base, tokens, records in usage_summary(session, organization.id)
         ]
-    emit(rows, ["kind", "base_model", "tokens", "records"], as_json=as_json, title=f"usage of {org}")
+    emit(rows, USAGE_COLUMNS, as_json=as_json, title=f"usage of {org}")

@@ -1,5 +1,12 @@
-"""The `mint` command. Errors Mint raises on purpose print their message and exit with a
-code that scripts can trust (see EXIT_CODES); anything else is a bug and shows a traceback."""
+"""The `mint` command: one module per command group, assembled here.
+
+User commands (datasets, benchmarks, evals, jobs, adapters, deployments, chat, models, keys,
+audit, usage) speak HTTP through the SDK and share their connection and `--json` options
+(`mint.cli.options`); `mint admin` acts on the database; `api | worker | beat | serve | up`
+run the processes.
+Errors Mint raises on purpose print their message and exit with a code that scripts can
+trust (see EXIT_CODES); anything else is a bug and shows a traceback. Waited-for work (a job
+or eval run with `--wait`) that does not succeed exits 1."""
 
 from __future__ import annotations
 
@@ -8,9 +15,11 @@ import sys
 import typer
 
 from mint import errors
-from mint.cli import commands, demo, processes
+from mint.cli import adapters, benchmarks, datasets, demo, deployments, evals, jobs, models, organization, processes
 from mint.cli.admin import admin
+from mint.cli.chat import chat
 from mint.cli.output import errors as stderr
+from mint.cli.usage import usage
 
 app = typer.Typer(
     name="mint", help="Mint: post-train and serve LoRA adapters on your own base models.", no_args_is_help=True
@@ -21,8 +30,21 @@ app.command("beat")(processes.beat)
 app.command("serve")(processes.serve)
 app.command("demo")(demo.demo)
 app.command("up")(processes.up)
+app.add_typer(datasets.app, name="datasets")
+app.add_typer(benchmarks.app, name="benchmarks")
+app.add_typer(evals.app, name="evals")
+app.add_typer(jobs.app, name="jobs")
+app.add_typer(adapters.app, name="adapters")
+app.add_typer(deployments.app, name="deployments")
+app.command("deploy")(deployments.deploy)
+app.command("promote")(deployments.promote)
+app.command("rollback")(deployments.rollback)
+app.command("chat")(chat)
+app.add_typer(models.app, name="models")
+app.add_typer(organization.keys, name="keys")
+app.command("audit")(organization.audit)
+app.command("usage")(usage)
 app.add_typer(admin, name="admin")
-commands.register(app)
 
 # 1 is any other failure; 2 is a usage error (typer/click's own).
 EXIT_CODES: dict[type[errors.MintError], int] = {

@@ -1,21 +1,39 @@
-"""How CLI commands print: human tables by default, JSON with `--json` for scripts."""
+"""How every `mint` command prints: tables or a few lines for people, JSON with `--json` for
+scripts.
+
+Tables fit the terminal (or 80 columns in a pipe, or $COLUMNS) without losing a column:
+columns people copy into the next command (ids, names, model references) stay whole, and
+the others fold onto more lines, but never below the width of their header or of a short
+word such as a status, a method or `12/300`. When even that cannot fit, each row prints as
+a block of `column  value` lines instead (as psql's expanded display does), so that every
+column of every row is still there.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import BaseModel
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 # soft_wrap: never break a message or a path across lines when output goes to a pipe or a file.
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
 
+# Columns people copy into the next command: printed whole, never folded.
+WHOLE_COLUMNS = frozenset({"id", "name", "fine_tuned_model", "newest"})
+# A folded column keeps at least its header's width, and that of its longest word up to this.
+WORD_WIDTH_CAP = 16
 
-def _cell(value: Any) -> str:
+
+def cell(value: Any) -> str:
+    """A value as a table shows it: `-` for none, times to the second, lists joined."""
     if value is None:
         return "-"
     if isinstance(value, datetime):
@@ -25,22 +43,104 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def wire(item: BaseModel) -> dict[str, Any]:
+    """The object as the API sent it (times as the schema writes them)."""
+    return item.model_dump(mode="json")
+
+
+def human(row: dict[str, Any]) -> dict[str, Any]:
+    """Unix times (OpenAI-shaped objects) as dates, for people."""
+    return {
+        key: datetime.fromtimestamp(value, UTC) if key.endswith("_at") and isinstance(value, int) else value
+        for key, value in row.items()
+    }
+
+
+def pick(item: BaseModel, fields: Iterable[str]) -> dict[str, Any]:
+    """The named fields of an API object, for people."""
+    row = item.model_dump()
+    return human({field: row.get(field) for field in fields})
+
+
 def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, as_json: bool, title: str | None = None) -> None:
-    """Print `rows` as a table of `columns`, or as a JSON array with every field."""
+    """Print `rows` as a table of `columns` that fits the terminal, or as a JSON array with every field."""
     if as_json:
         print(json.dumps(list(rows), default=str, indent=2))
         return
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*(_cell(row.get(column)) for column in columns))
+    cells = [[cell(row.get(column)) for column in columns] for row in rows]
+    widths = fit_widths(list(columns), cells, console.width)
+    if widths is None:
+        _print_expanded(list(columns), cells, title)
+        return
+    table = _table(title)
+    for column, width in zip(columns, widths, strict=True):
+        table.add_column(column, width=width, overflow="fold", no_wrap=column in WHOLE_COLUMNS)
+    for line in cells:
+        table.add_row(*line)
     console.print(table)
 
 
 def emit_one(row: dict[str, Any], *, as_json: bool) -> None:
+    """Print one object: `key: value` lines, or JSON."""
     if as_json:
         print(json.dumps(row, default=str, indent=2))
     else:
         for key, value in row.items():
-            console.print(f"[bold]{key}[/bold]: {_cell(value)}")
+            console.print(f"[bold]{key}[/bold]: {cell(value)}")
+
+
+def _table(title: str | None) -> Table:
+    # A rule under the header and spaces between columns: the cheapest frame in width, and
+    # lines that `grep` and `awk` read well.
+    return Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+
+
+def fit_widths(columns: list[str], cells: list[list[str]], width: int) -> list[int] | None:
+    """Widths of the columns so that the table is at most `width` wide, or None if it cannot be.
+
+    Columns that may fold shrink down to their floor (their header and words up to
+    WORD_WIDTH_CAP stay whole); WHOLE_COLUMNS never shrink.
+    """
+    natural = [max([len(column), *(len(line[index]) for line in cells)]) for index, column in enumerate(columns)]
+    floors = [
+        natural[index] if column in WHOLE_COLUMNS else max(len(column), _longest_word([line[index] for line in cells]))
+        for index, column in enumerate(columns)
+    ]
+    budget = width - _frame_width(len(columns))
+    widths = list(natural)
+    excess = sum(widths) - budget
+    while excess > 0:
+        shrinkable = [index for index in range(len(widths)) if widths[index] > floors[index]]
+        if not shrinkable:
+            return None
+        # The column with the most room above its floor gives way first: dates and messages
+        # wrap at their spaces before a model name is cut.
+        loosest = max(shrinkable, key=lambda index: (widths[index] - floors[index], widths[index]))
+        widths[loosest] -= 1
+        excess -= 1
+    return widths
+
+
+def _longest_word(values: list[str]) -> int:
+    """The longest word of a column, up to WORD_WIDTH_CAP: narrower, the column would break words."""
+    return min(WORD_WIDTH_CAP, max([0, *(len(word) for value in values for word in value.split())]))
+
+
+def _frame_width(count: int) -> int:
+    """Columns a table's padding and separators take beside its cells."""
+    table = _table(None)
+    for _ in range(count):
+        table.add_column(width=1)
+    measured = Measurement.get(console, console.options.update_width(10_000), table)
+    return measured.maximum - count
+
+
+def _print_expanded(columns: list[str], cells: list[list[str]], title: str | None) -> None:
+    """Each row as `column  value` lines, rows apart: for tables wider than the terminal."""
+    if title:
+        console.print(f"[bold]{title}[/bold]", highlight=False)
+    label_width = max(len(column) for column in columns)
+    for number, line in enumerate(cells, start=1):
+        console.print(f"[dim]-[ {number} ]-[/dim]", highlight=False)
+        for column, value in zip(columns, line, strict=True):
+            console.print(f"{column:<{label_width}}  {value}", markup=False, highlight=False)

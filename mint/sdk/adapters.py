@@ -55,6 +55,10 @@ def split_ref(ref: str) -> tuple[str, int | None]:
     return name, int(number)
 
 
+def not_found(name: str) -> NotFoundError:
+    return NotFoundError(f"no adapter named {name!r} in this organization", param="ref")
+
+
 def newest(adapter: AdapterPublic, versions: builtins.list[AdapterVersionPublic]) -> AdapterVersionPublic:
     ready = [version for version in versions if version.status == "ready"]
     if not ready:
@@ -140,12 +144,17 @@ class Adapters:
     def version(self, adapter_id: str, version: int) -> AdapterVersionPublic:
         return self._http.send(get_version(adapter_id, version))
 
+    def find(self, name: str) -> AdapterPublic:
+        """The adapter with this name (or id); NotFoundError if the organization has none."""
+        adapter = next((a for a in self.list(limit=100) if name in (a.name, a.id)), None)
+        if adapter is None:
+            raise not_found(name)
+        return adapter
+
     def resolve(self, ref: str) -> AdapterVersionPublic:
         """The version a reference names: `name@N`, or `name` / an adapter id for its newest ready version."""
         name, number = split_ref(ref)
-        adapter = next((a for a in self.list(limit=100) if name in (a.name, a.id)), None)
-        if adapter is None:
-            raise NotFoundError(f"no adapter named {name!r} in this organization", param="ref")
+        adapter = self.find(name)
         if number is not None:
             return self.version(adapter.id, number)
         return newest(adapter, self.versions(adapter.id))
@@ -188,15 +197,15 @@ class AsyncAdapters:
     async def version(self, adapter_id: str, version: int) -> AdapterVersionPublic:
         return await self._http.send(get_version(adapter_id, version))
 
+    async def find(self, name: str) -> AdapterPublic:
+        async for adapter in self.list(limit=100):
+            if name in (adapter.name, adapter.id):
+                return adapter
+        raise not_found(name)
+
     async def resolve(self, ref: str) -> AdapterVersionPublic:
         name, number = split_ref(ref)
-        adapter = None
-        async for candidate in self.list(limit=100):
-            if name in (candidate.name, candidate.id):
-                adapter = candidate
-                break
-        if adapter is None:
-            raise NotFoundError(f"no adapter named {name!r} in this organization", param="ref")
+        adapter = await self.find(name)
         if number is not None:
             return await self.version(adapter.id, number)
         return newest(adapter, await self.versions(adapter.id))

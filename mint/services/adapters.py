@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.storage.archives import pack_folder, unpack_folder
 from mint.storage.objects import ObjectStore
-from mint.storage.queries import get_owned
+from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, new_id
 
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -107,6 +107,17 @@ def register_version(
 
 def get_adapter(session: Session, organization_id: str, adapter_id: str) -> Adapter:
     return get_owned(session, Adapter, adapter_id, organization_id=organization_id, noun="adapter")
+
+
+def list_adapters(session: Session, organization_id: str, *, after: str | None, limit: int) -> PageResult[Adapter]:
+    """One page of the organization's adapters, newest first."""
+    return paginate(session, owned_by(Adapter, organization_id), Adapter, after=after, limit=limit)
+
+
+def list_versions(session: Session, adapter: Adapter) -> list[AdapterVersion]:
+    """Every version of an adapter, newest first."""
+    query = select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id)
+    return list(session.execute(query.order_by(AdapterVersion.version.desc())).scalars())
 
 
 def get_version(session: Session, organization_id: str, adapter_id: str, version: int) -> AdapterVersion:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.orm import Session
 
+from mint.services.principal import Principal
+from mint.storage.queries import PageResult, owned_by, paginate
 from mint.storage.tables import AuditLog, new_id
-
-if TYPE_CHECKING:
-    from mint.services.auth import Principal
 
 
 def record_audit(
@@ -33,3 +32,9 @@ def record_audit(
     )
     session.add(entry)
     return entry
+
+
+def list_audit_log(session: Session, actor: Principal, *, after: str | None, limit: int) -> PageResult[AuditLog]:
+    """One page of the actor's organization's audit log, newest first; admin keys only."""
+    actor.require("admin")
+    return paginate(session, owned_by(AuditLog, actor.organization_id), AuditLog, after=after, limit=limit)

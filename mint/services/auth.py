@@ -1,4 +1,4 @@
-"""Organizations, API keys and the caller's identity (`Principal`).
+"""Organizations and API keys, and the check that turns a key into a `Principal`.
 
 Keys are 256-bit random secrets shown once. Only their sha256 is stored: a key has the
 entropy of a token, so a slow password hash would add latency to every request and no
@@ -11,49 +11,21 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from mint.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, Unauthenticated
+from mint.errors import Conflict, InvalidRequest, NotFound, Unauthenticated
 from mint.schemas.common import LABEL_PATTERN
 from mint.services.audit import record_audit
-from mint.storage.queries import get_owned, owned_by
+from mint.services.principal import Principal, operator  # also reached as auth.Principal, auth.operator
+from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import ROLES, ApiKey, Organization, as_utc, new_id, utcnow
 
 KEY_PREFIX = "tml-"
 SHOWN_PREFIX_LENGTH = 12
-ROLE_RANK = {"viewer": 0, "developer": 1, "admin": 2}
 LAST_USED_RESOLUTION = timedelta(minutes=1)
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who is calling: one key of one organization, with its role."""
-
-    organization_id: str
-    key_id: str | None
-    role: str
-    name: str
-
-    def require(self, role: str) -> None:
-        """Raise PermissionDenied unless this principal's role is at least `role`."""
-        if ROLE_RANK[self.role] < ROLE_RANK[role]:
-            raise PermissionDenied(
-                f"This operation needs a {role} key; the key {self.name!r} has role {self.role}. "
-                f"Ask an admin of your organization for a {role} key."
-            )
-
-    @property
-    def actor(self) -> str:
-        return f"key:{self.key_id}" if self.key_id else self.name
-
-
-def operator(organization_id: str) -> Principal:
-    """The principal of an operator acting through `mint admin` with database access."""
-    return Principal(organization_id=organization_id, key_id=None, role="admin", name="operator")
 
 
 def hash_key(secret: str) -> str:
@@ -127,7 +99,18 @@ def create_api_key(
     return key, secret
 
 
-def list_api_keys(session: Session, organization_id: str) -> list[ApiKey]:
+def get_organization(session: Session, organization_id: str) -> Organization:
+    """The organization of a principal (it exists: its key was just checked)."""
+    return session.execute(select(Organization).where(Organization.id == organization_id)).scalar_one()
+
+
+def list_api_keys(session: Session, organization_id: str, *, after: str | None, limit: int) -> PageResult[ApiKey]:
+    """One page of the organization's keys, newest first (hashes and prefixes, never secrets)."""
+    return paginate(session, owned_by(ApiKey, organization_id), ApiKey, after=after, limit=limit)
+
+
+def all_api_keys(session: Session, organization_id: str) -> list[ApiKey]:
+    """Every key of the organization, oldest first, for operators (`mint admin keys list`)."""
     query = owned_by(ApiKey, organization_id).order_by(ApiKey.created_at)
     return list(session.execute(query).scalars())
 

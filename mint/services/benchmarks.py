@@ -30,7 +30,7 @@ from mint.evals.benchmark import (
 from mint.evals.builtin import SPLITS, builtin_benchmarks, load_builtin
 from mint.evals.graders import GraderSpec
 from mint.schemas.evals import BenchmarkCreate, BenchmarkSource, BenchmarkVersionCreate
-from mint.services.auth import Principal
+from mint.services.principal import Principal
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import Benchmark, BenchmarkVersion, new_id, utcnow

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from mint.errors import InvalidRequest, NotFound, PayloadTooLarge
 from mint.storage.objects import ObjectStore
-from mint.storage.queries import get_owned
+from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import DATASET_KINDS, Dataset, new_id
 from mint.trainer.chat_data import validate_chat_row, validate_preference_row, validate_prompt_row
 
@@ -191,6 +191,11 @@ def create_dataset_from_rows(
 
 def get_dataset(session: Session, organization_id: str, dataset_id: str) -> Dataset:
     return get_owned(session, Dataset, dataset_id, organization_id=organization_id, noun="dataset")
+
+
+def list_datasets(session: Session, organization_id: str, *, after: str | None, limit: int) -> PageResult[Dataset]:
+    """One page of the organization's datasets (OpenAI's files), newest first."""
+    return paginate(session, owned_by(Dataset, organization_id), Dataset, after=after, limit=limit)
 
 
 def read_rows(store: ObjectStore, dataset: Dataset) -> list[dict[str, Any]]:

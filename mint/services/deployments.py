@@ -23,10 +23,10 @@ from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.evals.gates import GateSpec, GateVerdict
 from mint.services.adapters import ResolvedModel, resolve_model_ref
 from mint.services.audit import record_audit
-from mint.services.auth import Principal
 from mint.services.evals import check_gate
+from mint.services.principal import Principal
 from mint.serving.mixture import MixtureSpec
-from mint.storage.queries import get_owned
+from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import (
     AdapterVersion,
     Benchmark,
@@ -101,6 +101,13 @@ def get_deployment(session: Session, organization_id: str, deployment_id: str) -
     if row is None:
         raise NotFound(f"No deployment {deployment_id!r} in this organization.", param="deployment_id")
     return row
+
+
+def list_deployments(
+    session: Session, organization_id: str, *, after: str | None, limit: int
+) -> PageResult[Deployment]:
+    """One page of the organization's deployments, newest first."""
+    return paginate(session, owned_by(Deployment, organization_id), Deployment, after=after, limit=limit)
 
 
 def current_revision(session: Session, deployment: Deployment) -> DeploymentRevision:

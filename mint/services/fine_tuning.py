@@ -33,7 +33,7 @@ from mint.schemas.plans import TrainingPlan, parse_plan
 from mint.services.adapters import model_ref_of
 from mint.services.auth import Principal
 from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
-from mint.storage.queries import get_owned
+from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Checkpoint, JobEvent, TrainingJob, new_id, utcnow
 from mint.trainer.types import LoraOptions
 
@@ -329,3 +329,8 @@ def list_all_jobs(session: Session, *, status: str | None = None, limit: int = 5
     if status is not None:
         query = query.where(TrainingJob.status == status)
     return list(session.execute(query).scalars())
+
+
+def list_jobs(session: Session, organization_id: str, *, after: str | None, limit: int) -> PageResult[TrainingJob]:
+    """One page of the organization's jobs, newest first."""
+    return paginate(session, owned_by(TrainingJob, organization_id), TrainingJob, after=after, limit=limit)

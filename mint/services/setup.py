@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from mint.config import Settings
 from mint.schemas.base_models import load_registry
-from mint.services.auth import create_api_key, create_organization, list_organizations, operator
+from mint.services.auth import create_api_key, create_organization, list_organizations
 from mint.services.base_models import sync_base_models
+from mint.services.principal import operator
 from mint.storage import migrate
 from mint.storage.db import session_scope
 

@@ -74,6 +74,10 @@ def test_upload_train_follow_and_download(cli: Cli, worker: Any, tmp_path: Path)
     adapters = as_json(cli("adapters", "list", "--json"))
     mine = next(a for a in adapters if a["name"] == "cli-bot")
     assert [v["model"] for v in mine["versions"]] == ["cli-bot@1"]
+    versions = as_json(cli("adapters", "versions", "cli-bot", "--json"))
+    assert versions == mine["versions"]
+    assert "cli-bot@1" in cli("adapters", "versions", mine["id"], COLUMNS="200").stdout
+    assert "no adapter named 'nobody'" in cli("adapters", "versions", "nobody", code=3).stderr
     out = tmp_path / "cli-bot"
     downloaded = as_json(cli("adapters", "download", "cli-bot@1", "--out", str(out), "--json"))
     assert downloaded["sha256"] == mine["versions"][0]["sha256"] and Path(downloaded["path"]) == out
@@ -102,6 +106,13 @@ def test_benchmark_evaluate_compare_and_mine(cli: Cli, trained: list[Job], sdk: 
     after = next(run for run in sdk.evals.list(benchmark_id=benchmark["id"]) if run.model == adapter)
     assert as_json(cli("evals", "get", after.id, "--json"))["status"] == "succeeded"
 
+    listed = as_json(cli("evals", "list", "--benchmark", benchmark["id"], "--json"))
+    assert {run["id"] for run in listed} == {before["id"], after.id}
+    table = cli("evals", "list", "--benchmark", benchmark["id"], COLUMNS="200").stdout
+    line = next(line for line in table.splitlines() if before["id"] in line)
+    assert "succeeded" in line and BASE in line and f"/{len(ACK_TASKS)}" in line
+    assert len(as_json(cli("evals", "list", "--limit", "1", "--json"))) == 1
+
     comparison = as_json(cli("evals", "compare", before["id"], after.id, "--json"))
     assert comparison["a"]["run_id"] == before["id"] and comparison["tasks"] == len(ACK_TASKS)
     table = cli("evals", "compare", before["id"], after.id).stdout
@@ -124,6 +135,14 @@ def test_deploy_promote_roll_back_and_chat(cli: Cli, trained: list[Job], node: A
     human = cli("rollback", "cli-prod", "--to-revision", "2", "--reason", "fixed").stdout
     assert second in human and "rollback" in human
     assert "already exists" in cli("deploy", "cli-prod", "--model", first, code=5).stderr
+    assert "cli-prod" in {row["name"] for row in as_json(cli("deployments", "list", "--json"))}
+    assert as_json(cli("deployments", "get", "cli-prod", "--json"))["current_revision"] == 4
+    revisions = as_json(cli("deployments", "revisions", "cli-prod", "--json"))
+    assert [(r["revision"], r["action"]) for r in revisions] == [
+        (4, "rollback"), (3, "rollback"), (2, "promote"), (1, "create"),
+    ]  # fmt: skip
+    history = cli("deployments", "revisions", "cli-prod", COLUMNS="200").stdout
+    assert "fixed" in history and "first" in history and second in history
     sdk.benchmarks.create("gate-cli", content=jsonl(ACK_TASKS).decode(), grader="normalized")
     gated = cli("deploy", "cli-gated", "--model", first, "--gate", '{"benchmark": "gate-cli"}', code=5)
     assert "needs an eval" in gated.stderr
@@ -159,3 +178,50 @@ def test_exit_codes_that_scripts_can_trust(cli: Cli, owner: Tenant, tmp_path: Pa
     cli("jobs", "list", key="tml-unknown", code=4)
     unreachable = f"http://127.0.0.1:{free_port()}"
     assert "could not reach" in cli("jobs", "list", "--base-url", unreachable, code=7).stderr
+
+
+def test_usage_is_readable_with_any_key(cli: Cli, owner: Tenant) -> None:
+    summary = as_json(cli("usage", "--since", "2020-01-01", "--json", key=owner.keys["viewer"]))
+    assert summary["object"] == "usage_summary" and summary["since"].startswith("2020-01-01")
+    assert all(set(line) == {"kind", "base_model", "tokens", "records"} for line in summary["data"])
+    table = cli("usage", key=owner.keys["viewer"]).stdout
+    assert all(header in table for header in ("kind", "base_model", "tokens", "records"))
+
+
+def test_models_keys_and_audit_log_of_the_organization(cli: Cli, owner: Tenant) -> None:
+    from mint.cli.organization import AUDIT_COLUMNS, KEY_COLUMNS
+
+    assert BASE in {card["id"] for card in as_json(cli("models", "list", "--json"))}
+    keys = as_json(cli("keys", "list", "--json", key=owner.keys["admin"]))
+    assert {"admin", "developer", "viewer"} <= {key["role"] for key in keys}
+    assert all("key" not in key and key["organization_id"] == owner.organization_id for key in keys)
+    table = cli("keys", "list", key=owner.keys["admin"], COLUMNS="80").stdout
+    assert all(header in table for header in KEY_COLUMNS) and all(key["id"] in table for key in keys)
+    audit = cli("audit", "--limit", "5", key=owner.keys["admin"], COLUMNS="80").stdout
+    assert all(header in audit for header in AUDIT_COLUMNS)
+    assert len(as_json(cli("audit", "--limit", "2", "--json", key=owner.keys["admin"]))) <= 2
+    assert "admin" in cli("audit", key=owner.keys["viewer"], code=4).stderr
+
+
+@pytest.mark.torch
+def test_lists_keep_every_column_at_80_columns(cli: Cli, trained: list[Job]) -> None:
+    """A pipe or a default terminal is 80 columns wide: every column of every row stays, whole
+    where it is a status, a method or a step count, and no line is wider."""
+    from mint.cli.adapters import LIST_COLUMNS as ADAPTER_COLUMNS
+    from mint.cli.jobs import LIST_COLUMNS as JOB_COLUMNS
+
+    jobs = cli("jobs", "list", COLUMNS="80").stdout
+    assert all(len(line) <= 80 for line in jobs.splitlines()), jobs
+    assert all(header in jobs for header in JOB_COLUMNS), jobs
+    for job in trained:
+        assert job.id in jobs and (job.fine_tuned_model or "") in jobs
+    assert "succeeded" in jobs and "supervised" in jobs and "3/3" in jobs
+
+    adapters = cli("adapters", "list", COLUMNS="80").stdout
+    assert all(len(line) <= 80 for line in adapters.splitlines()), adapters
+    assert all(header in adapters for header in ADAPTER_COLUMNS), adapters
+    assert "sdk-bot" in adapters and "sdk-bot@2" in adapters and trained[0].model in adapters
+
+    wide = cli("jobs", "list", COLUMNS="200").stdout  # one line per job when the terminal has room
+    row = next(line for line in wide.splitlines() if trained[0].id in line)
+    assert all(value in row for value in ("succeeded", "supervised", "3/3", trained[0].fine_tuned_model or ""))

@@ -248,6 +248,7 @@ def test_a_job_waited_for_succeeds_with_events_checkpoints_and_an_adapter(
     version = sdk.adapters.resolve(job.fine_tuned_model)
     assert version.training_job_id == job.id and version.model == job.fine_tuned_model
     adapter = sdk.adapters.get(version.adapter_id)
+    assert sdk.adapters.find("sdk-bot") == adapter == sdk.adapters.find(adapter.id)
     assert adapter.name == "sdk-bot" and [v.model for v in sdk.adapters.versions(adapter.id)] == sorted(
         (j.fine_tuned_model for j in trained), reverse=True
     )
@@ -259,6 +260,8 @@ def test_a_job_waited_for_succeeds_with_events_checkpoints_and_an_adapter(
         job.cancel()
     with pytest.raises(NotFoundError):
         sdk.adapters.resolve("sdk-bot@99")
+    with pytest.raises(NotFoundError, match="no adapter named 'nobody'"):
+        sdk.adapters.find("nobody")
 
 
 def test_a_queued_job_and_run_can_be_cancelled(sdk: Mint) -> None:
@@ -395,6 +398,7 @@ def test_the_async_twin_reads_jobs_adapters_and_lists(
             assert [e.id async for e in client.jobs.follow(job.id)] == [e.id for e in sdk.jobs.follow(job.id)]
             assert len(await client.jobs.checkpoints(job.id)) == len(sdk.jobs.checkpoints(job.id))
             version = await client.adapters.resolve(job.fine_tuned_model or "")
+            assert (await client.adapters.find("sdk-bot")).id == version.adapter_id
             assert version.training_job_id == job.id
             folder = await client.adapters.download(version, tmp_path / "async-peft")
             assert (folder / "adapter_model.safetensors").is_file()

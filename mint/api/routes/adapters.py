@@ -7,7 +7,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 from fastapi.responses import Response
-from sqlalchemy import select
 
 from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from mint.api.pagination import After, Limit, id_path, page_of
@@ -15,7 +14,6 @@ from mint.schemas.adapters import AdapterPublic, AdapterVersionPublic
 from mint.schemas.common import Page
 from mint.services import adapters
 from mint.storage.objects import object_store_for
-from mint.storage.queries import owned_by, paginate
 from mint.storage.tables import Adapter, AdapterVersion
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
@@ -33,7 +31,7 @@ def _public(adapter: Adapter, version: AdapterVersion) -> AdapterVersionPublic:
 def list_adapters(
     session: SessionDep, principal: CurrentPrincipal, after: After = None, limit: Limit = 20
 ) -> Page[AdapterPublic]:
-    result = paginate(session, owned_by(Adapter, principal.organization_id), Adapter, after=after, limit=limit)
+    result = adapters.list_adapters(session, principal.organization_id, after=after, limit=limit)
     return page_of(result, AdapterPublic)
 
 
@@ -48,10 +46,7 @@ def list_versions(
 ) -> list[AdapterVersionPublic]:
     """Every version of the adapter, newest first; `model` is the reference to evaluate or deploy."""
     adapter = adapters.get_adapter(session, principal.organization_id, adapter_id)
-    rows = session.execute(
-        select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id).order_by(AdapterVersion.version.desc())
-    ).scalars()
-    return [_public(adapter, row) for row in rows]
+    return [_public(adapter, row) for row in adapters.list_versions(session, adapter)]
 
 
 @router.get("/{adapter_id}/versions/{version}", response_model=AdapterVersionPublic)

@@ -11,7 +11,6 @@ from mint.api.pagination import After, Limit, id_path, page_of
 from mint.schemas.auth import ApiKeyCreate, ApiKeyCreated, ApiKeyPublic
 from mint.schemas.common import Page
 from mint.services import auth
-from mint.storage.queries import owned_by, paginate
 from mint.storage.tables import ApiKey
 
 router = APIRouter(prefix="/v1/api_keys", tags=["api keys"])
@@ -36,7 +35,7 @@ def list_api_keys(
     limit: Limit = 20,
 ) -> Page[ApiKeyPublic]:
     """Keys of this organization, newest first, with their prefix, never the secret."""
-    result = paginate(session, owned_by(ApiKey, principal.organization_id), ApiKey, after=after, limit=limit)
+    result = auth.list_api_keys(session, principal.organization_id, after=after, limit=limit)
     return page_of(result, ApiKeyPublic)
 
 

@@ -19,7 +19,6 @@ from mint.schemas.common import Page
 from mint.schemas.datasets import DatasetKind, DatasetPublic, FileObject
 from mint.services import datasets
 from mint.storage.objects import object_store_for
-from mint.storage.queries import owned_by, paginate
 from mint.storage.tables import Dataset
 
 router = APIRouter(tags=["datasets"])
@@ -87,7 +86,7 @@ def upload_dataset(
 def list_datasets(
     session: SessionDep, principal: CurrentPrincipal, after: After = None, limit: Limit = 20
 ) -> Page[DatasetPublic]:
-    result = paginate(session, owned_by(Dataset, principal.organization_id), Dataset, after=after, limit=limit)
+    result = datasets.list_datasets(session, principal.organization_id, after=after, limit=limit)
     return page_of(result, DatasetPublic)
 
 
@@ -122,7 +121,7 @@ def upload_file(
 def list_files(
     session: SessionDep, principal: CurrentPrincipal, after: After = None, limit: Limit = 20
 ) -> Page[FileObject]:
-    result = paginate(session, owned_by(Dataset, principal.organization_id), Dataset, after=after, limit=limit)
+    result = datasets.list_datasets(session, principal.organization_id, after=after, limit=limit)
     return page_of(result, FileObject)
 
 

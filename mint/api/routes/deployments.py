@@ -23,7 +23,6 @@ from mint.schemas.deployments import (
     WithdrawRequest,
 )
 from mint.services import deployments, inference, node_client
-from mint.storage.queries import owned_by, paginate
 from mint.storage.tables import Deployment
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
@@ -63,7 +62,7 @@ def create_deployment(
 def list_deployments(
     session: SessionDep, principal: CurrentPrincipal, after: After = None, limit: Limit = 20
 ) -> Page[DeploymentPublic]:
-    result = paginate(session, owned_by(Deployment, principal.organization_id), Deployment, after=after, limit=limit)
+    result = deployments.list_deployments(session, principal.organization_id, after=after, limit=limit)
     return page_from([_public(session, row) for row in result.rows], result.has_more, DeploymentPublic)
 
 

@@ -22,7 +22,6 @@ from mint.schemas.fine_tuning import (
     FineTuningJobEvent,
 )
 from mint.services import fine_tuning
-from mint.storage.queries import owned_by, paginate
 from mint.storage.tables import TrainingJob
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
@@ -64,7 +63,7 @@ def list_jobs(
     session: SessionDep, principal: CurrentPrincipal, after: After = None, limit: Limit = 20
 ) -> Page[FineTuningJob]:
     """Jobs of this organization, newest first."""
-    result = paginate(session, owned_by(TrainingJob, principal.organization_id), TrainingJob, after=after, limit=limit)
+    result = fine_tuning.list_jobs(session, principal.organization_id, after=after, limit=limit)
     return page_from([_view(session, job) for job in result.rows], result.has_more, FineTuningJob)
 
 

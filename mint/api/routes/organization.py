@@ -5,16 +5,15 @@ from __future__ import annotations
 from datetime import datetime
 
 from fastapi import APIRouter
-from sqlalchemy import select
 
 from mint.api.deps import CurrentPrincipal, SessionDep
 from mint.api.pagination import After, Limit, page_of
 from mint.schemas.auth import AuditEntryPublic, OrganizationPublic
 from mint.schemas.common import Page
 from mint.schemas.usage import UsageLine, UsageSummary
+from mint.services import audit, auth
 from mint.services.usage import usage_summary
-from mint.storage.queries import owned_by, paginate
-from mint.storage.tables import AuditLog, Organization
+from mint.storage.tables import Organization
 
 router = APIRouter(prefix="/v1", tags=["organization"])
 
@@ -22,8 +21,7 @@ router = APIRouter(prefix="/v1", tags=["organization"])
 @router.get("/organization", response_model=OrganizationPublic)
 def get_organization(session: SessionDep, principal: CurrentPrincipal) -> Organization:
     """The organization that owns the calling key."""
-    org = session.execute(select(Organization).where(Organization.id == principal.organization_id)).scalar_one()
-    return org
+    return auth.get_organization(session, principal.organization_id)
 
 
 @router.get("/audit_log", response_model=Page[AuditEntryPublic])
@@ -34,8 +32,7 @@ def list_audit_log(
     limit: Limit = 20,
 ) -> Page[AuditEntryPublic]:
     """Changes to keys, deployments and other audited resources, newest first (admin keys)."""
-    principal.require("admin")
-    result = paginate(session, owned_by(AuditLog, principal.organization_id), AuditLog, after=after, limit=limit)
+    result = audit.list_audit_log(session, principal, after=after, limit=limit)
     return page_of(result, AuditEntryPublic)
 
 

@@ -1,0 +1,118 @@
+"""Deployments: `mint deploy | promote | rollback` change what a stable name serves, each
+change a revision with its reason; `mint deployments ...` lists them and their revisions."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from mint.cli.options import LimitOpt, ReasonOpt, Remote, first, json_option, remote
+from mint.cli.output import human
+
+app = typer.Typer(help="Deployments and their revisions.", no_args_is_help=True)
+
+COLUMNS = ["name", "id", "status", "revision", "serving", "action", "base_model"]
+REVISION_COLUMNS = ["revision", "action", "serving", "reason", "gate", "created_at"]
+NameArg = Annotated[str, typer.Argument(help="The deployment's name or id.")]
+
+
+def row_of(deployment: Any) -> dict[str, Any]:
+    """A deployment and what its current revision serves, for people."""
+    serving = deployment.serving
+    return {
+        "name": deployment.name,
+        "id": deployment.id,
+        "status": deployment.status,
+        "revision": deployment.current_revision,
+        "serving": (serving.routing.get("model") or deployment.kind) if serving else None,
+        "action": serving.action if serving else None,
+        "base_model": deployment.base_model,
+    }
+
+
+def revision_row(revision: Any) -> dict[str, Any]:
+    """A revision: what it served, why, and the gate's verdict, for people."""
+    verdict = revision.gate_verdict
+    return human(
+        {
+            "revision": revision.revision,
+            "action": revision.action,
+            "serving": revision.routing.get("model") or ("mixture" if revision.routing else None),
+            "reason": revision.reason or None,
+            "gate": ("passed" if verdict.get("passed") else "refused") if verdict else None,
+            "created_at": revision.created_at,
+        }
+    )
+
+
+@remote
+def deploy(
+    api: Remote,
+    name: Annotated[str, typer.Argument(help="The model name clients will send, e.g. support-prod.")],
+    model: Annotated[str, typer.Option("--model", help="The adapter version to serve, e.g. support-bot@3.")],
+    gate: Annotated[
+        str | None,
+        typer.Option("--gate", help='JSON required of every promotion: {"benchmark": ID, "min_pass_rate": 0.8, ...}.'),
+    ] = None,
+    reason: ReasonOpt = "",
+) -> None:
+    """Create a deployment serving an adapter version under a stable name (revision 1)."""
+    with api.client() as client:
+        deployment = client.deployments.create(name, model=model, gate=json_option(gate, "--gate"), reason=reason)
+    api.show(deployment, row_of(deployment))
+
+
+@remote
+def promote(
+    api: Remote,
+    name: NameArg,
+    model: Annotated[str, typer.Option("--model", help="The adapter version to serve now.")],
+    reason: ReasonOpt = "",
+) -> None:
+    """Serve another version under the deployment's name (a gate may refuse it: exit 5)."""
+    with api.client() as client:
+        deployment = client.deployments.promote(name, model=model, reason=reason)
+    api.show(deployment, row_of(deployment))
+
+
+@remote
+def rollback(
+    api: Remote,
+    name: NameArg,
+    to_revision: Annotated[
+        int | None, typer.Option("--to-revision", min=1, help="The revision to serve again (the previous one).")
+    ] = None,
+    reason: ReasonOpt = "",
+) -> None:
+    """Serve again what an earlier revision served."""
+    with api.client() as client:
+        deployment = client.deployments.rollback(name, to_revision=to_revision, reason=reason)
+    api.show(deployment, row_of(deployment))
+
+
+@app.command("list")
+@remote
+def list_deployments(api: Remote, limit: LimitOpt = 20) -> None:
+    """Deployments of the organization, newest first, with what each serves now."""
+    with api.client() as client:
+        rows = first(client.deployments.list, limit)
+    api.table(rows, COLUMNS, title="deployments", row=row_of)
+
+
+@app.command("get")
+@remote
+def get(api: Remote, name: NameArg) -> None:
+    """A deployment and what its current revision serves."""
+    with api.client() as client:
+        deployment = client.deployments.get(name)
+    api.show(deployment, row_of(deployment))
+
+
+@app.command("revisions")
+@remote
+def revisions(api: Remote, name: NameArg) -> None:
+    """Every revision of a deployment, newest first: what served, why, and the gate's verdict."""
+    with api.client() as client:
+        rows = client.deployments.revisions(name)
+    api.table(rows, REVISION_COLUMNS, title=f"revisions of {name}", row=revision_row)

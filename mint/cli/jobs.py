@@ -1,0 +1,132 @@
+"""`mint jobs ...`: fine-tuning jobs (SFT, DPO, RL), their progress and their logs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+
+from mint.cli.options import LimitOpt, Remote, WaitOpt, exit_unless_succeeded, first, grader_option, remote
+from mint.cli.output import console, human, wire
+from mint.schemas.fine_tuning import MethodType
+
+app = typer.Typer(help="Fine-tuning jobs: SFT, DPO, RL.", no_args_is_help=True)
+
+LIST_COLUMNS = ["id", "status", "model", "method", "steps", "fine_tuned_model", "created_at"]
+
+
+def row_of(job: Any) -> dict[str, Any]:
+    """A job with its progress and the adapter version it made, for people."""
+    return human(
+        {
+            "id": job.id,
+            "status": job.status,
+            "model": job.model,
+            "method": job.method.get("type"),
+            "steps": f"{job.completed_steps}/{job.total_steps}",
+            "fine_tuned_model": job.fine_tuned_model,
+            "training_file": job.training_file,
+            "error": job.error.message if job.error else None,
+            "created_at": wire(job)["created_at"],
+        }
+    )
+
+
+@app.command("create")
+@remote
+def create(
+    api: Remote,
+    model: Annotated[str, typer.Option("--model", help="The base model, e.g. tiny-glm-moe.")],
+    file: Annotated[str, typer.Option("--file", help="The training dataset's id.")],
+    method: Annotated[MethodType, typer.Option("--method", help="The training method.")] = "supervised",
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="Optimizer steps (instead of epochs).")] = None,
+    suffix: Annotated[
+        str | None, typer.Option("--suffix", help="The adapter's name; each job adds a version to it.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0)] = None,
+    learning_rate: Annotated[float | None, typer.Option("--learning-rate", help="Absolute learning rate.")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1)] = None,
+    epochs: Annotated[int | None, typer.Option("--epochs", min=1)] = None,
+    rank: Annotated[int | None, typer.Option("--rank", min=1, help="LoRA rank (the base's default).")] = None,
+    grader: Annotated[
+        str | None, typer.Option("--grader", help="For reinforcement: a grader name or JSON {type, config}.")
+    ] = None,
+    wait: WaitOpt = False,
+) -> None:
+    """Start a fine-tuning job; with --wait, until it has finished (exit 1 unless it succeeded)."""
+    hyperparameters = {
+        name: value for name, value in (("batch_size", batch_size), ("n_epochs", epochs)) if value is not None
+    }
+    with api.client() as client:
+        job = client.jobs.create(
+            model,
+            file,
+            method=method,
+            hyperparameters=hyperparameters or None,
+            grader=grader_option(grader),
+            steps=steps,
+            suffix=suffix,
+            seed=seed,
+            learning_rate=learning_rate,
+            lora={"rank": rank} if rank else None,
+        )
+        if wait:
+            job = job.wait()
+    api.show(job, row_of(job))
+    if wait:
+        exit_unless_succeeded(job.status, f"job {job.id}")
+
+
+@app.command("list")
+@remote
+def list_jobs(api: Remote, limit: LimitOpt = 20) -> None:
+    """Jobs of the organization, newest first."""
+    with api.client() as client:
+        rows = first(client.jobs.list, limit)
+    api.table(rows, LIST_COLUMNS, title="fine-tuning jobs", row=row_of)
+
+
+@app.command("get")
+@remote
+def get(api: Remote, job_id: str) -> None:
+    """A job: status, progress, and the adapter version it made."""
+    with api.client() as client:
+        job = client.jobs.get(job_id)
+    api.show(job, row_of(job))
+
+
+@app.command("logs")
+@remote(json_help="One JSON object per event and line.")
+def logs(
+    api: Remote,
+    job_id: str,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events until the job ends.")
+    ] = False,
+) -> None:
+    """The job's events, oldest first: messages, and metrics of every step."""
+    with api.client() as client:
+        if follow:
+            events: Iterable[Any] = client.jobs.follow(job_id)
+        else:
+            events = reversed(list(client.jobs.events(job_id, limit=100)))
+        for event in events:
+            if api.as_json:
+                print(json.dumps(wire(event)), flush=True)
+            else:
+                moment = datetime.fromtimestamp(wire(event)["created_at"], UTC).strftime("%H:%M:%S")
+                style = {"warning": "yellow", "error": "red"}.get(event.level, "")
+                line = f"{moment} {event.level:<7} {event.message}"
+                console.print(f"[{style}]{line}[/{style}]" if style else line, markup=bool(style), highlight=False)
+
+
+@app.command("cancel")
+@remote
+def cancel(api: Remote, job_id: str) -> None:
+    """Cancel a queued job at once, or a running one after its current step (exit 5 if it has finished)."""
+    with api.client() as client:
+        job = client.jobs.cancel(job_id)
+    api.show(job, row_of(job))
