@@ -371,7 +371,8 @@ def run_job(settings: Settings, job_id: str, worker_id: str, load_base: Callable
         except InvalidRequest as exc:
             refused = exc
     if refused is not None:  # failed once (after the claim commits), not retried: no retry can fix the row
-        fail(settings, job_id, worker_id, "invalid_plan", f"the job's plan is not valid: {refused.message}")
+        message = f"the job's plan is not valid: {refused.message}; create the job again"
+        fail(settings, job_id, worker_id, "invalid_plan", message)
         return "failed"
     started = time.perf_counter()
     try:

@@ -325,7 +325,7 @@ class Trajectory(Base):
 
 
 class TrainingJob(Base):
-    """A fine-tuning job. `spec` is validated once at creation; the row is the truth."""
+    """A fine-tuning job. `spec` is validated at creation (its plan again by the worker); the row is the truth."""
 
     __tablename__ = "training_jobs"
     __table_args__ = (
