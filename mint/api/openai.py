@@ -32,9 +32,9 @@ from mint.schemas.inference import (
     ModelList,
     TextCompletion,
 )
-from mint.services.auth import Principal
 from mint.services.inference import ServingPlan, available_models, plan_for
 from mint.services.node_client import complete_stream
+from mint.services.principal import Principal
 from mint.services.serving_nodes import node_for
 from mint.services.usage import record_usage
 from mint.serving.completion import NodeCompletion

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from mint.errors import Conflict, InvalidRequest, NotFound, Unauthenticated
 from mint.schemas.common import LABEL_PATTERN
 from mint.services.audit import record_audit
-from mint.services.principal import Principal, operator  # also reached as auth.Principal, auth.operator
+from mint.services.principal import Principal, operator
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import ROLES, ApiKey, Organization, as_utc, new_id, utcnow
 

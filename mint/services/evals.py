@@ -40,9 +40,9 @@ from mint.evals.gates import GateSpec, GateVerdict, evaluate_gate
 from mint.evals.mining import MiningResult, mine_failures
 from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
 from mint.services import adapters, benchmarks
-from mint.services.auth import Principal
 from mint.services.datasets import create_dataset_from_rows
 from mint.services.dispatch import Dispatch
+from mint.services.principal import Principal
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import Benchmark, BenchmarkVersion, Dataset, EvalRun, Trajectory, new_id, utcnow

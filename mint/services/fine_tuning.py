@@ -18,7 +18,6 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,8 +30,9 @@ from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.fine_tuning import FineTuningJobCreate, Method
 from mint.schemas.plans import TrainingPlan, parse_plan
 from mint.services.adapters import model_ref_of
-from mint.services.auth import Principal
 from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
+from mint.services.dispatch import Dispatch
+from mint.services.principal import Principal
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Checkpoint, JobEvent, TrainingJob, new_id, utcnow
 from mint.trainer.types import LoraOptions
@@ -49,10 +49,6 @@ DEFAULT_LEARNING_RATE = {"sft": 4e-4, "dpo": 1e-4, "rl": 1e-4}
 DEFAULT_BETA = 0.1
 DEFAULT_GROUP_SIZE = 4
 CHECKPOINTS_PER_JOB = 5
-
-# Sends a task by name, with string arguments and a chosen message id, to the queue of the
-# workers that hold `base_model` (`send(task, args=[...], task_id=..., base_model=...)`).
-SendTask = Callable[..., None]
 
 
 def emit_event(
@@ -159,7 +155,7 @@ def create_job(
     principal: Principal,
     body: FineTuningJobCreate,
     *,
-    send: SendTask,
+    send: Dispatch,
     idempotency_key: str | None = None,
 ) -> TrainingJob:
     """Check the request and its files, record the job (queued) and send it to its base's queue."""
@@ -223,7 +219,7 @@ def mark_queued(session: Session, job: TrainingJob, *, reason: str) -> None:
     emit_event(session, job.id, reason, data={"task_id": job.task_id})
 
 
-def send_job(job: TrainingJob, send: SendTask) -> None:
+def send_job(job: TrainingJob, send: Dispatch) -> None:
     """Publish the job's message. A failure is left to the reconciler: the row is committed."""
     try:
         send(RUN_JOB_TASK, args=[job.id], task_id=job.task_id, base_model=job.base_model)
