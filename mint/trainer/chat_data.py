@@ -260,65 +260,6 @@ def to_datum_arrays(tokens: Sequence[int], weights: Sequence[float]) -> tuple[li
     return list(tokens[:-1]), list(tokens[1:]), [float(weight) for weight in weights[1:]]
 
 
-# ---- packing ---------------------------------------------------------------------------------
-
-
-class _FirstFit:
-    """A max-segment-tree over bins' remaining capacity: the first bin with room in O(log n).
-
-    Unopened bins have full capacity, so when no open bin fits, the first unopened one is found.
-    """
-
-    def __init__(self, bins: int, capacity: int) -> None:
-        self.size = 1
-        while self.size < bins:
-            self.size *= 2
-        self.room = [capacity] * (2 * self.size)
-
-    def first_with(self, need: int) -> int:
-        node = 1
-        while node < self.size:
-            node = 2 * node if self.room[2 * node] >= need else 2 * node + 1
-        return node - self.size
-
-    def take(self, bin_index: int, amount: int) -> None:
-        node = bin_index + self.size
-        self.room[node] -= amount
-        while node > 1:
-            node //= 2
-            self.room[node] = max(self.room[2 * node], self.room[2 * node + 1])
-
-
-def pack(examples: Sequence[Sequence[int] | Example], max_tokens: int) -> list[list[int]]:
-    """Example indices grouped into rows of at most `max_tokens` tokens, by first-fit decreasing.
-
-    An example's size is its number of tokens (`len(example.tokens)` for an `Example`): pass
-    what the row will hold (e.g. model inputs, after `to_datum_arrays`). Longest first, ties
-    by index, each into the first row with room, so the result is deterministic. An example
-    longer than `max_tokens` is rejected (`InvalidRequest`), never truncated: a cut example
-    would silently lose its end-of-turn token.
-    """
-    if max_tokens < 1:
-        raise InvalidRequest(f"max_tokens must be positive, got {max_tokens}", param="max_tokens")
-    lengths = [len(example.tokens) if isinstance(example, Example) else len(example) for example in examples]
-    for index, length in enumerate(lengths):
-        if not 0 < length <= max_tokens:
-            raise InvalidRequest(
-                f"example {index} has {length} tokens; each must have 1 to max_tokens={max_tokens}: "
-                "raise max_tokens, or drop or shorten the example",
-                param="max_tokens",
-            )
-    bins = _FirstFit(len(lengths), max_tokens)
-    rows: list[list[int]] = []
-    for index in sorted(range(len(lengths)), key=lambda item: (-lengths[item], item)):
-        row = bins.first_with(lengths[index])
-        if row == len(rows):
-            rows.append([])
-        rows[row].append(index)
-        bins.take(row, lengths[index])
-    return rows
-
-
 # ---- validation ------------------------------------------------------------------------------
 
 _MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "weight")
