@@ -70,6 +70,14 @@ def test_spec_round_trips_through_json_and_pickle() -> None:
     assert grade(unpickled, "ANSWER: x", "x").passed
 
 
+def test_reward_is_the_grade_score() -> None:
+    # The RL recipe scores completions through GraderSpec.reward (mint.trainer.recipes.rl.Grader).
+    half = spec("json_match")
+    reference = {"city": "Paris", "country": "France"}
+    assert half.reward('{"city": "Paris", "country": "Spain"}', reference) == 0.5
+    assert spec("exact").reward(" 4 ", "4") == 1.0 and spec("exact").reward("5", "4") == 0.0
+
+
 def test_grade_refuses_nan_and_out_of_range_scores() -> None:
     for bad in (float("nan"), 1.5, -0.1):
         with pytest.raises(ValueError):

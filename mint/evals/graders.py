@@ -44,8 +44,9 @@ from pydantic import (
     model_validator,
 )
 
+from mint.chat.messages import message_text, tool_calls_of
+from mint.chat.tool_calls import ToolCall, parse_tool_calls
 from mint.errors import ConfigurationError, InvalidRequest
-from mint.evals.environments import ToolCall, message_text, parse_tool_calls, tool_calls_of
 
 Output = str | Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 JudgeFn = Callable[[str], str]
@@ -238,6 +239,10 @@ class GraderSpec(BaseModel):
     def parsed_config(self) -> _Config:
         """The config as its grader's typed model."""
         return self._parsed
+
+    def reward(self, output: Output, reference: Any) -> float:
+        """The score `grade` gives `output`: the RL recipe's reward (`mint.trainer.recipes.rl.Grader`)."""
+        return grade(self, output, reference).score
 
 
 def grade(spec: GraderSpec, output: Output, reference: Any, *, context: GradeContext | None = None) -> Grade:

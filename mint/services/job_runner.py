@@ -247,7 +247,7 @@ class JobRun:
 
         common = {"start_step": context.start_step, "on_step": on_step}
         if context.method == "sft":
-            from mint.trainer.chat_data import render_chat
+            from mint.chat.render import render_chat
 
             examples = [
                 _rendered(index, lambda row=row: render_chat(tokenizer, row["messages"], row.get("tools")))
@@ -261,7 +261,7 @@ class JobRun:
             )
             return run_sft(training, examples, config, **common)
         if context.method == "dpo":
-            from mint.trainer.chat_data import render_preference
+            from mint.chat.render import render_preference
 
             pairs = [
                 _rendered(index, lambda row=row: render_preference(tokenizer, row)) for index, row in enumerate(rows)
@@ -274,7 +274,7 @@ class JobRun:
                 seed=context.seed,
             )
             return run_dpo(training, pairs, config_dpo, **common)
-        from mint.trainer.chat_data import render_prompt
+        from mint.chat.render import render_prompt
         from mint.trainer.recipes.rl import RlPrompt
 
         grader = GraderSpec.model_validate(plan["grader"])

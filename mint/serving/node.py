@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mint.chat.render import render_prompt
 from mint.schemas.base_models import BaseModelSpec
 from mint.serving.cache import TieredCache
 from mint.serving.engine import ADAPTER_FILES, AdapterTensors, Engine, GenerateRequest, StreamEvent
@@ -239,8 +240,6 @@ class ServingNode:
     # ---- generation -------------------------------------------------------------------------
 
     def _prompt_tokens(self, request: NodeRequest) -> list[int]:
-        from mint.trainer.chat_data import render_prompt
-
         if request.messages is not None:
             return render_prompt(self.tokenizer, request.messages, request.tools)
         assert request.prompt is not None

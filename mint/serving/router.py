@@ -67,8 +67,8 @@ from pydantic import (
     model_validator,
 )
 
+from mint.chat.messages import message_text, tool_calls_of
 from mint.errors import InvalidRequest
-from mint.evals.environments import message_text, tool_calls_of
 from mint.evals.graders import MAX_PATTERN_CHARS, compile_pattern, normalize_text
 from mint.schemas.common import ID_PATTERN
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from mint.chat.render import PreferencePair, render_chat, render_preference, render_prompt
 from mint.config import PROJECT_ROOT
 from mint.evals.builtin import Task, load_builtin
 from mint.evals.graders import GraderSpec
 from mint.schemas.base_models import get_base_model_spec
-from mint.trainer.chat_data import PreferencePair, render_chat, render_preference, render_prompt
 from mint.trainer.full import FullParameterTrainer
 from mint.trainer.recipes.dpo import DpoConfig, preference_accuracy, run_dpo
 from mint.trainer.recipes.rl import RlConfig, RlPrompt, _with_kl_penalty, completion_datum, group_advantages, run_rl

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mint.trainer.chat_data import PreferencePair
+from mint.chat.render import PreferencePair
 from mint.trainer.data import batch_plan, example_datum
 from mint.trainer.recipes.common import OnStep, Scorer, StepReport, Trainer, keep_going, scheduled_learning_rate
 from mint.trainer.types import AdamParams, Datum

@@ -20,12 +20,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mint.evals.graders import GraderSpec, grade
 from mint.trainer.data import batch_plan, mean_over_tokens
 from mint.trainer.recipes.common import OnStep, Scorer, StepReport, Trainer, keep_going
 from mint.trainer.types import AdamParams, Datum, SampledSequence, SamplingParams
 
 ADVANTAGE_EPS = 1e-6
+
+
+class Grader(Protocol):
+    """Scores a completion's text against a prompt's reference, in [0, 1].
+
+    The caller passes the benchmark graders' `mint.evals.graders.GraderSpec`, so RL rewards are
+    the scores benchmarks give; the recipe depends only on this method, never on evals.
+    """
+
+    def reward(self, output: str, reference: Any) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -34,7 +43,7 @@ class RlPrompt:
 
     prompt_tokens: list[int]
     reference: Any
-    grader: GraderSpec
+    grader: Grader
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,7 @@ def run_rl(
                 seed=config.seed * 1_000_003 + step * 1_009 + slot,
             )
             samples = policy.sample(prompt.prompt_tokens, params, num_samples=config.group_size)
-            rewards_G = [grade(prompt.grader, decode(sample.tokens), prompt.reference).score for sample in samples]
+            rewards_G = [prompt.grader.reward(decode(sample.tokens), prompt.reference) for sample in samples]
             rewards += rewards_G
             for sample, advantage in zip(samples, group_advantages(rewards_G), strict=True):
                 if advantage != 0:

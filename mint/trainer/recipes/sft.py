@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mint.trainer.chat_data import Example
+from mint.chat.render import Example
 from mint.trainer.data import batch_plan, example_datum, mean_over_tokens
 from mint.trainer.recipes.common import OnStep, StepReport, Trainer, keep_going, scheduled_learning_rate
 from mint.trainer.types import AdamParams
