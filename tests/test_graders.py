@@ -22,6 +22,7 @@ from mint.evals.graders import (
     grader_types,
     register_python_grader,
 )
+from mint.evals.json_schema import validate_json
 
 pytestmark = pytest.mark.backend_free
 
@@ -256,7 +257,7 @@ def test_json_schema_mode() -> None:
     )
     assert not result.passed and result.score == 0.0
     assert "$.city: expected string" in result.detail and "$.rank: is required" in result.detail
-    every = graders.validate_json(json.loads('{"rank": true, "tags": ["new"], "kind": "town", "extra": 1}'), SCHEMA)
+    every = validate_json(json.loads('{"rank": true, "tags": ["new"], "kind": "town", "extra": 1}'), SCHEMA)
     assert every == [
         "$.city: is required",
         "$.rank: expected integer, got true",
