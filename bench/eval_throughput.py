@@ -57,8 +57,8 @@ class EngineGenerate:
         self.max_tokens = max_tokens
 
     def __call__(self, requests: Sequence[GenerateRequest]) -> list[Generation]:
+        from mint.chat.render import render_prompt
         from mint.serving.engine import GenerateRequest as EngineRequest
-        from mint.trainer.chat_data import render_prompt
 
         batch = [
             EngineRequest(

@@ -37,7 +37,7 @@ QUESTION = [{"role": "user", "content": "Name a colour."}]
 
 def trained_adapter(base: object, folder: Path) -> Path:
     """A LoRA adapter (the base's default targets) after two real optimizer steps."""
-    from mint.trainer.chat_data import render_chat
+    from mint.chat.render import render_chat
     from mint.trainer.types import AdamParams, Datum
 
     session = base.create_session()  # type: ignore[attr-defined]
@@ -112,12 +112,12 @@ def main() -> None:
 
     import torch
 
+    from mint.chat.render import render_prompt
     from mint.config import PROJECT_ROOT, get_settings
     from mint.schemas.base_models import get_base_model_spec
     from mint.serving.engines import open_engine
     from mint.serving.node import ServingNode
     from mint.storage.objects import LocalObjectStore
-    from mint.trainer.chat_data import render_prompt
     from mint.trainer.session import ResidentBase
 
     torch.manual_seed(0)

@@ -123,9 +123,9 @@ def pulled_folder(base: str) -> Path:
 
 
 def run_mint(base: str, rows: list[dict[str, Any]], steps: int, batch: int) -> dict[str, Any]:
+    from mint.chat.render import render_chat
     from mint.config import get_settings
     from mint.schemas.base_models import get_base_model_spec
-    from mint.trainer.chat_data import render_chat
     from mint.trainer.recipes.sft import SftConfig, run_sft
     from mint.trainer.session import ResidentBase
     from mint.trainer.types import LoraOptions

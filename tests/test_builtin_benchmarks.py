@@ -12,16 +12,10 @@ from typing import Any
 
 import pytest
 
+from mint.chat.tool_calls import ScriptedCall, ToolCall, format_tool_calls
 from mint.errors import InvalidRequest
 from mint.evals.builtin import SHOP_TOOLS, Task, builtin_benchmarks, load_builtin, split_of
-from mint.evals.environments import (
-    Environment,
-    ScriptedCall,
-    ToolCall,
-    canonical_arguments,
-    format_tool_calls,
-    parse_tool_calls,
-)
+from mint.evals.environments import Environment
 
 pytestmark = pytest.mark.backend_free
 
@@ -183,16 +177,6 @@ def test_environment_steps_text_and_structured_messages() -> None:
     assert [answer["tool_call_id"] for answer in answers] == ["abc", "def", "ghi"]
     assert [json.loads(answer["content"]).get("error") is not None for answer in answers] == [False, True, True]
     assert environment.step({"role": "assistant", "content": "All done."}) == []
-
-
-def test_tool_call_text_form_round_trips() -> None:
-    calls = [ToolCall("lookup_order", {"order_id": "A1"}), ToolCall("get_weather", {"city": "Zürich"})]
-    text = format_tool_calls(calls)
-    assert text.splitlines()[1] == '{"name": "get_weather", "arguments": {"city": "Zürich"}}'
-    assert parse_tool_calls(f"Sure.\n{text}\nDone {{not json}}") == calls
-    assert parse_tool_calls('{"name": "x"}') == []  # an object without arguments is not a call
-    assert parse_tool_calls('{"name": "x", "arguments": "{\\"a\\": 1}"}') == [ToolCall("x", {"a": 1})]
-    assert canonical_arguments({"b": 2.0, "a": [1.0, "x"]}) == '{"a":[1,"x"],"b":2}'
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from mint.evals.graders import (
     grader_types,
     register_python_grader,
 )
+from mint.evals.json_schema import validate_json
 
 pytestmark = pytest.mark.backend_free
 
@@ -68,6 +69,14 @@ def test_spec_round_trips_through_json_and_pickle() -> None:
     assert again == original and grade(again, "ANSWER: x", "x").passed
     unpickled = pickle.loads(pickle.dumps(original))
     assert grade(unpickled, "ANSWER: x", "x").passed
+
+
+def test_reward_is_the_grade_score() -> None:
+    # The RL recipe scores completions through GraderSpec.reward (mint.trainer.recipes.rl.Grader).
+    half = spec("json_match")
+    reference = {"city": "Paris", "country": "France"}
+    assert half.reward('{"city": "Paris", "country": "Spain"}', reference) == 0.5
+    assert spec("exact").reward(" 4 ", "4") == 1.0 and spec("exact").reward("5", "4") == 0.0
 
 
 def test_grade_refuses_nan_and_out_of_range_scores() -> None:
@@ -248,7 +257,7 @@ def test_json_schema_mode() -> None:
     )
     assert not result.passed and result.score == 0.0
     assert "$.city: expected string" in result.detail and "$.rank: is required" in result.detail
-    every = graders.validate_json(json.loads('{"rank": true, "tags": ["new"], "kind": "town", "extra": 1}'), SCHEMA)
+    every = validate_json(json.loads('{"rank": true, "tags": ["new"], "kind": "town", "extra": 1}'), SCHEMA)
     assert every == [
         "$.city: is required",
         "$.rank: expected integer, got true",

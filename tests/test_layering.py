@@ -1,9 +1,12 @@
 """Imports point one way (DESIGN.md section 3): the layers below never import the ones above,
-and heavy frameworks stay at their edges. Checked on the source, so a new module is covered."""
+no two Mint packages import each other, and heavy frameworks stay at their edges. Checked on
+the source, every import statement counted (function-level and TYPE_CHECKING ones included),
+so a new module is covered."""
 
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -12,30 +15,76 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mint"
 
 pytestmark = pytest.mark.backend_free
 
+# The top-level packages and modules of mint/ (mint/__init__.py and __main__.py are the root, not a layer).
+LAYERS = frozenset(
+    path.name.removesuffix(".py")
+    for path in PACKAGE.iterdir()
+    if (path.is_dir() and (path / "__init__.py").exists())
+    or (path.suffix == ".py" and path.name not in {"__init__.py", "__main__.py"})
+)
+# The bottom of the stack: every layer may import these.
+BASE = {"errors", "config"}
+
+
+def everything_but(*allowed: str) -> set[str]:
+    """Every layer except `allowed` and the base; a new package is forbidden until allowed."""
+    return set(LAYERS) - BASE - set(allowed)
+
+
 # package -> mint packages it must never import
 FORBIDDEN = {
-    "schemas": {"api", "worker", "storage", "services", "trainer", "evals", "cli"},
-    "trainer": {"api", "worker", "storage", "services", "cli"},
-    "evals": {"api", "worker", "storage", "services", "cli"},
-    "storage": {"api", "worker", "services", "trainer", "evals", "cli"},
+    # Pure text and JSON under trainer, evals and serving; wire types under api, sdk and cli.
+    "chat": everything_but("chat"),
+    "schemas": everything_but("schemas"),
+    "storage": {"api", "worker", "services", "trainer", "evals", "serving", "cli"},
     "services": {"api", "worker", "cli"},
+    # trainer and evals are peers above chat: the RL recipe takes its graders from its caller.
+    "trainer": {"api", "worker", "storage", "services", "evals", "serving", "cli"},
+    # evals may use trainer's torch-free vocabulary only (see ONLY_THROUGH), never the reverse.
+    "evals": {"api", "worker", "storage", "services", "serving", "cli"},
+    "serving": {"api", "worker", "services", "cli"},
+    "worker": {"api", "cli"},
     # The API sends work through the `Dispatch` it is given (DESIGN.md section 3).
-    "api": {"worker", "cli"},
+    "api": {"worker", "trainer", "sdk", "cli"},
     # The SDK speaks HTTP with the server's schemas: nothing of the server comes with it.
-    "sdk": {"api", "worker", "storage", "services", "trainer", "evals", "serving", "cli", "config"},
+    "sdk": {"api", "worker", "storage", "services", "trainer", "evals", "serving", "chat", "cli", "config"},
+}
+# (package, package it may import) -> the only modules of the second it may import
+ONLY_THROUGH = {
+    # SamplerGenerate drives a resident base with trainer's SamplingParams; nothing with torch.
+    ("evals", "trainer"): {"mint.trainer.types"},
 }
 # third-party modules that only their own layer may import
 FRAMEWORK_HOMES = {"fastapi": {"api"}, "celery": {"worker", "cli"}, "sqlalchemy": {"storage", "services", "api"}}
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_mint_module(module: str) -> bool:
+    path = PACKAGE.parent.joinpath(*module.split("."))
+    return module.startswith("mint.") and (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file())
+
+
 def imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports, absolute; `from mint import errors` counts as `mint.errors`."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            names.add(module)
+            # `from mint.package import submodule` imports the submodule.
+            names.update(f"{module}.{alias.name}" for alias in node.names if is_mint_module(f"{module}.{alias.name}"))
     return names
 
 
@@ -43,15 +92,85 @@ def layer_of(path: Path) -> str:
     return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
 
 
+def mint_layer(module: str) -> str | None:
+    """The layer a module belongs to, or None when it is not part of one (third party, `mint.__version__`)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "mint" and len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def package_graph() -> dict[str, dict[str, list[str]]]:
+    """layer -> layer it imports -> the import sites (`file imports module`)."""
+    graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = layer_of(path)
+        if source not in LAYERS:
+            continue
+        for module in sorted(imported_modules(path)):
+            target = mint_layer(module)
+            if target is not None and target != source:
+                graph[source][target].append(f"{path.relative_to(PACKAGE)} imports {module}")
+    return graph
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph as [a, b, ..., a], or None when it has none."""
+    state: dict[str, str] = {}  # "open" while on the DFS stack, then "done"
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == "open":
+                return [*stack[stack.index(target) :], target]
+            if target not in state and (cycle := visit(target)) is not None:
+                return cycle
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)) is not None:
+            return cycle
+    return None
+
+
 def test_imports_point_one_way() -> None:
+    assert set(FORBIDDEN) <= LAYERS and all(forbidden <= LAYERS for forbidden in FORBIDDEN.values())
     problems = []
     for path in sorted(PACKAGE.rglob("*.py")):
         layer = layer_of(path)
-        for module in imported_modules(path):
-            parts = module.split(".")
-            if parts[0] == "mint" and len(parts) > 1 and parts[1] in FORBIDDEN.get(layer, set()):
+        for module in sorted(imported_modules(path)):
+            target = mint_layer(module)
+            if target in FORBIDDEN.get(layer, set()):
                 problems.append(f"{path.relative_to(PACKAGE)} imports {module}")
-            homes = FRAMEWORK_HOMES.get(parts[0])
+            only = ONLY_THROUGH.get((layer, target or ""))
+            if (
+                only is not None
+                and module != f"mint.{target}"
+                and not any(module == o or module.startswith(f"{o}.") for o in only)
+            ):
+                problems.append(f"{path.relative_to(PACKAGE)} imports {module}; {layer} may import only {sorted(only)}")
+            homes = FRAMEWORK_HOMES.get(module.split(".")[0])
             if homes is not None and layer not in homes and layer not in {"__init__", "__main__"}:
-                problems.append(f"{path.relative_to(PACKAGE)} imports {parts[0]} outside {sorted(homes)}")
+                problems.append(f"{path.relative_to(PACKAGE)} imports {module.split('.')[0]} outside {sorted(homes)}")
     assert problems == []
+
+
+def test_no_two_packages_import_each_other() -> None:
+    graph = package_graph()
+    cycle = find_cycle({source: set(targets) for source, targets in graph.items()})
+    if cycle is not None:
+        sites = [f"{a} -> {b}: {graph[a][b][0]}" for a, b in zip(cycle, cycle[1:], strict=False)]
+        pytest.fail("package import cycle " + " -> ".join(cycle) + "\n" + "\n".join(sites))
+
+
+def test_find_cycle() -> None:
+    assert find_cycle({"api": {"services"}, "services": {"storage"}}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"b", "c"}}) == ["b", "b"]
+    assert find_cycle({"x": {"y"}, "y": set(), "evals": {"trainer"}, "trainer": {"evals"}}) == [
+        "evals",
+        "trainer",
+        "evals",
+    ]

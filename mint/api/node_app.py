@@ -30,8 +30,8 @@ from pydantic import BaseModel
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from mint.api.errors import install_error_handlers
+from mint.chat.tool_calls import parse_tool_calls
 from mint.config import Settings
-from mint.evals.environments import parse_tool_calls
 from mint.schemas.base_models import get_base_model_spec
 from mint.schemas.inference import AdapterOnNode
 from mint.services.serving_nodes import HEARTBEAT_EVERY_S, heartbeat, register_node, unregister_node

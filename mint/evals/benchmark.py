@@ -41,11 +41,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mint.chat.rows import validate_chat_row, validate_prompt_row
+from mint.chat.tool_calls import ScriptedCall
 from mint.errors import InvalidRequest
 from mint.evals.builtin import Task as BuiltinTask
-from mint.evals.environments import Environment, ScriptedCall
+from mint.evals.environments import Environment
 from mint.evals.graders import Grade, GradeContext, GraderSpec, Output, grade
-from mint.trainer.chat_data import validate_chat_row, validate_prompt_row
 
 BenchmarkFormat = Literal["jsonl", "yaml"]
 FORMATS: tuple[BenchmarkFormat, ...] = ("jsonl", "yaml")

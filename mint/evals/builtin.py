@@ -30,8 +30,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mint.chat.tool_calls import ScriptedCall, ToolCall
 from mint.errors import ConfigurationError, InvalidRequest
-from mint.evals.environments import Environment, ScriptedCall, ToolCall
+from mint.evals.environments import Environment
 from mint.evals.graders import Grade, GradeContext, GraderSpec, Output, grade
 
 Split = Literal["train", "heldout"]

@@ -4,9 +4,10 @@ The registry is closed: a grader is named by `GraderSpec.type`, one of `exact`,
 `normalized`, `regex`, `json_match`, `numeric`, `tool_call`, `python` and `judge`, and its
 `config` is validated once, when the spec is built. Nothing a request sends is run as code:
 a `python` grader names a function registered in Mint's code with `@register_python_grader`,
-a `regex` pattern is checked for the shapes that backtrack exponentially, and the `judge`
-grader only writes a prompt and reads a score: the model call is injected by the caller
-(`GradeContext.judge`), so the grader itself never reaches a model.
+a `regex` pattern is checked for the shapes that backtrack exponentially
+(`mint.evals.patterns`), and the `judge` grader only writes a prompt and reads a score: the
+model call is injected by the caller (`GradeContext.judge`), so the grader itself never
+reaches a model.
 
 An output is what the model produced, in any of the forms the callers hold:
 - a string (a completion);
@@ -25,12 +26,10 @@ from __future__ import annotations
 import json
 import math
 import re
-import re._parser as sre_parse  # the stdlib's own regex parser, to inspect a pattern's structure
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import MAX_EMAX, MIN_EMIN, Decimal, localcontext
-from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import (
@@ -44,18 +43,19 @@ from pydantic import (
     model_validator,
 )
 
+from mint.chat.messages import message_text, tool_calls_of
+from mint.chat.tool_calls import ToolCall, parse_tool_calls
 from mint.errors import ConfigurationError, InvalidRequest
-from mint.evals.environments import ToolCall, message_text, parse_tool_calls, tool_calls_of
+from mint.evals.json_schema import check_json_schema, json_equal, validate_json
+from mint.evals.patterns import MAX_PATTERN_CHARS, compile_pattern
 
 Output = str | Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 JudgeFn = Callable[[str], str]
 
 # Bounds that keep one grade cheap whatever the model wrote.
-MAX_PATTERN_CHARS = 512
 MAX_REGEX_INPUT_CHARS = 20_000
 MAX_JSON_CHARS = 1_000_000
 MAX_NUMBER_CHARS = 1_000
-MAX_SCHEMA_DEPTH = 32
 _NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 
 
@@ -135,19 +135,6 @@ def _text_references(reference: Any) -> list[str]:
     if not texts:
         raise InvalidRequest("the reference list is empty; give at least one acceptable answer", param="reference")
     return texts
-
-
-def json_equal(left: Any, right: Any) -> bool:
-    """Equality of JSON values: numbers by value (1 == 1.0), but booleans are not numbers."""
-    if isinstance(left, bool) or isinstance(right, bool):
-        return isinstance(left, bool) and isinstance(right, bool) and left == right
-    if isinstance(left, int | float) and isinstance(right, int | float):
-        return left == right
-    if isinstance(left, dict) and isinstance(right, dict):
-        return left.keys() == right.keys() and all(json_equal(left[key], right[key]) for key in left)
-    if isinstance(left, list) and isinstance(right, list):
-        return len(left) == len(right) and all(json_equal(a, b) for a, b in zip(left, right, strict=True))
-    return type(left) is type(right) and left == right
 
 
 # ---- the registry ----------------------------------------------------------------------------
@@ -239,6 +226,10 @@ class GraderSpec(BaseModel):
         """The config as its grader's typed model."""
         return self._parsed
 
+    def reward(self, output: Output, reference: Any) -> float:
+        """The score `grade` gives `output`: the RL recipe's reward (`mint.trainer.recipes.rl.Grader`)."""
+        return grade(self, output, reference).score
+
 
 def grade(spec: GraderSpec, output: Output, reference: Any, *, context: GradeContext | None = None) -> Grade:
     """Score `output` against `reference` with the grader `spec` names."""
@@ -294,51 +285,6 @@ def _normalized(output: Output, reference: Any, config: NormalizedConfig, contex
 
 # ---- regex -----------------------------------------------------------------------------------
 
-_REPEATS = {"MAX_REPEAT", "MIN_REPEAT"}
-
-
-def _check_backtracking(items: Any, inside_unbounded: bool) -> None:
-    """Refuse the two pattern shapes that make Python's backtracking engine exponential.
-
-    A repetition inside an unbounded repetition (`(a+)+`, `(\\w+\\s?)*`) and backreferences.
-    `re` has no time limit, so a pattern is refused rather than left to hang a worker.
-    """
-    for op, argument in items:
-        name = str(op)
-        if name.startswith("GROUPREF"):
-            raise ValueError("backreferences (\\1, (?P=name), (?(1)...)) are not supported; match without them")
-        if name in _REPEATS or name == "POSSESSIVE_REPEAT":
-            _low, high, body = argument
-            if inside_unbounded and high > 1 and name in _REPEATS:
-                raise ValueError(
-                    "a repetition inside an unbounded repetition, such as (a+)+, can take exponential time; "
-                    "rewrite the pattern so that a repeated group does not itself repeat"
-                )
-            # Possessive repeats never backtrack, so they do not make what is inside dangerous.
-            _check_backtracking(body, inside_unbounded or (name in _REPEATS and high == sre_parse.MAXREPEAT))
-        elif name == "SUBPATTERN":
-            _check_backtracking(argument[-1], inside_unbounded)
-        elif name == "BRANCH":
-            for branch in argument[1]:
-                _check_backtracking(branch, inside_unbounded)
-        elif name in {"ASSERT", "ASSERT_NOT"}:
-            _check_backtracking(argument[1], inside_unbounded)
-        elif name == "ATOMIC_GROUP":
-            _check_backtracking(argument, inside_unbounded)
-
-
-@lru_cache(maxsize=256)
-def compile_pattern(pattern: str, flags: int) -> re.Pattern[str]:
-    """Compile a grader pattern once, after checking its size and shape; raises ValueError with the fix."""
-    if len(pattern) > MAX_PATTERN_CHARS:
-        raise ValueError(f"the pattern is {len(pattern)} characters; keep it under {MAX_PATTERN_CHARS}")
-    try:
-        parsed = sre_parse.parse(pattern, flags)
-    except re.error as exc:
-        raise ValueError(f"not a valid regular expression: {exc}") from None
-    _check_backtracking(parsed, inside_unbounded=False)
-    return re.compile(pattern, flags)
-
 
 class RegexConfig(_Config):
     """The output (stripped) must match `pattern`; with `group`, that group must also equal the reference."""
@@ -390,101 +336,7 @@ def _regex(output: Output, reference: Any, config: RegexConfig, context: GradeCo
     return _match(False, f"group {config.group} is {_brief(captured)}, not {_brief(references[0])}")
 
 
-# ---- json_match and a small JSON-schema subset -----------------------------------------------
-
-_SCHEMA_TYPES = {"string", "number", "integer", "boolean", "object", "array", "null"}
-_SCHEMA_KEYWORDS = {
-    "type",
-    "properties",
-    "required",
-    "enum",
-    "const",
-    "items",
-    "additionalProperties",
-    "title",
-    "description",
-}
-
-
-def check_json_schema(schema: Any, path: str = "json_schema", depth: int = 0) -> None:
-    """Refuse a schema that uses more than the supported subset; raises ValueError naming the place.
-
-    Supported: type (a name or a list of names), properties, required, enum, const, items,
-    additionalProperties (true, false or a schema); title and description are ignored.
-    """
-    if depth > MAX_SCHEMA_DEPTH:
-        raise ValueError(f"{path}: the schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
-    if not isinstance(schema, dict):
-        raise ValueError(f"{path}: a schema must be an object, got {schema!r}")
-    unknown = sorted(set(schema) - _SCHEMA_KEYWORDS)
-    if unknown:
-        raise ValueError(
-            f"{path}: unsupported keyword(s) {', '.join(unknown)}; the supported subset is "
-            f"{', '.join(sorted(_SCHEMA_KEYWORDS))}"
-        )
-    types = schema.get("type", [])
-    for name in [types] if isinstance(types, str) else types if isinstance(types, list) else [types]:
-        if name not in _SCHEMA_TYPES:
-            raise ValueError(f"{path}.type: {name!r} is not one of {', '.join(sorted(_SCHEMA_TYPES))}")
-    if "enum" in schema and not (isinstance(schema["enum"], list) and schema["enum"]):
-        raise ValueError(f"{path}.enum: must be a non-empty list")
-    required = schema.get("required", [])
-    if not (isinstance(required, list) and all(isinstance(key, str) for key in required)):
-        raise ValueError(f"{path}.required: must be a list of property names")
-    properties = schema.get("properties", {})
-    if not isinstance(properties, dict):
-        raise ValueError(f"{path}.properties: must be an object mapping names to schemas")
-    for key, subschema in properties.items():
-        check_json_schema(subschema, f"{path}.properties.{key}", depth + 1)
-    if "items" in schema:
-        check_json_schema(schema["items"], f"{path}.items", depth + 1)
-    extra = schema.get("additionalProperties", True)
-    if not isinstance(extra, bool):
-        check_json_schema(extra, f"{path}.additionalProperties", depth + 1)
-
-
-def _is_type(value: Any, name: str) -> bool:
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    checks = {
-        "string": isinstance(value, str),
-        "number": number,
-        # JSON Schema counts 1.0 as an integer.
-        "integer": number and (isinstance(value, int) or (math.isfinite(value) and value.is_integer())),
-        "boolean": isinstance(value, bool),
-        "object": isinstance(value, dict),
-        "array": isinstance(value, list),
-        "null": value is None,
-    }
-    return checks[name]
-
-
-def validate_json(value: Any, schema: Mapping[str, Any], path: str = "$") -> list[str]:
-    """Where `value` breaks a schema of the supported subset (see `check_json_schema`); empty when valid."""
-    types = schema.get("type")
-    if types is not None:
-        names = [types] if isinstance(types, str) else types
-        if not any(_is_type(value, name) for name in names):
-            return [f"{path}: expected {' or '.join(names)}, got {json.dumps(value)[:60]}"]
-    errors: list[str] = []
-    if "const" in schema and not json_equal(value, schema["const"]):
-        errors.append(f"{path}: must be {json.dumps(schema['const'])}")
-    if "enum" in schema and not any(json_equal(value, option) for option in schema["enum"]):
-        errors.append(f"{path}: must be one of {json.dumps(schema['enum'])}")
-    if isinstance(value, dict):
-        properties = schema.get("properties", {})
-        errors += [f"{path}.{key}: is required" for key in schema.get("required", []) if key not in value]
-        extra = schema.get("additionalProperties", True)
-        for key, item in value.items():
-            if key in properties:
-                errors += validate_json(item, properties[key], f"{path}.{key}")
-            elif extra is False:
-                errors.append(f"{path}.{key}: is not an allowed property")
-            elif isinstance(extra, dict):
-                errors += validate_json(item, extra, f"{path}.{key}")
-    if isinstance(value, list) and "items" in schema:
-        for index, item in enumerate(value):
-            errors += validate_json(item, schema["items"], f"{path}[{index}]")
-    return errors
+# ---- json_match ------------------------------------------------------------------------------
 
 
 class JsonMatchConfig(_Config):

@@ -23,10 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from mint.chat.messages import message_text, tool_calls_of
+from mint.chat.rows import validate_chat_row, validate_preference_row, validate_prompt_row
+from mint.chat.tool_calls import ToolCall, canonical_arguments
 from mint.errors import InvalidRequest
 from mint.evals.benchmark import BenchmarkTask
-from mint.evals.environments import ToolCall, canonical_arguments, message_text, tool_calls_of
-from mint.trainer.chat_data import validate_chat_row, validate_preference_row, validate_prompt_row
 
 MiningKind = Literal["chat", "preference", "prompts"]
 KINDS: tuple[MiningKind, ...] = ("chat", "preference", "prompts")

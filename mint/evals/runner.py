@@ -29,11 +29,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mint.chat.messages import tool_calls_of
+from mint.chat.render import render_prompt
 from mint.errors import InvalidRequest
 from mint.evals.benchmark import BenchmarkTask
-from mint.evals.environments import Environment, tool_calls_of
+from mint.evals.environments import Environment
 from mint.evals.graders import GradeContext, output_text
-from mint.trainer.chat_data import render_prompt
 from mint.trainer.types import SampledSequence, SamplingParams
 
 DEFAULT_MAX_STEPS = 8

@@ -27,11 +27,11 @@ from typing import Any, BinaryIO
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from mint.chat.rows import validate_chat_row, validate_preference_row, validate_prompt_row
 from mint.errors import InvalidRequest, NotFound, PayloadTooLarge
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import DATASET_KINDS, Dataset, new_id
-from mint.trainer.chat_data import validate_chat_row, validate_preference_row, validate_prompt_row
 
 VALIDATORS: dict[str, Callable[[Any], list[str]]] = {
     "chat": validate_chat_row,

@@ -260,6 +260,7 @@ class JobRun:
             job.trained_tokens = self.context.trained_tokens
 
     def _train(self, training: TrainingSession) -> list[StepReport]:
+        from mint.evals.graders import GraderSpec
         from mint.trainer.methods import METHODS
         from mint.trainer.recipes.common import RecipeInputs
 
@@ -274,6 +275,7 @@ class JobRun:
             seed=self.context.seed,
             start_step=self.context.start_step,
             on_step=on_step,
+            grader_for=GraderSpec.model_validate,
         )
         return METHODS.run(self.context.plan, inputs)
 

@@ -36,7 +36,8 @@ from pydantic import (
 )
 
 from mint.errors import InvalidRequest
-from mint.evals.graders import MAX_PATTERN_CHARS, compile_pattern, normalize_text
+from mint.evals.graders import normalize_text
+from mint.evals.patterns import MAX_PATTERN_CHARS, compile_pattern
 from mint.schemas.common import ID_PATTERN
 from mint.schemas.inference import AdapterOnNode
 

@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from mint.chat.render import render_prompt
 from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.inference import AdapterOnNode
 from mint.serving.cache import TieredCache
@@ -204,8 +205,6 @@ class ServingNode:
     # ---- generation -------------------------------------------------------------------------
 
     def _prompt_tokens(self, request: NodeCompletion) -> list[int]:
-        from mint.trainer.chat_data import render_prompt
-
         if request.messages is not None:
             return render_prompt(self.tokenizer, request.messages, request.tools)
         assert request.prompt is not None

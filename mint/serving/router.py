@@ -52,9 +52,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mint.chat.messages import message_text, tool_calls_of
 from mint.errors import InvalidRequest
-from mint.evals.environments import message_text, tool_calls_of
-from mint.evals.graders import compile_pattern, normalize_text
+from mint.evals.graders import normalize_text
+from mint.evals.patterns import compile_pattern
 from mint.serving.mixture import (
     EmbeddingPolicy,
     MixtureSpec,

@@ -10,9 +10,21 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from mint.chat.render import Example
 from mint.errors import InvalidRequest
-from mint.trainer.chat_data import Example, to_datum_arrays
 from mint.trainer.types import Datum
+
+
+def to_datum_arrays(tokens: Sequence[int], weights: Sequence[float]) -> tuple[list[int], list[int], list[float]]:
+    """Shift for next-token prediction: (model_input, target_tokens, weights), each len(tokens) - 1 long.
+
+    Position t reads `tokens[: t + 1]` and predicts `tokens[t + 1]`, with that target's weight.
+    """
+    if len(tokens) != len(weights):
+        raise InvalidRequest(f"tokens ({len(tokens)}) and weights ({len(weights)}) must have the same length")
+    if len(tokens) < 2:
+        raise InvalidRequest(f"an example needs at least 2 tokens to predict one, got {len(tokens)}")
+    return list(tokens[:-1]), list(tokens[1:]), [float(weight) for weight in weights[1:]]
 
 
 def example_datum(example: Example) -> Datum:

@@ -280,8 +280,8 @@ def resident(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 def register_adapter(prepared: Settings, tenant: Tenant, resident: Any, tmp_path: Path) -> str:
     """An adapter version made by a few training steps on the tiny base, registered as `evals-adapter@1`."""
+    from mint.chat.render import render_chat
     from mint.services import adapters
-    from mint.trainer.chat_data import render_chat
     from mint.trainer.types import AdamParams, Datum
 
     session = resident.create_session()

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from mint.chat.rows import validate_chat_row, validate_preference_row, validate_prompt_row
+from mint.chat.tool_calls import ToolCall, format_tool_calls
 from mint.evals.benchmark import BenchmarkTask, parse_benchmark
 from mint.evals.builtin import load_builtin
-from mint.evals.environments import ToolCall, format_tool_calls
 from mint.evals.mining import mine_failures, reference_continuation
 from mint.evals.runner import GenerateRequest, Generation, TrajectoryRecord, run_tasks
-from mint.trainer.chat_data import validate_chat_row, validate_preference_row, validate_prompt_row
 
 pytestmark = pytest.mark.backend_free
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from mint.chat.tool_calls import ToolCall, format_tool_calls
 from mint.errors import InvalidRequest
 from mint.evals.benchmark import BenchmarkTask, parse_benchmark
 from mint.evals.builtin import load_builtin
-from mint.evals.environments import ToolCall, format_tool_calls
 from mint.evals.runner import (
     GenerateRequest,
     Generation,
@@ -214,7 +214,7 @@ def resident(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @needs_torch
 @pytest.mark.torch
 def test_the_runner_on_the_real_tiny_base(resident: Any) -> None:
-    from mint.trainer.chat_data import render_prompt
+    from mint.chat.render import render_prompt
 
     tasks = [BenchmarkTask.from_builtin(t) for t in load_builtin("arithmetic", "heldout", 2)] + tool_tasks(1)
     generate = SamplerGenerate(resident, max_tokens=6, temperature=0.0)
@@ -246,7 +246,7 @@ def test_the_sampler_reports_a_prompt_the_base_cannot_take(resident: Any) -> Non
 @needs_torch
 @pytest.mark.torch
 def test_sampling_under_an_adapter_session(resident: Any) -> None:
-    from mint.trainer.chat_data import render_chat
+    from mint.chat.render import render_chat
     from mint.trainer.types import AdamParams, Datum
 
     task = BenchmarkTask.from_builtin(load_builtin("arithmetic", "heldout", 1)[0])

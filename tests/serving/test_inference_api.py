@@ -66,7 +66,7 @@ def owner(prepared: Settings) -> Tenant:
 
 def _train_version(settings: Settings, tenant: Tenant, resident: Any, folder: Path, answer: str) -> str:
     """A version of adapter `answers` trained for a few steps to answer QUESTION with `answer`."""
-    from mint.trainer.chat_data import render_chat
+    from mint.chat.render import render_chat
     from mint.trainer.types import AdamParams, Datum, LoraOptions
 
     session = resident.create_session(LoraOptions(seed=len(answer)))  # seeded: the same adapter every run

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from mint.chat.render import PreferencePair, render_chat, render_preference, render_prompt
 from mint.config import PROJECT_ROOT
 from mint.errors import InvalidRequest
 from mint.evals.builtin import Task, load_builtin
 from mint.evals.graders import GraderSpec
 from mint.schemas.base_models import get_base_model_spec
 from mint.schemas.plans import PLAN_TYPES, DpoPlan, RlPlan, SftPlan
-from mint.trainer.chat_data import PreferencePair, render_chat, render_preference, render_prompt
 from mint.trainer.full import FullParameterTrainer
 from mint.trainer.methods import METHODS, MethodRegistry
 from mint.trainer.recipes.common import RecipeInputs, StepReport
@@ -208,6 +208,7 @@ def test_jobs_plans_run_through_the_registry(
             seed=1,
             start_step=1,
             on_step=record,
+            grader_for=GraderSpec.model_validate,
         )
         reports = METHODS.run(plan, inputs)
         assert [report.step for report in reports] == [2] and session.step == 1

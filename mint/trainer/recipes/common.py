@@ -74,12 +74,28 @@ def keep_going(on_step: OnStep | None, report: StepReport) -> bool:
     return on_step is None or on_step(report) is not False
 
 
+class Grader(Protocol):
+    """Scores a completion's text against a prompt's reference, in [0, 1].
+
+    Jobs pass the benchmark graders' `mint.evals.graders.GraderSpec`, so RL rewards are the
+    scores benchmarks give; the recipe depends only on this method, never on evals.
+    """
+
+    def reward(self, output: str, reference: Any) -> float: ...
+
+
+def _no_graders(spec: dict[str, Any]) -> Grader:
+    raise InvalidRequest("this job's method has no grader registry to build a reward from", param="grader")
+
+
 @dataclass(frozen=True)
 class RecipeInputs:
     """What a job gives the runner of its method (`mint.trainer.methods`), besides the plan:
     the session to train, the base's tokenizer, the base itself as a reference scorer (the
-    KL penalty of RL), the training file's rows, the job's seed, and the step to start from
-    (that of the checkpoint a resumed job loaded)."""
+    KL penalty of RL), the training file's rows, the job's seed, the step to start from (that
+    of the checkpoint a resumed job loaded), and, for methods with rewards, the grader of a
+    plan's grader spec (the benchmarks' closed registry, given by the caller so that the
+    trainer never imports evals)."""
 
     training: TrainingSession
     tokenizer: PreTrainedTokenizerBase
@@ -88,6 +104,7 @@ class RecipeInputs:
     seed: int
     start_step: int = 0
     on_step: OnStep | None = None
+    grader_for: Callable[[dict[str, Any]], Grader] = _no_graders
 
 
 def render_rows(rows: Sequence[Mapping[str, Any]], render: Callable[[Mapping[str, Any]], Rendered]) -> list[Rendered]:

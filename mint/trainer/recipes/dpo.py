@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mint.chat.render import PreferencePair, render_preference
 from mint.schemas.plans import DpoPlan
-from mint.trainer.chat_data import PreferencePair, render_preference
 from mint.trainer.data import batch_plan, example_datum
 from mint.trainer.recipes.common import (
     OnStep,

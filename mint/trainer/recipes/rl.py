@@ -21,11 +21,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mint.evals.graders import GraderSpec, grade
+from mint.chat.render import render_prompt
 from mint.schemas.plans import RlPlan
-from mint.trainer.chat_data import render_prompt
 from mint.trainer.data import batch_plan, mean_over_tokens
-from mint.trainer.recipes.common import OnStep, RecipeInputs, Scorer, StepReport, Trainer, keep_going, render_rows
+from mint.trainer.recipes.common import (
+    Grader,
+    OnStep,
+    RecipeInputs,
+    Scorer,
+    StepReport,
+    Trainer,
+    keep_going,
+    render_rows,
+)
 from mint.trainer.types import AdamParams, Datum, SampledSequence, SamplingParams
 
 ADVANTAGE_EPS = 1e-6
@@ -37,7 +45,7 @@ class RlPrompt:
 
     prompt_tokens: list[int]
     reference: Any
-    grader: GraderSpec
+    grader: Grader
 
 
 @dataclass(frozen=True)
@@ -127,7 +135,7 @@ def run_rl(
                 seed=config.seed * 1_000_003 + step * 1_009 + slot,
             )
             samples = policy.sample(prompt.prompt_tokens, params, num_samples=config.group_size)
-            rewards_G = [grade(prompt.grader, decode(sample.tokens), prompt.reference).score for sample in samples]
+            rewards_G = [prompt.grader.reward(decode(sample.tokens), prompt.reference) for sample in samples]
             rewards += rewards_G
             for sample, advantage in zip(samples, group_advantages(rewards_G), strict=True):
                 if advantage != 0:
@@ -150,7 +158,7 @@ def run_rl(
 
 def run_rl_plan(plan: RlPlan, inputs: RecipeInputs) -> list[StepReport]:
     """A job's RL plan on its prompt rows (`messages`, optional `tools` and `reference`)."""
-    grader = GraderSpec.model_validate(plan.grader.model_dump())  # the closed registry's check
+    grader = inputs.grader_for(plan.grader.model_dump())  # the closed registry's check
     tokenizer = inputs.tokenizer
     prompts = render_rows(
         inputs.rows,

@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mint.chat.render import Example, render_chat
 from mint.schemas.plans import SftPlan
-from mint.trainer.chat_data import Example, render_chat
 from mint.trainer.data import batch_plan, example_datum, mean_over_tokens
 from mint.trainer.recipes.common import (
     OnStep,

