@@ -159,6 +159,38 @@ class GenerateResult(_Frozen):
         return self
 
 
+class DecodingRow(Protocol):
+    """What an engine keeps of one request while it decodes (the torch engine's rows, vLLM's runs)."""
+
+    index: int
+    adapter_id: str | None
+    prompt: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    final_text: str
+    finish_reason: FinishReason | None
+    stop_match: str | int | None
+
+
+def usage_of(row: DecodingRow) -> Usage:
+    return Usage(prompt_tokens=len(row.prompt), completion_tokens=len(row.tokens))
+
+
+def result_of(row: DecodingRow) -> GenerateResult:
+    """The result of a row that has finished (its `finish_reason` set)."""
+    assert row.finish_reason is not None
+    return GenerateResult(
+        index=row.index,
+        adapter_id=row.adapter_id,
+        tokens=list(row.tokens),
+        text=row.final_text,
+        logprobs=list(row.logprobs),
+        finish_reason=row.finish_reason,
+        stop_match=row.stop_match,
+        usage=usage_of(row),
+    )
+
+
 class StreamEvent(_Frozen):
     """New output of one request: the tokens sampled since its last event and the text they add.
 

@@ -51,6 +51,8 @@ from mint.serving.engine import (
     StreamEvent,
     Usage,
     check_adapter_id,
+    result_of,
+    usage_of,
 )
 from mint.serving.lora_slots import (
     AdapterFactors,
@@ -158,20 +160,10 @@ class _Row:
         return len(self.prompt) + len(self.tokens) - 1
 
     def usage(self) -> Usage:
-        return Usage(prompt_tokens=len(self.prompt), completion_tokens=len(self.tokens))
+        return usage_of(self)
 
     def result(self) -> GenerateResult:
-        assert self.finish_reason is not None
-        return GenerateResult(
-            index=self.index,
-            adapter_id=self.adapter_id,
-            tokens=list(self.tokens),
-            text=self.final_text,
-            logprobs=list(self.logprobs),
-            finish_reason=self.finish_reason,
-            stop_match=self.stop_match,
-            usage=self.usage(),
-        )
+        return result_of(self)
 
 
 @dataclass

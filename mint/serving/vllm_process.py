@@ -75,6 +75,8 @@ from mint.serving.engine import (
     StreamEvent,
     Usage,
     check_adapter_id,
+    result_of,
+    usage_of,
 )
 from mint.serving.peft_format import holdback
 from mint.serving.vllm_engine import (
@@ -123,7 +125,7 @@ class _Run:
     stop_match: str | int | None = None
 
     def usage(self) -> Usage:
-        return Usage(prompt_tokens=len(self.prompt), completion_tokens=len(self.tokens))
+        return usage_of(self)
 
     def absorb(self, output: Any) -> StreamEvent | None:
         """Take one vLLM RequestOutput (a delta when streaming, the final one otherwise); the event to stream."""
@@ -176,17 +178,7 @@ class _Run:
             raise ServiceUnavailable(f"vLLM ended request {self.index} with finish reason {reason!r}")
 
     def result(self) -> GenerateResult:
-        assert self.finish_reason is not None
-        return GenerateResult(
-            index=self.index,
-            adapter_id=self.adapter_id,
-            tokens=list(self.tokens),
-            text=self.final_text,
-            logprobs=list(self.logprobs),
-            finish_reason=self.finish_reason,
-            stop_match=self.stop_match,
-            usage=self.usage(),
-        )
+        return result_of(self)
 
 
 @dataclass(frozen=True)
