@@ -84,6 +84,7 @@ from mint.serving.wtinylfu import (
     WINDOW_FRACTION,
     Entry,
     FrequencySketch,
+    Tier,
     TierState,
 )
 
@@ -110,25 +111,6 @@ def content_hash(payload: bytes) -> str:
 
 class CacheFull(ServiceUnavailable):
     """A tier cannot make room: every entry in it is in use or pinned. Retry later, or unpin."""
-
-
-class Tier(Protocol):
-    """One bounded tier of copies. The cache decides what enters and leaves; the tier stores.
-
-    `capacity_bytes` and `max_entries` are the budget (at least one is set). `get` returns a
-    copy or raises NotFound; `put` stores one (replacing any); `delete` is idempotent.
-    `readable` is False for a tier that cannot hand back what it holds (an engine).
-    """
-
-    name: str
-    capacity_bytes: int | None
-    max_entries: int | None
-    readable: bool
-
-    def get(self, key: str) -> bytes: ...
-    def put(self, key: str, payload: bytes) -> None: ...
-    def delete(self, key: str) -> None: ...
-    def contains(self, key: str) -> bool: ...
 
 
 class Origin(Protocol):

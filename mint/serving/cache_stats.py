@@ -14,13 +14,10 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
-
-if TYPE_CHECKING:
-    from mint.serving.cache import TieredCache
 
 LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0)
 
@@ -113,10 +110,16 @@ class TierCounters:
 # ---- metrics ---------------------------------------------------------------------------------
 
 
+class StatsSource(Protocol):
+    """What the metrics read: a cache's statistics snapshot (`TieredCache.stats`)."""
+
+    def stats(self) -> CacheStats: ...
+
+
 class CacheCollector(Collector):
     """Prometheus metrics read from `TieredCache.stats()` at each scrape (labels: the tier's name)."""
 
-    def __init__(self, cache: TieredCache, prefix: str = "mint_adapter_cache") -> None:
+    def __init__(self, cache: StatsSource, prefix: str = "mint_adapter_cache") -> None:
         self._cache = cache
         self._prefix = prefix
 
@@ -161,7 +164,7 @@ class CacheCollector(Collector):
         yield GaugeMetricFamily(f"{prefix}_pinned", "Adapters pinned now", value=stats.pinned)
 
 
-def register_metrics(cache: TieredCache, registry: CollectorRegistry = REGISTRY) -> CacheCollector:
+def register_metrics(cache: StatsSource, registry: CollectorRegistry = REGISTRY) -> CacheCollector:
     """Expose the cache's statistics on `registry` (the API's `/metrics` serves the default one)."""
     collector = CacheCollector(cache)
     registry.register(collector)

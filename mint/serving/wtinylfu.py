@@ -15,12 +15,9 @@ bookkeeping its decisions read, all O(1) and guarded by the cache's lock:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mint.serving.cache_stats import TierCounters, TierStats
-
-if TYPE_CHECKING:
-    from mint.serving.cache import Tier
 
 WINDOW_FRACTION = 0.01  # of each tier, for new entries (W-TinyLFU's default)
 PROTECTED_FRACTION = 0.8  # of each tier's main area, for entries hit at least twice
@@ -29,6 +26,25 @@ PROTECTED_FRACTION = 0.8  # of each tier's main area, for entries hit at least t
 # ---- frequency -------------------------------------------------------------------------------
 
 _HALVED = bytes(value >> 1 for value in range(256))
+
+
+class Tier(Protocol):
+    """One bounded tier of copies. The cache decides what enters and leaves; the tier stores.
+
+    `capacity_bytes` and `max_entries` are the budget (at least one is set). `get` returns a
+    copy or raises NotFound; `put` stores one (replacing any); `delete` is idempotent.
+    `readable` is False for a tier that cannot hand back what it holds (an engine).
+    """
+
+    name: str
+    capacity_bytes: int | None
+    max_entries: int | None
+    readable: bool
+
+    def get(self, key: str) -> bytes: ...
+    def put(self, key: str, payload: bytes) -> None: ...
+    def delete(self, key: str) -> None: ...
+    def contains(self, key: str) -> bool: ...
 
 
 class FrequencySketch:
