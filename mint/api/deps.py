@@ -14,7 +14,7 @@ from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import PermissionDenied
+from mint.errors import ConfigurationError, PermissionDenied
 from mint.services.auth import authenticate
 from mint.services.dispatch import Dispatch
 from mint.services.principal import Principal
@@ -68,7 +68,7 @@ def get_dispatch(request: Request) -> Dispatch:
     """The `Dispatch` the app was created with (`create_app(settings, dispatch=...)`)."""
     dispatch: Dispatch | None = request.app.state.dispatch
     if dispatch is None:
-        raise RuntimeError(
+        raise ConfigurationError(
             "this API app was created without a Dispatch, so it cannot send work to the workers; "
             "create it with create_app(settings, dispatch=...) as `mint api` does (Celery's)"
         )
