@@ -317,3 +317,17 @@ def workers() -> Iterator[Workers]:
         yield running
     finally:
         running.stop_all()
+
+
+# Patterns that make a backtracking engine take exponential or polynomial time, and inputs that
+# trigger it (20,000 characters at most); graders and routing rules run them on RE2, in linear time.
+REDOS_PATTERNS = [
+    ("^(a|a)*$", "a" * 19_999 + "!"),
+    ("(a|aa)*b", "a" * 20_000),
+    (r"(\w|_)*x", "_" * 20_000),
+    (r"\d*\d*\d*\d*\d*x", "1" * 20_000),
+    (".*a.*a.*a.*=", "a" * 20_000),
+    ("(a+)+$", "a" * 19_999 + "!"),
+    (r"^(\w+\s?)*$", "ab " * 6_000 + "!"),
+    ("(?:a|b*)*c", "ab" * 10_000),
+]
