@@ -20,6 +20,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
+DEFAULT_MAX_ATTEMPTS = 5
+
 EngineKind = Literal["auto", "torch", "vllm"]  # the engine of a serving node (mint.serving.engines)
 
 
@@ -48,6 +50,9 @@ class Settings(BaseSettings):
     job_lease_s: float = Field(default=120.0, gt=0)
     reconcile_every_s: float = Field(default=30.0, gt=0)
     requeue_grace_s: float = Field(default=30.0, ge=0)
+    # A job or eval run is claimed at most this many times; work whose worker keeps dying
+    # (a poison job) then fails with its last error instead of being queued again forever.
+    max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1)
 
     # Serving nodes: "auto" runs vLLM where a CUDA GPU and vLLM are (in this venv, or in the one
     # whose interpreter `vllm_python` names), Mint's torch engine elsewhere.

@@ -3,7 +3,7 @@ an audit-log entry; bad requests say what to fix.
 
 Adapter versions are registered through the adapters service (jobs make them in real use;
 the job tests cover that path) with small random archives: deployments only name them.
-Gates are exercised with real eval runs in tests/test_loop.py.
+Gates are exercised with real eval runs in tests/test_loop.py; here, with eval runs recorded directly.
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from mint.config import Settings
-from mint.services.adapters import register_version
+from mint.services.adapters import register_version, resolve_model_ref
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
+from mint.storage.tables import Benchmark, BenchmarkVersion, EvalRun, Trajectory, new_id
 from tests.conftest import Tenant
 
 
@@ -126,3 +129,68 @@ def test_a_mixture_deployment_records_its_routing(client: TestClient, tenant: Te
     assert set(deployment["serving"]["routing"]["versions"]) == {billing, shipping}
     single = _post(client, tenant, f"/v1/deployments/{deployment['id']}/promote", {"model": billing})
     assert single.status_code == 400 and "mixture deployment" in single.text
+
+
+def _evaluated(settings: Settings, tenant: Tenant, ref: str, passed: list[bool], benchmark: str = "acks") -> None:
+    """Record a succeeded eval run of `ref` on version 1 of `benchmark`, one task per entry of `passed`."""
+    with session_scope(settings.database) as session:
+        version_id = resolve_model_ref(session, tenant.organization_id, ref).adapter_version.id
+        bench = session.execute(
+            select(Benchmark).where(Benchmark.organization_id == tenant.organization_id, Benchmark.name == benchmark)
+        ).scalar_one_or_none()
+        if bench is None:
+            bench = Benchmark(id=new_id("bench"), organization_id=tenant.organization_id, name=benchmark)
+            session.add(bench)
+            session.flush()
+            bench_version = BenchmarkVersion(
+                id=new_id("bmv"), benchmark_id=bench.id, version=1, object_key="k", sha256="0" * 64, task_count=0
+            )
+            session.add(bench_version)
+            session.flush()
+        bench_version = session.execute(
+            select(BenchmarkVersion).where(BenchmarkVersion.benchmark_id == bench.id)
+        ).scalar_one()
+        run = EvalRun(
+            id=new_id("eval"),
+            organization_id=tenant.organization_id,
+            benchmark_version_id=bench_version.id,
+            model_ref=ref,
+            adapter_version_id=version_id,
+            status="succeeded",
+            config={"benchmark_name": benchmark},
+        )
+        session.add(run)
+        session.flush()
+        for index, ok in enumerate(passed):
+            session.add(Trajectory(id=new_id("traj"), eval_run_id=run.id, task_id=f"t{index}", passed=ok))
+
+
+def test_a_gate_holds_after_a_withdraw(client: TestClient, tenant: Tenant, prepared: Settings) -> None:
+    good, regressed = _versions(prepared, tenant, "gated", 2)
+    _evaluated(prepared, tenant, good, [True] * 40)
+    _evaluated(prepared, tenant, regressed, [True] * 25 + [False] * 15)
+    gate = {"benchmark": "acks", "min_pass_rate": 0.5, "max_regression": 0.02}
+    created = _post(client, tenant, "/v1/deployments", {"name": "gated-prod", "model": good, "gate": gate})
+    assert created.status_code == 201, created.text
+    path = f"/v1/deployments/{created.json()['id']}"
+    refused = _post(client, tenant, f"{path}/promote", {"model": regressed})
+    assert refused.status_code == 409 and "against production" in refused.text
+
+    # Withdrawing does not lift the regression checks: the version served last is the baseline.
+    assert _post(client, tenant, f"{path}/withdraw", {"reason": "incident"}).status_code == 200
+    bypass = _post(client, tenant, f"{path}/promote", {"model": regressed})
+    assert bypass.status_code == 409, bypass.text
+    verdict = bypass.json()["error"]["verdict"]
+    assert verdict["passed"] is False and verdict["delta"] == pytest.approx(-15 / 40)
+    assert {check["name"] for check in verdict["checks"] if not check["passed"]} == {
+        "max_regression",
+        "no_significant_regression",
+    }
+    audit = client.get("/v1/audit_log?limit=50", headers=tenant.headers("admin")).json()["data"]
+    refusals = [entry for entry in audit if entry["action"] == "deployment.gate_refused"]
+    assert len(refusals) == 2 and all(entry["data"]["gate"]["passed"] is False for entry in refusals)
+    assert client.get(f"{path}", headers=tenant.headers("viewer")).json()["status"] == "withdrawn"
+
+    # The good version may come back.
+    again = _post(client, tenant, f"{path}/promote", {"model": good})
+    assert again.status_code == 200 and again.json()["status"] == "active"

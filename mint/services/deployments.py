@@ -6,15 +6,16 @@ to the revision current at that moment, so it is served wholly by one version ho
 promotions happen while it streams.
 
 A deployment may carry a gate (`mint.evals.gates.GateSpec`): a promotion needs a succeeded
-eval run of the candidate on the gate's benchmark, and, when a version is in production,
-its run on the same benchmark version; the verdict and its numbers are kept in the revision
-(and in the audit log when the gate refuses).
+eval run of the candidate on the gate's benchmark, and, when a version is or was in
+production, its run on the same benchmark version: a withdrawn deployment is compared with
+the version it served last, so withdrawing does not lift the gate's regression checks. The
+verdict and its numbers are kept in the revision; every refusal is kept in the audit log.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -187,6 +188,40 @@ def _newest_succeeded_run(
     return session.execute(query).scalar_one_or_none()
 
 
+def _last_in_production(session: Session, deployment: Deployment) -> str | None:
+    """The adapter version the deployment serves, or served last before it was withdrawn.
+
+    A gate compares with it whatever the history: withdrawing a deployment does not reset
+    its baseline to "nothing in production".
+    """
+    for revision in revisions(session, deployment):
+        if revision.action != "withdraw" and revision.adapter_version_id is not None:
+            return revision.adapter_version_id
+    return None
+
+
+def _refuse(
+    session: Session,
+    principal: Principal,
+    deployment: Deployment,
+    error: Conflict,
+    record: dict[str, Any] | None,
+    record_refusal: bool,
+) -> NoReturn:
+    """Keep a refused promotion in the audit log (committed before the error is raised), then raise it."""
+    if record_refusal:
+        record_audit(
+            session,
+            principal,
+            "deployment.gate_refused",
+            "deployment",
+            deployment.id,
+            {"gate": record, "reason": error.message},
+        )
+        session.commit()
+    raise error
+
+
 def _gate(
     session: Session,
     principal: Principal,
@@ -209,31 +244,31 @@ def _gate(
     organization_id = deployment.organization_id
     candidate = _newest_succeeded_run(session, organization_id, target.adapter_version_id, None, spec.benchmark)
     if candidate is None:
-        raise Conflict(
+        missing = Conflict(
             f"the gate needs an eval of {target.routing.get('model')} on benchmark {spec.benchmark!r}: "
             "run POST /v1/evals first",
             param="model",
         )
+        _refuse(session, principal, deployment, missing, None, record_refusal)
     baseline = None
     if production is not None and production != target.adapter_version_id:
         baseline = _newest_succeeded_run(
             session, organization_id, production, candidate.benchmark_version_id, spec.benchmark
         )
         if baseline is None:
-            raise Conflict(
-                f"the gate compares with the version in production, which has no eval on the same version of "
+            missing = Conflict(
+                f"the gate compares with the version last in production, which has no eval on the same version of "
                 f"{spec.benchmark!r}: evaluate it on that benchmark version first",
                 param="model",
             )
+            _refuse(session, principal, deployment, missing, None, record_refusal)
     verdict: GateVerdict = check_gate(
         session, organization_id, spec, candidate_id=candidate.id, production_id=baseline.id if baseline else None
     )
     record = verdict.model_dump(mode="json")
     if not verdict.passed:
-        if record_refusal:
-            record_audit(session, principal, "deployment.gate_refused", "deployment", deployment.id, {"gate": record})
-            session.commit()
-        raise GateRefused(f"the gate refused the promotion: {verdict.reason}", record)
+        refused = GateRefused(f"the gate refused the promotion: {verdict.reason}", record)
+        _refuse(session, principal, deployment, refused, record, record_refusal)
     return record
 
 
@@ -291,8 +326,7 @@ def promote(
         )
     if (deployment.kind == "single") != (model is not None):
         raise InvalidRequest(f"deployment {deployment.name!r} is a {deployment.kind} deployment", param="model")
-    production = current_revision(session, deployment).adapter_version_id if deployment.status == "active" else None
-    verdict = _gate(session, principal, deployment, target, production=production)
+    verdict = _gate(session, principal, deployment, target, production=_last_in_production(session, deployment))
     deployment.status = "active"
     _add_revision(session, principal, deployment, "promote", target, reason=reason, verdict=verdict)
     return deployment

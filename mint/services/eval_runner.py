@@ -36,9 +36,9 @@ from mint.evals.runner import (
     summarize,
 )
 from mint.schemas.inference import AdapterOnNode
-from mint.services import adapters, benchmarks, node_client
+from mint.services import adapters, benchmarks, evals, node_client
 from mint.services.evals import FINISHED
-from mint.services.leases import LeaseKeeper, claim_values, held_by
+from mint.services.leases import WORKER_STOPPED, LeaseKeeper, claim_row, exhausted, held_by
 from mint.services.serving_nodes import live_nodes, node_for
 from mint.services.usage import record_usage
 from mint.serving.completion import NodeCompletion
@@ -275,13 +275,12 @@ def execute_eval_run(
             return "missing"
         if run.status in FINISHED:
             return run.status
-        claimed = session.execute(
-            update(EvalRun)
-            .where(EvalRun.id == eval_run_id, EvalRun.status == "queued")
-            .values(**claim_values(worker_id), started_at=func.coalesce(EvalRun.started_at, utcnow()))
-            .execution_options(synchronize_session=False)
-        ).rowcount
-        if not claimed:
+        started_at = func.coalesce(EvalRun.started_at, utcnow())
+        if not claim_row(session, EvalRun, eval_run_id, worker_id, settings.max_attempts, started_at=started_at):
+            session.refresh(run)
+            if run.status == "queued" and exhausted(run, settings.max_attempts):
+                evals.give_up(run, WORKER_STOPPED)  # its worker kept dying: no more attempts
+                return "failed"
             return "not-claimed"  # another worker holds it; the reconciler requeues it if that one died
     with LeaseKeeper(settings, EvalRun, eval_run_id, worker_id):
         return _execute(settings, run, load_base, batch_tasks, worker_id)

@@ -42,6 +42,7 @@ from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
 from mint.services import adapters, benchmarks
 from mint.services.datasets import create_dataset_from_rows
 from mint.services.dispatch import Dispatch
+from mint.services.leases import gave_up
 from mint.services.principal import Principal
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
@@ -108,6 +109,13 @@ def mark_queued(run: EvalRun) -> None:
     run.enqueued_at = utcnow()
     run.worker_id = None
     run.heartbeat_at = None
+
+
+def give_up(run: EvalRun, last_error: str) -> None:
+    """Fail a run that has had all its attempts, with its last error; the caller commits."""
+    run.status, run.finished_at = "failed", utcnow()
+    run.worker_id, run.heartbeat_at = None, None
+    run.error = {"type": "max_attempts_exceeded", "message": gave_up(run.attempts, last_error)}
 
 
 def send_run(run: EvalRun, send: Dispatch) -> None:

@@ -32,6 +32,7 @@ from mint.schemas.plans import TrainingPlan, parse_plan
 from mint.services.adapters import model_ref_of
 from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
 from mint.services.dispatch import Dispatch
+from mint.services.leases import gave_up
 from mint.services.principal import Principal
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Checkpoint, JobEvent, TrainingJob, new_id, utcnow
@@ -217,6 +218,15 @@ def mark_queued(session: Session, job: TrainingJob, *, reason: str) -> None:
     job.worker_id = None
     job.heartbeat_at = None
     emit_event(session, job.id, reason, data={"task_id": job.task_id})
+
+
+def give_up(session: Session, job: TrainingJob, last_error: str) -> None:
+    """Fail a job that has had all its attempts, with its last error; the caller commits."""
+    message = gave_up(job.attempts, last_error)
+    job.status, job.finished_at = "failed", utcnow()
+    job.worker_id, job.heartbeat_at = None, None
+    job.error = {"code": "max_attempts_exceeded", "message": message, "param": None}
+    emit_event(session, job.id, f"Job failed: {message}", level="error")
 
 
 def send_job(job: TrainingJob, send: Dispatch) -> None:

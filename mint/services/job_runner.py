@@ -39,8 +39,8 @@ from mint.config import Settings
 from mint.errors import InvalidRequest, MintError
 from mint.schemas.plans import TrainingPlan, parse_plan
 from mint.services import adapters, datasets
-from mint.services.fine_tuning import emit_event
-from mint.services.leases import LeaseKeeper, claim_values, held_by
+from mint.services.fine_tuning import emit_event, give_up
+from mint.services.leases import WORKER_STOPPED, LeaseKeeper, claim_row, exhausted, held_by
 from mint.services.usage import record_usage
 from mint.storage.archives import pack_folder, unpack_folder
 from mint.storage.db import session_scope
@@ -99,21 +99,27 @@ class LostLease(Exception):
     """The job is no longer this worker's (cancelled, or queued again after its lease ran out)."""
 
 
-def claim(session: Session, job_id: str, worker_id: str) -> TrainingJob | None:
-    """Move a queued job to running for this worker; None if another worker has it or it ended."""
+def claim(session: Session, job_id: str, worker_id: str, max_attempts: int) -> TrainingJob | None:
+    """Move a queued job to running for this worker, counting the attempt; None if another worker
+    has it, it ended, or it has had `max_attempts` (see `give_up_exhausted`)."""
     now = utcnow()
-    claimed = session.execute(
-        update(TrainingJob)
-        .where(TrainingJob.id == job_id, TrainingJob.status == "queued")
-        .values(**claim_values(worker_id), attempts=TrainingJob.attempts + 1)
-    ).rowcount
-    if not claimed:
+    if not claim_row(session, TrainingJob, job_id, worker_id, max_attempts):
         return None
     job = session.get(TrainingJob, job_id)
     assert job is not None
+    session.refresh(job)
     if job.started_at is None:
         job.started_at = now
     return job
+
+
+def give_up_exhausted(session: Session, job_id: str, max_attempts: int) -> bool:
+    """Fail a queued job that has had `max_attempts` (its workers kept dying); True if it did."""
+    job = session.get(TrainingJob, job_id)
+    if job is None or job.status != "queued" or not exhausted(job, max_attempts):
+        return False
+    give_up(session, job, WORKER_STOPPED)
+    return True
 
 
 def _checkpoint_key(job_id: str, step: int) -> str:
@@ -365,9 +371,9 @@ def run_job(settings: Settings, job_id: str, worker_id: str, load_base: Callable
     """Claim and run one job; returns what happened (for logs and tests)."""
     refused: InvalidRequest | None = None
     with session_scope(settings.database) as session:
-        job = claim(session, job_id, worker_id)
+        job = claim(session, job_id, worker_id, settings.max_attempts)
         if job is None:
-            return "not-claimed"
+            return "failed" if give_up_exhausted(session, job_id, settings.max_attempts) else "not-claimed"
         try:
             context = JobContext.claimed(job, worker_id)
         except InvalidRequest as exc:

@@ -5,7 +5,10 @@ A worker claims a queued row with one conditional update, keeps a `LeaseKeeper` 
 renewing the lease while it works, and makes every later write conditional on still
 holding it (`held_by`), so a worker whose lease ran out (the reconciler queued the row
 again) stops without touching it. Both kinds of rows carry the same columns: `status`,
-`worker_id`, `heartbeat_at`, `task_id`, `enqueued_at`.
+`worker_id`, `heartbeat_at`, `task_id`, `enqueued_at`, `attempts`.
+
+Each claim counts an attempt; a row that has had `max_attempts` is not claimed nor queued
+again, but fails with `gave_up` (DESIGN.md section 2: the attempt cap).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import threading
 from typing import Any
 
 from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from mint.config import Settings
 from mint.storage.db import session_scope
@@ -31,6 +35,34 @@ def held_by(model: Any, row_id: str, worker_id: str) -> tuple[Any, ...]:
 def claim_values(worker_id: str) -> dict[str, Any]:
     """What a claim writes: running, held by `worker_id`, lease fresh."""
     return {"status": "running", "worker_id": worker_id, "heartbeat_at": utcnow()}
+
+
+def claim_row(session: Session, model: Any, row_id: str, worker_id: str, max_attempts: int, **values: Any) -> bool:
+    """Move a queued row to running for this worker and count the attempt (one conditional update).
+
+    False if another worker has it, it ended, or it has had `max_attempts` already.
+    """
+    claimed = session.execute(
+        update(model)
+        .where(model.id == row_id, model.status == "queued", model.attempts < max_attempts)
+        .values(**claim_values(worker_id), attempts=model.attempts + 1, **values)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(claimed.rowcount)  # type: ignore[attr-defined]
+
+
+def exhausted(row: Any, max_attempts: int) -> bool:
+    """Whether the row has had all its attempts: it must fail rather than be queued or claimed again."""
+    return int(row.attempts or 0) >= max_attempts
+
+
+# What a row's last attempt died of when no error was recorded (its worker was killed).
+WORKER_STOPPED = "the worker of the last attempt stopped before finishing (killed, out of memory, or lost)"
+
+
+def gave_up(attempts: int, last_error: str) -> str:
+    """The error of work that ran out of attempts; raise MINT_MAX_ATTEMPTS to allow more."""
+    return f"gave up after {attempts} attempts: {last_error}"
 
 
 class LeaseKeeper:

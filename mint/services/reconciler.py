@@ -15,6 +15,9 @@ The database row is the truth, the queue only a notice; the reconciler repairs t
 
 Eval runs get the same two repairs; a run queued again resumes where it stopped, since
 its next worker skips the tasks whose trajectories are already written.
+
+Neither kind is queued again once it has had `max_attempts` claims (a poison job whose
+worker dies at every attempt): it fails instead, "gave up after N attempts: <last error>".
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from typing import TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from mint.config import DEFAULT_MAX_ATTEMPTS
 from mint.errors import Conflict, NotFound
 from mint.services import evals
 from mint.services.dispatch import Dispatch
-from mint.services.fine_tuning import emit_event, mark_queued, send_job
+from mint.services.fine_tuning import emit_event, give_up, mark_queued, send_job
+from mint.services.leases import WORKER_STOPPED, exhausted
 from mint.storage.tables import EvalRun, TrainingJob, as_utc, utcnow
 
 Leased = TypeVar("Leased", TrainingJob, EvalRun)
@@ -46,6 +51,7 @@ class ReconcileReport:
     cancelled: list[str] = field(default_factory=list)
     requeued_eval_runs: list[str] = field(default_factory=list)
     resent_eval_runs: list[str] = field(default_factory=list)
+    gave_up: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, list[str]]:
         return {
@@ -54,6 +60,7 @@ class ReconcileReport:
             "cancelled": self.cancelled,
             "requeued_eval_runs": self.requeued_eval_runs,
             "resent_eval_runs": self.resent_eval_runs,
+            "gave_up": self.gave_up,
         }
 
 
@@ -84,10 +91,21 @@ def _stranded_queued(session: Session, model: type[Leased], grace_s: float, pend
     return stranded
 
 
+def _lost_worker(row: TrainingJob | EvalRun) -> str:
+    return f"worker {row.worker_id} stopped renewing the lease (killed, out of memory, or lost)"
+
+
 def reconcile_jobs(
-    session: Session, *, lease_s: float, grace_s: float, pending: PendingTaskIds, send: Dispatch
+    session: Session,
+    *,
+    lease_s: float,
+    grace_s: float,
+    pending: PendingTaskIds,
+    send: Dispatch,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> ReconcileReport:
-    """Requeue jobs of dead workers and re-send lost messages; commits before sending."""
+    """Requeue jobs of dead workers and re-send lost messages, or fail those out of attempts;
+    commits before sending."""
     report = ReconcileReport()
     to_send: list[TrainingJob] = []
     for job in _expired_running(session, TrainingJob, lease_s):
@@ -95,6 +113,10 @@ def reconcile_jobs(
             job.status, job.finished_at = "cancelled", utcnow()
             emit_event(session, job.id, f"Job cancelled; its worker {job.worker_id} had stopped")
             report.cancelled.append(job.id)
+            continue
+        if exhausted(job, max_attempts):
+            give_up(session, job, _lost_worker(job))
+            report.gave_up.append(job.id)
             continue
         mark_queued(
             session,
@@ -105,15 +127,27 @@ def reconcile_jobs(
         report.requeued_lost_workers.append(job.id)
         to_send.append(job)
     for job in _stranded_queued(session, TrainingJob, grace_s, pending):
+        if exhausted(job, max_attempts):
+            give_up(session, job, WORKER_STOPPED)
+            report.gave_up.append(job.id)
+            continue
         mark_queued(session, job, reason="The job's queue message was lost; sent again")
         report.resent_lost_messages.append(job.id)
         to_send.append(job)
     runs: list[EvalRun] = []
     for run in _expired_running(session, EvalRun, lease_s):
+        if exhausted(run, max_attempts):
+            evals.give_up(run, _lost_worker(run))
+            report.gave_up.append(run.id)
+            continue
         evals.mark_queued(run)  # its next worker skips the tasks already written
         report.requeued_eval_runs.append(run.id)
         runs.append(run)
     for run in _stranded_queued(session, EvalRun, grace_s, pending):
+        if exhausted(run, max_attempts):
+            evals.give_up(run, WORKER_STOPPED)
+            report.gave_up.append(run.id)
+            continue
         evals.mark_queued(run)
         report.resent_eval_runs.append(run.id)
         runs.append(run)

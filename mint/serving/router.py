@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mint.chat.messages import message_text, tool_calls_of
 from mint.errors import InvalidRequest
 from mint.evals.graders import normalize_text
-from mint.evals.patterns import compile_pattern
+from mint.evals.patterns import Pattern, compile_keywords, compile_pattern
 from mint.serving.mixture import (
     EmbeddingPolicy,
     MixtureSpec,
@@ -263,18 +263,15 @@ class _EmbeddingRoute:
 @dataclass(frozen=True)
 class _CompiledRule:
     rule: Rule
-    pattern: re.Pattern[str] | None
-    keywords: re.Pattern[str] | None
+    pattern: Pattern | None
+    keywords: Pattern | None
 
     @classmethod
     def of(cls, rule: Rule) -> _CompiledRule:
         flags = re.IGNORECASE if rule.ignore_case else 0
         pattern = compile_pattern(rule.pattern, flags) if rule.pattern is not None else None
-        keywords = None
-        if rule.keywords is not None:
-            # Whole words: no word character on either side (works for "c++" and "e-mail" too).
-            alternatives = "|".join(re.escape(keyword) for keyword in rule.keywords)
-            keywords = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", flags)
+        # Whole words: no word character on either side (works for "c++" and "e-mail" too).
+        keywords = compile_keywords(rule.keywords, rule.ignore_case) if rule.keywords is not None else None
         return cls(rule, pattern, keywords)
 
     def matches(self, request: _Request) -> bool:

@@ -287,6 +287,8 @@ class EvalRun(Base):
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Claims so far; at `max_attempts` the run fails instead of being queued again.
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The lease of a running run and its current queue message, as for fine-tuning jobs.
     worker_id: Mapped[str | None] = mapped_column(String(200))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

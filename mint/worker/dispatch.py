@@ -66,4 +66,5 @@ def run_reconciler(settings: Settings) -> ReconcileReport:
             grace_s=settings.requeue_grace_s,
             pending=pending_task_ids(settings),
             send=CeleryDispatch(settings),
+            max_attempts=settings.max_attempts,
         )

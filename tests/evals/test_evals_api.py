@@ -27,8 +27,8 @@ from mint.config import Settings
 from mint.evals.builtin import load_builtin
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
-from mint.storage.tables import Adapter
-from tests.conftest import Tenant, make_tenant
+from mint.storage.tables import Adapter, EvalRun
+from tests.conftest import Tenant, make_tenant, poisoned, reconcile_after
 
 pytestmark = pytest.mark.integration
 
@@ -257,6 +257,41 @@ def test_cancelled_and_missing_runs_leave_the_worker_with_nothing_to_do(
     assert execute_eval_run(prepared, "eval_gone", no_base) == "missing"
     assert client.get(f"/v1/evals/{run['id']}", headers=dev).json()["status"] == "cancelled"
     assert client.get(f"/v1/evals/{run['id']}/trajectories", headers=dev).json()["data"] == []
+
+
+def test_a_run_out_of_attempts_fails_with_its_last_error(
+    client: TestClient, tenant: Tenant, prepared: Settings
+) -> None:
+    """A poison run (its worker dies at every attempt) is not queued again once it has had
+    `max_attempts` claims: the reconciler or the next claim fails it with its last error."""
+    from mint.services.eval_runner import execute_eval_run
+
+    dev, cap = tenant.headers("developer"), prepared.max_attempts
+    benchmark = numeric_benchmark(client, tenant)
+    dead, poison, redelivered, fresh = (
+        client.post("/v1/evals", headers=dev, json={"benchmark_id": benchmark["id"], "model": IDLE_BASE}).json()["id"]
+        for _ in range(4)
+    )
+    rows = poisoned(dead, poison, redelivered, cap)
+    rows[fresh] = {**rows[dead], "attempts": cap - 1}  # one attempt left
+    report, sent = reconcile_after(prepared, EvalRun, rows)
+    sent_ids = {run_id for _task, (run_id,) in sent}
+    assert {dead, poison} <= set(report.gave_up) and not {dead, poison} & sent_ids
+    assert fresh in report.requeued_eval_runs and fresh in sent_ids
+    views = {run_id: client.get(f"/v1/evals/{run_id}", headers=dev).json() for run_id in (dead, poison)}
+    assert views[dead]["status"] == "failed" and views[dead]["error"]["message"] == (
+        f"gave up after {cap} attempts: worker w-dead stopped renewing the lease (killed, out of memory, or lost)"
+    )
+    assert views[poison]["status"] == "failed"
+    assert views[poison]["error"]["message"].startswith("gave up after 500 attempts: the worker of the last attempt")
+
+    def no_base(name: str) -> Any:
+        raise AssertionError("a run out of attempts must not load a model")
+
+    # A message still in the broker for a run at the cap: the claim fails it instead.
+    assert execute_eval_run(prepared, redelivered, no_base) == "failed"
+    failed = client.get(f"/v1/evals/{redelivered}", headers=dev).json()
+    assert failed["status"] == "failed" and failed["error"]["message"].startswith(f"gave up after {cap} attempts")
 
 
 # ---- runs on the real tiny base --------------------------------------------------------------
@@ -524,17 +559,7 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
     # A duplicate message finds the run held by the (dead) worker and leaves it alone ...
     assert eval_runner.execute_eval_run(prepared, run_id, lambda name: DyingBase()) == "not-claimed"
     # ... until its lease runs out: the reconciler queues it again with a new message.
-    from mint.services.reconciler import reconcile_jobs
-
-    sent: list[tuple[str, list[str]]] = []
-    with session_scope(prepared.database) as db:
-        report = reconcile_jobs(
-            db,
-            lease_s=0,
-            grace_s=1e9,
-            pending=lambda base: frozenset(),
-            send=lambda task, **message: sent.append((task, message["args"])),
-        )
+    report, sent = reconcile_after(prepared, EvalRun, {}, lease_s=0, grace_s=1e9)
     assert run_id in report.requeued_eval_runs and (evals.RUN_EVAL_TASK, [run_id]) in sent
 
     counted: list[int] = []

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from mint.config import Settings
-from tests.conftest import Tenant, Workers, free_port, wait_for
+from tests.conftest import Tenant, Workers, free_port, poisoned, reconcile_after, wait_for
 from tests.jobs.conftest import BASE, chat_rows, upload
 
 pytestmark = pytest.mark.torch
@@ -150,3 +150,36 @@ def test_jobs_queued_when_redis_restarts_are_not_lost(
             job = _succeeded(client, tenant, job_id)
             assert job["attempts"] == 1
             assert "The job's queue message was lost; sent again" in _messages(client, tenant, job_id)
+
+
+def test_a_job_out_of_attempts_fails_with_its_last_error(
+    client: TestClient, tenant: Tenant, prepared: Settings
+) -> None:
+    """A poison job (its worker dies at every attempt) is not queued again once it has had
+    `max_attempts` claims: the reconciler or the next claim fails it with its last error."""
+    from mint.services.job_runner import run_job
+    from mint.storage.tables import TrainingJob
+
+    file = upload(client, tenant, chat_rows(6))
+    body = {"model": BASE, "training_file": file["id"], "steps": 2}
+    dead, poison, redelivered = (
+        client.post("/v1/fine_tuning/jobs", headers=tenant.headers("developer"), json=body).json()["id"]
+        for _ in range(3)
+    )
+    cap = prepared.max_attempts
+    report, sent = reconcile_after(prepared, TrainingJob, poisoned(dead, poison, redelivered, cap))
+    assert {dead, poison} <= set(report.gave_up) and not {dead, poison} & {job_id for _task, (job_id,) in sent}
+    assert dead not in report.requeued_lost_workers and poison not in report.resent_lost_messages
+    assert (job := _job(client, tenant, dead))["status"] == "failed"
+    message = f"gave up after {cap} attempts: worker w-dead stopped renewing the lease (killed, out of memory, or lost)"
+    assert job["error"]["message"] == message and f"Job failed: {message}" in _messages(client, tenant, dead)
+    assert (job := _job(client, tenant, poison))["status"] == "failed"
+    assert job["error"]["message"].startswith("gave up after 500 attempts: the worker of the last attempt stopped")
+
+    def no_base(name: str) -> Any:
+        raise AssertionError("a job out of attempts must not load a model")
+
+    # A message still in the broker for a job at the cap: the claim fails it instead.
+    assert run_job(prepared, redelivered, "w-next", no_base) == "failed"
+    assert (job := _job(client, tenant, redelivered))["status"] == "failed" and job["attempts"] == cap
+    assert job["error"]["message"].startswith(f"gave up after {cap} attempts")

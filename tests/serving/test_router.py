@@ -28,6 +28,7 @@ from mint.serving.router import (
     parse_router_choice,
     tool_call_fingerprint,
 )
+from tests.conftest import REDOS_PATTERNS
 
 pytestmark = pytest.mark.backend_free
 
@@ -136,9 +137,14 @@ def embedding_router(encoder: SentenceEncoder) -> Router:
             "at least one condition",
         ),
         (
-            {"adapters": ADAPTERS, "policy": {**RULES_POLICY, "rules": [{"pattern": "(a+)+$", "adapter": CODE}]}},
+            {"adapters": ADAPTERS, "policy": {**RULES_POLICY, "rules": [{"pattern": "(a)\\1", "adapter": CODE}]}},
             "policy.rules.0",
-            "exponential",
+            "backreferences",
+        ),
+        (
+            {"adapters": ADAPTERS, "policy": {**RULES_POLICY, "rules": [{"pattern": "a(?!b)", "adapter": CODE}]}},
+            "policy.rules.0",
+            "lookarounds",
         ),
         ({"adapters": ADAPTERS, "policy": {**EMBEDDING_POLICY, "min_similarity": 0.5}}, "policy", "default"),
         ({"adapters": [BILLING, BILLING], "policy": RULES_POLICY}, "adapters", "repeated"),
@@ -277,6 +283,23 @@ def test_rule_conditions_must_all_hold() -> None:
     assert router.route([user("a C++ question")], metadata={"task": "code"}).adapter == CODE
     assert router.route([user("a c++ question")], metadata={"task": "code"}).adapter == BILLING
     assert router.route([user("a C++ question")]).adapter == BILLING
+
+
+@pytest.mark.parametrize(("pattern", "text"), REDOS_PATTERNS)
+def test_rule_patterns_run_in_linear_time(pattern: str, text: str) -> None:
+    policy = {"type": "rules", "rules": [{"pattern": pattern, "adapter": CODE}], "default": BILLING}
+    router = Router({"adapters": ADAPTERS, "policy": policy})
+    assert router.route([user(text)]).adapter == BILLING
+
+
+def test_keywords_are_whole_words_in_any_script() -> None:
+    policy = {"type": "rules", "rules": [{"keywords": ["café", "e-mail"], "adapter": CODE}], "default": BILLING}
+    router = Router({"adapters": ADAPTERS, "policy": policy})
+    assert router.route([user("un CAFÉ noir")]).adapter == CODE
+    assert router.route([user("send an e-mail.")]).adapter == CODE
+    assert router.route([user("cafés")]).adapter == BILLING
+    assert router.route([user("xe-mail")]).adapter == BILLING
+    assert router.route([user("a" * 20_000)]).adapter == BILLING
 
 
 # ---- router adapter ------------------------------------------------------------------------------
