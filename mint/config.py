@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
     log_level: str = "INFO"
 
+    # Request bodies: the size any route accepts, unless mint.api.gate.ROUTE_BODY_LIMITS gives the
+    # route its own (uploads); refused with 413 while the body streams in.
+    max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
+
     @field_validator("home", "model_configs_dir", mode="after")
     @classmethod
     def _expand(cls, value: Path) -> Path:

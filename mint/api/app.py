@@ -16,7 +16,8 @@ from fastapi import FastAPI
 from mint import __version__
 from mint.api import dashboard, openai, tinker
 from mint.api.errors import ERROR_RESPONSES, install_error_handlers
-from mint.api.metrics import record_request_metrics
+from mint.api.gate import RequestGate
+from mint.api.metrics import RequestMetrics
 from mint.api.routes import (
     adapters,
     api_keys,
@@ -48,7 +49,10 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
     app.state.settings = settings
     app.state.dispatch = dispatch
     install_error_handlers(app)
-    app.middleware("http")(record_request_metrics)
+    # Outermost first: metrics count every answer, the gate's 401s and 413s included; the gate
+    # checks the key and meters the body before the router and any route read it.
+    app.add_middleware(RequestGate, settings=settings, routes=lambda: app.routes)
+    app.add_middleware(RequestMetrics)
     app.include_router(health.router)
     for module in (
         organization,
