@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
+import pytest
 from fastapi.testclient import TestClient
 
 from mint.api.app import create_app
@@ -24,7 +26,7 @@ def test_readyz_checks_every_backing_service(client: TestClient) -> None:
     assert all(check["ok"] for check in body["checks"].values())
 
 
-def test_readyz_names_the_services_that_are_down(prepared: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_readyz_names_the_services_that_are_down(prepared: Settings, caplog: pytest.LogCaptureFixture) -> None:
     broken = prepared.model_copy(
         update={
             "broker_url": "redis://127.0.0.1:1/0",
@@ -32,14 +34,18 @@ def test_readyz_names_the_services_that_are_down(prepared: Settings, tmp_path) -
             "s3_endpoint_url": "http://127.0.0.1:1",
         }
     )
-    with TestClient(create_app(broken)) as client:
+    with TestClient(create_app(broken)) as client, caplog.at_level(logging.WARNING, "mint.services.health"):
         response = client.get("/readyz")
     assert response.status_code == 503
     body = response.json()
     assert body["status"] == "unavailable"
     assert body["failed"] == ["broker", "object_store"]
     assert body["checks"]["database"]["ok"] is True
-    assert body["checks"]["broker"]["detail"]
+    # A public probe: a fixed reason per service, the error itself (hosts, ports) only in the log.
+    assert body["checks"]["broker"]["detail"] == "broker unreachable; the API log has the error"
+    assert body["checks"]["object_store"]["detail"].startswith("object store unreachable")
+    assert "127.0.0.1" not in response.text and "no-such-bucket" not in response.text
+    assert any("readiness check broker failed" in record.getMessage() for record in caplog.records)
 
 
 def test_metrics_count_requests_by_route_template(client: TestClient) -> None:
@@ -49,6 +55,15 @@ def test_metrics_count_requests_by_route_template(client: TestClient) -> None:
     assert 'mint_http_requests_total{method="GET",route="/healthz",status="200"}' in text
     assert 'route="/v1/api_keys/{key_id}",status="401"' in text
     assert "mint_http_request_duration_seconds_bucket" in text
+
+
+def test_metric_labels_come_from_closed_sets(client: TestClient) -> None:
+    """No client adds label values: unknown methods count as `other`, unknown paths as `unmatched`."""
+    assert client.request("BREW", "/healthz").status_code == 405
+    assert client.get("/no/such/route-7f3a").status_code == 404
+    text = client.get("/metrics").text
+    assert 'method="other"' in text and "BREW" not in text
+    assert 'route="unmatched",status="404"' in text and "route-7f3a" not in text
 
 
 def test_api_process_does_not_import_torch() -> None:
