@@ -103,8 +103,10 @@ class Settings(BaseSettings):
         return self.public_url or f"http://{self.api_host}:{self.api_port}"
 
     def ensure_home(self) -> None:
-        """Create the home folder; the embedded defaults keep their files there."""
-        self.home.mkdir(parents=True, exist_ok=True)
+        """Create the home folder, readable by its owner only: the embedded defaults keep the
+        database (API key hashes), the broker and the objects there. A folder that already
+        exists keeps its mode (it may be one the operator chose to share)."""
+        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 @lru_cache(maxsize=1)
