@@ -156,7 +156,7 @@ def test_only_probes_docs_and_the_dashboard_need_no_key(app: FastAPI) -> None:
         "/openapi.json",
         "/docs",
         "/docs/oauth2-redirect",
-        "/redoc",
+        "/docs/assets/{name}",
         "/ui",
         "/ui/",
         "/ui/{name}",

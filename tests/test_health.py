@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 
@@ -70,3 +71,18 @@ def test_api_process_does_not_import_torch() -> None:
     code = "import sys, mint.api.app, mint.cli.main, mint.worker.app; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_docs_load_nothing_from_another_host(client: TestClient) -> None:
+    page = client.get("/docs")
+    assert page.status_code == 200 and "SwaggerUIBundle" in page.text
+    assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+    urls = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", page.text)
+    urls += re.findall(r"""url:\s*["']([^"']+)["']""", page.text)
+    assert len(urls) >= 4, urls  # the script, the stylesheet, the icon, the OpenAPI document
+    for url in urls:
+        assert url.startswith("/") and not url.startswith("//"), f"/docs loads {url} from another host"
+        assert client.get(url).status_code == 200, url
+    assert "http://" not in page.text and "https://" not in page.text
+    assert client.get("/docs/assets/swagger-ui.css.map").status_code == 404
+    assert client.get("/redoc").status_code == 404
