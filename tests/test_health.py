@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import re
 import subprocess
@@ -76,7 +78,12 @@ def test_api_process_does_not_import_torch() -> None:
 def test_docs_load_nothing_from_another_host(client: TestClient) -> None:
     page = client.get("/docs")
     assert page.status_code == 200 and "SwaggerUIBundle" in page.text
-    assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+    policy = page.headers["Content-Security-Policy"]
+    inline = re.search(r"<script>(.*?)</script>", page.text, re.DOTALL)
+    assert inline is not None
+    digest = base64.b64encode(hashlib.sha256(inline.group(1).encode()).digest()).decode()
+    script_src = next(part.strip() for part in policy.split(";") if part.strip().startswith("script-src"))
+    assert script_src == f"script-src 'self' 'sha256-{digest}'", policy
     urls = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", page.text)
     urls += re.findall(r"""url:\s*["']([^"']+)["']""", page.text)
     assert len(urls) >= 4, urls  # the script, the stylesheet, the icon, the OpenAPI document
