@@ -161,3 +161,10 @@ def test_only_probes_docs_and_the_dashboard_need_no_key(app: FastAPI) -> None:
         "/ui/",
         "/ui/{name}",
     }
+
+
+def test_every_route_with_its_own_body_limit_exists(app: FastAPI, prepared: Settings) -> None:
+    from mint.api.gate import gated_routes, route_body_limits
+
+    templates = {route.template for route in gated_routes(app.routes)}
+    assert set(route_body_limits(prepared)) <= templates

@@ -63,6 +63,8 @@ def route_body_limits(settings: Settings) -> dict[str, int]:
 def format_bytes(size_bytes: int) -> str:
     if size_bytes % MiB == 0:
         return f"{size_bytes // MiB} MiB"
+    if size_bytes > MiB:
+        return f"{size_bytes} bytes ({size_bytes / MiB:.1f} MiB)"
     return f"{size_bytes} bytes"
 
 
@@ -99,6 +101,14 @@ def gated_routes(routes: Sequence[BaseRoute]) -> list[GatedRoute]:
         regex, _, _ = compile_path(path)
         table.append(GatedRoute(path, methods, _depends_on_principal(context.original_route), regex.match))
     return table
+
+
+def route_path(scope: Scope) -> str:
+    """The path the router matches: the request's path below the app's `root_path`."""
+    path, root_path = scope["path"], scope.get("root_path", "")
+    if root_path and path.startswith(root_path) and path[len(root_path) :].startswith("/"):
+        return str(path[len(root_path) :])
+    return str(path)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -139,7 +149,7 @@ class RequestGate:
         """The route the router will run for this request (a route of another method: none)."""
         if self._table is None:  # built on the first request, when every router is included
             self._table = gated_routes(self._routes())
-        path = scope["path"]
+        path = route_path(scope)
         for route in self._table:
             if route.matches(path) and (route.methods is None or scope["method"] in route.methods):
                 return route
