@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
     log_level: str = "INFO"
 
+    # Request bodies: the size any route accepts, unless mint.api.gate.ROUTE_BODY_LIMITS gives the
+    # route its own (uploads); refused with 413 while the body streams in.
+    max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
+
     @field_validator("home", "model_configs_dir", mode="after")
     @classmethod
     def _expand(cls, value: Path) -> Path:
@@ -104,8 +108,10 @@ class Settings(BaseSettings):
         return self.public_url or f"http://{self.api_host}:{self.api_port}"
 
     def ensure_home(self) -> None:
-        """Create the home folder; the embedded defaults keep their files there."""
-        self.home.mkdir(parents=True, exist_ok=True)
+        """Create the home folder, readable by its owner only: the embedded defaults keep the
+        database (API key hashes), the broker and the objects there. A folder that already
+        exists keeps its mode (it may be one the operator chose to share)."""
+        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 @lru_cache(maxsize=1)

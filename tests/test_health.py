@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import logging
+import re
 import subprocess
 import sys
 
+import pytest
 from fastapi.testclient import TestClient
 
 from mint.api.app import create_app
@@ -24,7 +29,7 @@ def test_readyz_checks_every_backing_service(client: TestClient) -> None:
     assert all(check["ok"] for check in body["checks"].values())
 
 
-def test_readyz_names_the_services_that_are_down(prepared: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_readyz_names_the_services_that_are_down(prepared: Settings, caplog: pytest.LogCaptureFixture) -> None:
     broken = prepared.model_copy(
         update={
             "broker_url": "redis://127.0.0.1:1/0",
@@ -32,14 +37,18 @@ def test_readyz_names_the_services_that_are_down(prepared: Settings, tmp_path) -
             "s3_endpoint_url": "http://127.0.0.1:1",
         }
     )
-    with TestClient(create_app(broken)) as client:
+    with TestClient(create_app(broken)) as client, caplog.at_level(logging.WARNING, "mint.services.health"):
         response = client.get("/readyz")
     assert response.status_code == 503
     body = response.json()
     assert body["status"] == "unavailable"
     assert body["failed"] == ["broker", "object_store"]
     assert body["checks"]["database"]["ok"] is True
-    assert body["checks"]["broker"]["detail"]
+    # A public probe: a fixed reason per service, the error itself (hosts, ports) only in the log.
+    assert body["checks"]["broker"]["detail"] == "broker unreachable; the API log has the error"
+    assert body["checks"]["object_store"]["detail"].startswith("object store unreachable")
+    assert "127.0.0.1" not in response.text and "no-such-bucket" not in response.text
+    assert any("readiness check broker failed" in record.getMessage() for record in caplog.records)
 
 
 def test_metrics_count_requests_by_route_template(client: TestClient) -> None:
@@ -51,7 +60,36 @@ def test_metrics_count_requests_by_route_template(client: TestClient) -> None:
     assert "mint_http_request_duration_seconds_bucket" in text
 
 
+def test_metric_labels_come_from_closed_sets(client: TestClient) -> None:
+    """No client adds label values: unknown methods count as `other`, unknown paths as `unmatched`."""
+    assert client.request("BREW", "/healthz").status_code == 405
+    assert client.get("/no/such/route-7f3a").status_code == 404
+    text = client.get("/metrics").text
+    assert 'method="other"' in text and "BREW" not in text
+    assert 'route="unmatched",status="404"' in text and "route-7f3a" not in text
+
+
 def test_api_process_does_not_import_torch() -> None:
     code = "import sys, mint.api.app, mint.cli.main, mint.worker.app; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_docs_load_nothing_from_another_host(client: TestClient) -> None:
+    page = client.get("/docs")
+    assert page.status_code == 200 and "SwaggerUIBundle" in page.text
+    policy = page.headers["Content-Security-Policy"]
+    inline = re.search(r"<script>(.*?)</script>", page.text, re.DOTALL)
+    assert inline is not None
+    digest = base64.b64encode(hashlib.sha256(inline.group(1).encode()).digest()).decode()
+    script_src = next(part.strip() for part in policy.split(";") if part.strip().startswith("script-src"))
+    assert script_src == f"script-src 'self' 'sha256-{digest}'", policy
+    urls = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", page.text)
+    urls += re.findall(r"""url:\s*["']([^"']+)["']""", page.text)
+    assert len(urls) >= 4, urls  # the script, the stylesheet, the icon, the OpenAPI document
+    for url in urls:
+        assert url.startswith("/") and not url.startswith("//"), f"/docs loads {url} from another host"
+        assert client.get(url).status_code == 200, url
+    assert "http://" not in page.text and "https://" not in page.text
+    assert client.get("/docs/assets/swagger-ui.css.map").status_code == 404
+    assert client.get("/redoc").status_code == 404

@@ -14,9 +14,10 @@ import logging
 from fastapi import FastAPI
 
 from mint import __version__
-from mint.api import dashboard, openai, tinker
+from mint.api import dashboard, docs, openai, tinker
 from mint.api.errors import ERROR_RESPONSES, install_error_handlers
-from mint.api.metrics import record_request_metrics
+from mint.api.gate import RequestGate
+from mint.api.metrics import RequestMetrics
 from mint.api.routes import (
     adapters,
     api_keys,
@@ -44,11 +45,15 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
     other route works."""
     settings = settings or get_settings()
     logging.basicConfig(level=settings.log_level)
-    app = FastAPI(title="Mint", version=__version__, description=DESCRIPTION)
+    # FastAPI's /docs and /redoc load their scripts from a CDN: mint.api.docs serves Swagger UI itself.
+    app = FastAPI(title="Mint", version=__version__, description=DESCRIPTION, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.dispatch = dispatch
     install_error_handlers(app)
-    app.middleware("http")(record_request_metrics)
+    # Outermost first: metrics count every answer, the gate's 401s and 413s included; the gate
+    # checks the key and meters the body before the router and any route read it.
+    app.add_middleware(RequestGate, settings=settings, routes=lambda: app.routes)
+    app.add_middleware(RequestMetrics)
     app.include_router(health.router)
     for module in (
         organization,
@@ -66,4 +71,5 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
     # The Tinker-compatible routes (/api/v1/...), for the official tinker SDK and tinker-cookbook.
     app.include_router(tinker.router, responses=ERROR_RESPONSES)
     app.include_router(dashboard.router)
+    app.include_router(docs.router)
     return app

@@ -21,6 +21,9 @@ from mint.services.principal import Principal
 from mint.storage.db import session_scope
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Where the request gate (mint.api.gate) leaves the principal it authenticated from the
+# headers, before any body was read; `get_principal` takes it from there.
+PRINCIPAL_SCOPE_KEY = "mint.principal"
 
 
 def get_app_settings(request: Request) -> Settings:
@@ -49,15 +52,22 @@ def bearer_or_api_key(authorization: str | None, x_api_key: str | None) -> str |
     return x_api_key.strip() if x_api_key else None
 
 
+def check_method_allowed(principal: Principal, method: str) -> None:
+    """A viewer key can only read."""
+    if principal.role == "viewer" and method not in READ_METHODS:
+        raise PermissionDenied("Viewer keys can only read; use a developer or admin key to make changes.")
+
+
 def get_principal(
     request: Request,
     session: SessionDep,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
     x_api_key: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Principal:
-    principal = authenticate(session, bearer_or_api_key(authorization, x_api_key))
-    if principal.role == "viewer" and request.method not in READ_METHODS:
-        raise PermissionDenied("Viewer keys can only read; use a developer or admin key to make changes.")
+    principal: Principal | None = request.scope.get(PRINCIPAL_SCOPE_KEY)
+    if principal is None:  # an app without the gate in front
+        principal = authenticate(session, bearer_or_api_key(authorization, x_api_key))
+    check_method_allowed(principal, request.method)
     return principal
 
 

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep, SettingsDep
 from mint.api.errors import error_response
 from mint.api.pagination import id_path
-from mint.errors import InvalidRequest, PayloadTooLarge
+from mint.errors import InvalidRequest
 from mint.schemas import tinker as wire
 from mint.services import tinker, tinker_checkpoints
 from mint.storage.objects import object_store_for
@@ -157,10 +157,8 @@ def get_info(
     return tinker_checkpoints.get_info(session, settings, principal.organization_id, body.model_id)
 
 
-async def _protobuf_body(request: Request, settings: SettingsDep) -> bytes:
-    declared = int(request.headers.get("content-length") or 0)
-    if declared > settings.max_upload_bytes:
-        raise PayloadTooLarge(f"the request has {declared} bytes; the limit is {settings.max_upload_bytes}")
+async def _protobuf_body(request: Request) -> bytes:
+    # Its size limit (settings.max_upload_bytes) is enforced by the request gate while it streams.
     if request.headers.get("content-encoding", "identity") not in ("identity", ""):
         raise InvalidRequest("send the forward_backward body uncompressed (this server turns compression off)")
     if not request.headers.get("content-type", "").startswith(wire.PROTOBUF_MEDIA_TYPE):

@@ -177,19 +177,31 @@ _SafeLoader.yaml_implicit_resolvers = {
 }
 
 
+def _yaml_problem(exc: yaml.YAMLError, problems: _Problems) -> None:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}" if mark is not None else "content"
+    # ReaderError (a character YAML does not allow) names it `reason`, with its code point.
+    reason = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
+    character = getattr(exc, "character", None)
+    if isinstance(character, int):
+        reason = f"{reason}: U+{character:04X}"
+    problems.add(where, f"not valid YAML ({reason})")
+
+
 def _yaml_document(content: str, problems: _Problems) -> tuple[Any, list[int]]:
     """The YAML document and the line of each task of its task list (1-based)."""
-    loader = _SafeLoader(content)
+    try:
+        loader = _SafeLoader(content)  # refuses non-printable characters as it opens
+    except yaml.YAMLError as exc:
+        _yaml_problem(exc, problems)
+        return None, []
     try:
         node = loader.get_single_node()
         if node is None:
             return None, []
         data = loader.construct_document(node)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "content"
-        reason = getattr(exc, "problem", None) or str(exc)
-        problems.add(where, f"not valid YAML ({reason})")
+        _yaml_problem(exc, problems)
         return None, []
     finally:
         loader.dispose()

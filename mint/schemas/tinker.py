@@ -440,6 +440,17 @@ def _bad(message: str) -> InvalidRequest:
     return InvalidRequest(f"malformed protobuf body: {message}", param="body")
 
 
+def _text(value: bytes, field_name: str) -> str:
+    """A protobuf `string` field: UTF-8, as the protobuf spec requires."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidRequest(
+            f"malformed protobuf body: {field_name} is not valid UTF-8; protobuf strings must be UTF-8 text",
+            param=field_name,
+        ) from None
+
+
 def _read_varint(buffer: bytes, position: int) -> tuple[int, int]:
     value, shift = 0, 0
     while True:
@@ -601,7 +612,7 @@ def _decode_datum(buffer: bytes) -> WireDatum:
             key, tensor = "", b""
             for entry_number, _, entry_value in _fields(value):
                 if entry_number == 1:
-                    key = entry_value.decode()
+                    key = _text(entry_value, "data.loss_fn_inputs")
                 elif entry_number == 2:
                     tensor = entry_value
             inputs[key] = _decode_tensor(tensor, key)
@@ -617,18 +628,18 @@ def decode_forward_backward_request(body: bytes) -> ForwardBackwardProto:
     data: list[WireDatum] = []
     for number, wire, value in _fields(body):
         if number == 1 and wire == _LEN:
-            model_id = value.decode()
+            model_id = _text(value, "model_id")
         elif number == 2 and wire == _VARINT:
             seq_id = _signed64(value)
         elif number == 3 and wire == _LEN:
             data.append(_decode_datum(value))
         elif number == 4 and wire == _LEN:
-            loss_fn = value.decode()
+            loss_fn = _text(value, "loss_fn")
         elif number == 5 and wire == _LEN:  # map<string, double>
             key, number_value = "", 0.0
             for entry_number, entry_wire, entry_value in _fields(value):
                 if entry_number == 1:
-                    key = entry_value.decode()
+                    key = _text(entry_value, "loss_fn_config")
                 elif entry_number == 2 and entry_wire == _FIXED64:
                     number_value = struct.unpack("<d", entry_value)[0]
             config[key] = number_value
@@ -638,14 +649,14 @@ def decode_forward_backward_request(body: bytes) -> ForwardBackwardProto:
             key, item = "", b""
             for entry_number, _, entry_value in _fields(value):
                 if entry_number == 1:
-                    key = entry_value.decode()
+                    key = _text(entry_value, "loss_fn_config_v2")
                 elif entry_number == 2:
                     item = entry_value
             for item_number, item_wire, item_value in _fields(item):
                 if item_number == 1 and item_wire == _FIXED64:
                     config_v2[key] = struct.unpack("<d", item_value)[0]
                 elif item_number == 2 and item_wire == _LEN:
-                    config_v2[key] = item_value.decode()
+                    config_v2[key] = _text(item_value, "loss_fn_config_v2")
     if not model_id:
         raise _bad("model_id is missing")
     # Newer clients write both maps; v2 wins where it is set, as the protocol says.

@@ -1,10 +1,13 @@
 """Readiness: can this process reach the database, the broker and the object store?
 
 Each check is timed and reports its own failure, so `/readyz` says which service is down.
+The probe is public, so it says so in a fixed sentence per service; the exception, which can
+name hosts, users and paths, goes to the log.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -14,6 +17,8 @@ from mint.config import Settings
 from mint.schemas.health import CheckResult, Readiness
 from mint.storage import db
 from mint.storage.objects import object_store_for
+
+log = logging.getLogger(__name__)
 
 BROKER_TIMEOUT_S = 3.0
 
@@ -36,6 +41,11 @@ CHECKS: dict[str, Callable[[Settings], None]] = {
     "broker": check_broker,
     "object_store": check_object_store,
 }
+FAILURE_DETAILS = {
+    "database": "database unreachable; the API log has the error",
+    "broker": "broker unreachable; the API log has the error",
+    "object_store": "object store unreachable; the API log has the error",
+}
 
 
 def readiness(settings: Settings) -> Readiness:
@@ -46,8 +56,8 @@ def readiness(settings: Settings) -> Readiness:
             check(settings)
             results[name] = CheckResult(ok=True, latency_ms=_ms_since(started))
         except Exception as exc:  # every failure is reported, none is fatal to the probe
-            detail = f"{type(exc).__name__}: {exc}".strip()[:500]
-            results[name] = CheckResult(ok=False, detail=detail, latency_ms=_ms_since(started))
+            log.warning("readiness check %s failed: %s: %s", name, type(exc).__name__, exc)
+            results[name] = CheckResult(ok=False, detail=FAILURE_DETAILS[name], latency_ms=_ms_since(started))
     failed = [name for name, result in results.items() if not result.ok]
     return Readiness(status="unavailable" if failed else "ok", checks=results, failed=failed)
 

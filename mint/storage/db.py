@@ -7,6 +7,7 @@ PostgreSQL gets a pre-ping pool so that a restarted server costs one retry, not 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,12 +30,19 @@ def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _create_private_file(path: Path) -> None:
+    """Create the SQLite file (and its folder) for its owner only, before SQLite would create it
+    world-readable; SQLite gives its WAL and shared-memory files the same mode."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
 def make_engine(url: str) -> Engine:
     """A new engine for `url`, with the per-dialect settings Mint relies on."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            _create_private_file(Path(parsed.database))
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         event.listen(engine, "connect", _on_sqlite_connect)
         return engine

@@ -182,6 +182,7 @@ def test_graders_come_from_the_task_the_request_or_the_file_once() -> None:
         ("tasks: 3\n", "yaml", "tasks: is required"),
         ("just text", "yaml", "a YAML benchmark is a list of tasks"),
         ("tasks: [\n", "yaml", "not valid YAML"),
+        ("tasks:\x96\n", "yaml", "not valid YAML (special characters are not allowed: U+0096)"),
         ("shots: 3\ntasks: []\n", "yaml", "shots: unknown top-level field"),
     ],
 )

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import Response
 
 from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from mint.api.pagination import After, Limit, id_path, page_of
-from mint.errors import PayloadTooLarge
 from mint.schemas.common import Page
 from mint.schemas.datasets import DatasetKind, DatasetPublic, FileObject
 from mint.services import datasets
@@ -24,12 +23,9 @@ from mint.storage.tables import Dataset
 router = APIRouter(tags=["datasets"])
 
 DatasetId = Annotated[str, id_path("The dataset's id, e.g. `file_...`.")]
-# Room for the multipart envelope around the file itself.
-MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
 
 def _upload(
-    request: Request,
     session: SessionDep,
     settings: SettingsDep,
     principal: CurrentPrincipal,
@@ -37,9 +33,8 @@ def _upload(
     purpose: str,
     kind: DatasetKind | None,
 ) -> Dataset:
-    declared = int(request.headers.get("content-length") or 0)
-    if declared > settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES:
-        raise PayloadTooLarge(f"the upload is {declared} bytes; the limit is {settings.max_upload_bytes}", param="file")
+    # The request gate limits the body to the file's limit plus its multipart envelope; the
+    # service refuses a file over settings.max_upload_bytes while it spools it.
     return datasets.store_dataset(
         session,
         object_store_for(settings),
@@ -70,7 +65,6 @@ Kind = Annotated[
 
 @router.post("/v1/datasets", response_model=DatasetPublic, status_code=201)
 def upload_dataset(
-    request: Request,
     session: SessionDep,
     settings: SettingsDep,
     principal: CurrentPrincipal,
@@ -79,7 +73,7 @@ def upload_dataset(
     purpose: Purpose = "fine-tune",
 ) -> Dataset:
     """Upload a JSONL dataset; it is validated row by row and stored only if every row is valid."""
-    return _upload(request, session, settings, principal, file, purpose, kind)
+    return _upload(session, settings, principal, file, purpose, kind)
 
 
 @router.get("/v1/datasets", response_model=Page[DatasetPublic])
@@ -105,7 +99,6 @@ def dataset_content(
 
 @router.post("/v1/files", response_model=FileObject, status_code=200)
 def upload_file(
-    request: Request,
     session: SessionDep,
     settings: SettingsDep,
     principal: CurrentPrincipal,
@@ -114,7 +107,7 @@ def upload_file(
     kind: Kind = None,
 ) -> Dataset:
     """OpenAI's `files.create`: the same validated upload, answered as a file object."""
-    return _upload(request, session, settings, principal, file, purpose, kind)
+    return _upload(session, settings, principal, file, purpose, kind)
 
 
 @router.get("/v1/files", response_model=Page[FileObject])
