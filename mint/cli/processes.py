@@ -36,12 +36,25 @@ def api(
     from mint.worker.dispatch import CeleryDispatch
 
     settings = get_settings()
+    configure_pool(settings)
     uvicorn.run(
         create_app(settings, dispatch=CeleryDispatch(settings)),
         host=host or settings.api_host,
         port=port or settings.api_port,
         log_level=settings.log_level.lower(),
     )
+
+
+def configure_pool(settings: Settings) -> None:
+    """Size this process's database pool from the settings (`MINT_DATABASE_POOL_*`)."""
+    from mint.storage import db
+
+    pool = db.PoolOptions(
+        size=settings.database_pool_size,
+        max_overflow=settings.database_max_overflow,
+        timeout_s=settings.database_pool_timeout_s,
+    )
+    db.configure_pool(settings.database, pool)
 
 
 def worker_queues(base: str | None, queues: str | None, all_bases: list[str]) -> list[str]:
@@ -67,7 +80,9 @@ def worker(
     from mint.schemas.base_models import enabled_base_names
     from mint.worker.app import celery_app
 
-    bases = enabled_base_names(get_settings().model_configs_dir)
+    settings = get_settings()
+    configure_pool(settings)
+    bases = enabled_base_names(settings.model_configs_dir)
     chosen = worker_queues(base, queues, bases)
     if not queues:
         # A queue of this process's own, so that Tinker models stay on the process that holds
@@ -127,6 +142,7 @@ def serve(
     settings = get_settings()
     if engine is not None:
         settings = settings.model_copy(update={"serving_engine": engine.value})
+    configure_pool(settings)
     bases = enabled_base_names(settings.model_configs_dir)
     if base not in bases:
         raise typer.BadParameter(f"unknown or disabled base {base!r}; enabled: {', '.join(bases)}", param_hint="--base")

@@ -34,13 +34,19 @@ REFUSALS: dict[str, type[MintError]] = {
 }
 
 
-def node_error(url: str, status: int, text: str) -> MintError:
-    """The Mint error for a node's error reply (status and body text)."""
+def node_error(url: str, status: int, text: str, retry_after: str | None = None) -> MintError:
+    """The Mint error for a node's error reply (status, body text and Retry-After header).
+
+    A node whose queue is full answers 429: the client gets the 429 and the node's Retry-After.
+    """
     try:
         error = json.loads(text)["error"]
         message, kind, param = str(error["message"]), str(error.get("type", "")), error.get("param")
     except (ValueError, KeyError, TypeError):
         message, kind, param = text[:300], "", None
+    if status == 429 and kind == errors.RateLimited.type:
+        wait_s = int(retry_after) if retry_after and retry_after.isdigit() else 1
+        return errors.RateLimited(message, param=param, retry_after_s=wait_s)
     refusal = REFUSALS.get(kind)
     if refusal is not None and 400 <= status < 500:
         return refusal(message, param=param)
@@ -69,7 +75,7 @@ def complete(url: str, body: NodeCompletion) -> list[dict[str, Any]]:
     except httpx.HTTPError as exc:
         raise _no_answer(url, exc) from exc
     if response.status_code >= 400:
-        raise node_error(url, response.status_code, response.text)
+        raise node_error(url, response.status_code, response.text, response.headers.get("retry-after"))
     return list(response.json())
 
 
@@ -79,7 +85,8 @@ async def complete_stream(url: str, body: NodeCompletion) -> AsyncIterator[dict[
         try:
             async with client.stream("POST", f"{url}{COMPLETE_PATH}", json=body.model_dump(mode="json")) as response:
                 if response.status_code >= 400:
-                    raise node_error(url, response.status_code, (await response.aread()).decode())
+                    text = (await response.aread()).decode()
+                    raise node_error(url, response.status_code, text, response.headers.get("retry-after"))
                 async for line in response.aiter_lines():
                     if line.strip():
                         yield json.loads(line)
