@@ -54,7 +54,8 @@ def node_error(url: str, status: int, text: str, retry_after: str | None = None)
 
 
 def _no_answer(url: str, exc: httpx.HTTPError) -> ServiceUnavailable:
-    return ServiceUnavailable(f"the serving node at {url} did not answer ({exc}); retry")
+    # Some of httpx's errors (ConnectTimeout) have an empty message: their class says what happened.
+    return ServiceUnavailable(f"the serving node at {url} did not answer ({type(exc).__name__}: {exc}); retry")
 
 
 def call_node(url: str, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
