@@ -25,8 +25,12 @@ from mint.serving.completion import NodeCompletion
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 30.0
-# Generation may queue behind other batches on the node: reads wait long, connecting does not.
-COMPLETION_TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
+# Generation may queue behind other batches on the node: reads wait long. Connecting is quick
+# for the network, but under load (hundreds of concurrent requests in one API process) the
+# API's own busy event loop is slow to finish a connect: 5 s failed 4-30 % of 256 concurrent
+# requests in bench/serve_load.py. A node whose process is down refuses at once, and one that
+# stopped heartbeating is soon no longer chosen, so a longer connect budget costs little.
+COMPLETION_TIMEOUT = httpx.Timeout(connect=30.0, read=600.0, write=30.0, pool=30.0)
 COMPLETE_PATH = "/internal/v1/complete"
 # The refusals a node passes on as they are, by the `type` of its error body.
 REFUSALS: dict[str, type[MintError]] = {
