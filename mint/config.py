@@ -113,6 +113,14 @@ class Settings(BaseSettings):
         exists keeps its mode (it may be one the operator chose to share)."""
         self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
 
+    # Each process's pool of database connections. A request holds one only while it reads or
+    # writes (never while it waits on a serving node), so a small pool serves many requests.
+    database_pool_size: int = Field(default=10, ge=1)
+    database_max_overflow: int = Field(default=20, ge=0)
+    database_pool_timeout_s: float = Field(default=30.0, gt=0)
+    # Requests a serving node keeps waiting for a batch; beyond them it answers 429 (Retry-After).
+    serving_max_waiting: int = Field(default=256, ge=1)
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:

@@ -75,9 +75,21 @@ class PayloadTooLarge(MintError):
 
 
 class RateLimited(MintError):
-    """Too many requests for this key; retry after the given number of seconds."""
+    """Too many requests (for this key, or for a serving node's queue); retry after
+    `retry_after_s` seconds (the `Retry-After` header of the 429)."""
 
     type = "rate_limit_error"
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after_s: int = 1) -> None:
+        super().__init__(message, param=param)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_rate_limited, (type(self), self.message, self.param, self.retry_after_s))
+
+
+def _rebuild_rate_limited(cls: type[RateLimited], message: str, param: str | None, retry_after_s: int) -> MintError:
+    return cls(message, param=param, retry_after_s=retry_after_s)
 
 
 class ServiceUnavailable(MintError):

@@ -86,3 +86,19 @@ def get_dispatch(request: Request) -> Dispatch:
 
 
 DispatchDep = Annotated[Dispatch, Depends(get_dispatch)]
+
+
+def get_principal_briefly(
+    request: Request,
+    settings: SettingsDep,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    x_api_key: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Principal:
+    """The caller, authenticated in a session of its own, closed before the route runs: for
+    routes that then wait long on something else (inference waits on a serving node) and
+    must not hold a pooled database connection meanwhile."""
+    with session_scope(settings.database) as session:
+        return get_principal(request, session, authorization, x_api_key)
+
+
+BriefPrincipal = Annotated[Principal, Depends(get_principal_briefly)]

@@ -67,6 +67,8 @@ def mint_error_response(exc: errors.MintError) -> JSONResponse:
     if status >= 500:
         log.error("server error: %s", exc, exc_info=exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    if isinstance(exc, errors.RateLimited):
+        headers["Retry-After"] = str(exc.retry_after_s)
     return error_response(status, exc.type, exc.message, exc.param, **headers)
 
 

@@ -21,6 +21,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
+from itertools import chain
 from typing import Any
 
 from fastapi import FastAPI
@@ -94,6 +95,7 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
             engine,
             object_store_for(settings),
             ssd_dir=settings.home / "adapter-cache" / base_model,
+            max_waiting=settings.serving_max_waiting,
         )
         log.info("serving %s with the %s engine", base_model, type(engine).__name__)
         registry = CollectorRegistry()
@@ -155,9 +157,12 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
     async def complete(body: NodeCompletion) -> Response:
         node = state["node"]
         lines = _completion_lines(node, body)
+        # The first line comes once the request is in the queue: a full queue (RateLimited) and
+        # any other refusal become an error reply (429: Retry-After), not a broken stream.
+        first = await run_in_threadpool(next, lines)
         if body.stream:
-            return StreamingResponse(iterate_in_threadpool(lines), media_type="application/x-ndjson")
-        return JSONResponse(await run_in_threadpool(_collect, list, lines))
+            return StreamingResponse(iterate_in_threadpool(chain([first], lines)), media_type="application/x-ndjson")
+        return JSONResponse(await run_in_threadpool(_collect, list, chain([first], lines)))
 
     return app
 
@@ -174,10 +179,13 @@ def _completion_lines(node: Any, body: NodeCompletion) -> Iterator[str]:
         "sha256": routed.adapter.sha256 if routed.adapter else None,
         "route": decision.model_dump(mode="json") if decision is not None else None,
     }
+    # The first choice is queued (or refused) before anything is written; the others wait for room.
+    first = node.stream(routed.choice(0), refuse_when_full=True)
+    first_events = chain([next(first)], first)
     yield json.dumps({"served": served}, default=str) + "\n"
     for choice in range(body.n):
         text = []
-        for event in node.stream(routed.choice(choice)):
+        for event in first_events if choice == 0 else node.stream(routed.choice(choice)):
             text.append(event.text)
             line = {"choice": choice, "text": event.text, "token_ids": event.token_ids, "logprobs": event.logprobs}
             if event.finished:

@@ -6,6 +6,11 @@ the node streams back JSON lines, which become OpenAI's response or its server-s
 Every response says which adapter version served it: the `mint` field of the body (and of
 the first streamed chunk) and the `X-Mint-Adapter` header. Tokens served are recorded as
 usage of the caller's organization.
+
+No database connection is held while a node generates: the caller is authenticated, and the
+model resolved, each in a short session closed before the node is called, and usage is
+recorded in another once the node has answered (at the end of a stream, likewise). A node
+whose queue is full answers 429, and so does the API, with the node's Retry-After.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from mint.api.deps import CurrentPrincipal, SettingsDep
+from mint.api.deps import BriefPrincipal, SettingsDep
 from mint.api.pagination import id_path
 from mint.config import Settings
 from mint.errors import MintError, NotFound
@@ -240,14 +245,14 @@ SSE = {"text/event-stream": {"schema": {"type": "string", "description": "OpenAI
 
 @router.post("/v1/chat/completions", response_model=None, responses={200: {"model": ChatCompletion, "content": SSE}})
 async def chat_completions(
-    body: ChatCompletionCreate, request: Request, settings: SettingsDep, principal: CurrentPrincipal
+    body: ChatCompletionCreate, request: Request, settings: SettingsDep, principal: BriefPrincipal
 ) -> Response:
     """OpenAI's chat completions, streaming included, on a base, an adapter version or a deployment."""
     return await _serve(body, settings, principal)
 
 
 @router.post("/v1/completions", response_model=None, responses={200: {"model": TextCompletion, "content": SSE}})
-async def completions(body: CompletionCreate, settings: SettingsDep, principal: CurrentPrincipal) -> Response:
+async def completions(body: CompletionCreate, settings: SettingsDep, principal: BriefPrincipal) -> Response:
     """OpenAI's text completions: the prompt is continued as is, without a chat template."""
     return await _serve(body, settings, principal)
 
@@ -261,13 +266,13 @@ def _models(settings: Settings, principal: Principal) -> list[dict[str, Any]]:
 
 
 @router.get("/v1/models", response_model=ModelList)
-async def list_models(settings: SettingsDep, principal: CurrentPrincipal) -> dict[str, Any]:
+async def list_models(settings: SettingsDep, principal: BriefPrincipal) -> dict[str, Any]:
     """Every model this organization can send: bases, adapter versions (`name@N`) and deployments."""
     return {"object": "list", "data": await run_in_threadpool(_models, settings, principal)}
 
 
 @router.get("/v1/models/{model}", response_model=ModelCard)
-async def get_model(model: ModelName, settings: SettingsDep, principal: CurrentPrincipal) -> dict[str, Any]:
+async def get_model(model: ModelName, settings: SettingsDep, principal: BriefPrincipal) -> dict[str, Any]:
     for entry in await run_in_threadpool(_models, settings, principal):
         if entry["id"] == model:
             return entry

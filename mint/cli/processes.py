@@ -13,12 +13,15 @@ from typing import Annotated
 
 import httpx
 import typer
+from rich.markup import escape
 
-from mint.cli.output import console
+from mint.cli.output import console, errors
+from mint.cli.supervisor import ChildKeepsDying, ChildSpec, Supervisor
 from mint.config import Settings, get_settings
 from mint.worker.queues import EVALS_QUEUE, SERVING_QUEUE, SYSTEM_QUEUE, training_queue
 
 READY_WAIT_S = 120.0
+SUPERVISE_EVERY_S = 0.5
 ADMIN_KEY_FILE = "admin.key"
 
 
@@ -33,12 +36,25 @@ def api(
     from mint.worker.dispatch import CeleryDispatch
 
     settings = get_settings()
+    configure_pool(settings)
     uvicorn.run(
         create_app(settings, dispatch=CeleryDispatch(settings)),
         host=host or settings.api_host,
         port=port or settings.api_port,
         log_level=settings.log_level.lower(),
     )
+
+
+def configure_pool(settings: Settings) -> None:
+    """Size this process's database pool from the settings (`MINT_DATABASE_POOL_*`)."""
+    from mint.storage import db
+
+    pool = db.PoolOptions(
+        size=settings.database_pool_size,
+        max_overflow=settings.database_max_overflow,
+        timeout_s=settings.database_pool_timeout_s,
+    )
+    db.configure_pool(settings.database, pool)
 
 
 def worker_queues(base: str | None, queues: str | None, all_bases: list[str]) -> list[str]:
@@ -64,7 +80,9 @@ def worker(
     from mint.schemas.base_models import enabled_base_names
     from mint.worker.app import celery_app
 
-    bases = enabled_base_names(get_settings().model_configs_dir)
+    settings = get_settings()
+    configure_pool(settings)
+    bases = enabled_base_names(settings.model_configs_dir)
     chosen = worker_queues(base, queues, bases)
     if not queues:
         # A queue of this process's own, so that Tinker models stay on the process that holds
@@ -124,6 +142,7 @@ def serve(
     settings = get_settings()
     if engine is not None:
         settings = settings.model_copy(update={"serving_engine": engine.value})
+    configure_pool(settings)
     bases = enabled_base_names(settings.model_configs_dir)
     if base not in bases:
         raise typer.BadParameter(f"unknown or disabled base {base!r}; enabled: {', '.join(bases)}", param_hint="--base")
@@ -139,7 +158,8 @@ def up(
     ] = None,
 ) -> None:
     """Run the API, a worker for every queue, beat, and serving nodes, on the current settings
-    (the embedded defaults under MINT_HOME unless set otherwise). Ctrl-C stops all."""
+    (the embedded defaults under MINT_HOME unless set otherwise). A child that dies is restarted
+    with backoff; Ctrl-C or SIGTERM stops all, as does a child that keeps dying (exit status 1)."""
     from mint.services.setup import initialize
 
     settings = get_settings()
@@ -153,25 +173,30 @@ def up(
 
     served = enabled_base_names(settings.model_configs_dir) if serve_bases is None else serve_bases.split(",")
     nodes = [
-        _spawn("serve", "--base", base, "--port", str(settings.api_port + 100 + index))
+        ChildSpec(f"serve {base}", _mint_argv("serve", "--base", base, "--port", str(settings.api_port + 100 + index)))
         for index, base in enumerate(name for name in served if name)
     ]
-    children = [_spawn("api"), _spawn("worker"), _spawn("beat"), *nodes]
+    specs = [ChildSpec(name, _mint_argv(name)) for name in ("api", "worker", "beat")] + nodes
+    supervisor = Supervisor(specs, spawn=_spawn, log=_log_restart)
+    supervisor.start()
     try:
-        _wait_ready(settings, children)
+        _wait_ready(settings, supervisor)
         console.print(
             f"[bold green]Mint is up[/bold green] at {settings.api_url}  (API reference: {settings.api_url}/docs)"
         )
         if key_file.exists():
             console.print(f"Admin API key of organization {result.organization_name!r}: {key_file}")
-        console.print("Ctrl-C stops the API, the worker and beat.")
-        while all(child.poll() is None for child in children):
-            time.sleep(1.0)
-        raise typer.Exit(1)
+        console.print("Ctrl-C stops the API, the worker, beat and the serving nodes; a child that dies is restarted.")
+        while True:
+            supervisor.poll()
+            time.sleep(SUPERVISE_EVERY_S)
+    except ChildKeepsDying as error:
+        errors.print(f"[red]mint up: {escape(str(error))} Stopping everything.[/red]")
+        raise typer.Exit(1) from error
     except KeyboardInterrupt:
         pass
     finally:
-        _stop(children)
+        supervisor.stop()
 
 
 def _raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
@@ -188,18 +213,24 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _spawn(*command: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "mint", *command], env=os.environ.copy(), preexec_fn=_die_with_parent
-    )
+def _mint_argv(*command: str) -> tuple[str, ...]:
+    return (sys.executable, "-m", "mint", *command)
 
 
-def _wait_ready(settings: Settings, children: list[subprocess.Popen[bytes]]) -> None:
+def _spawn(spec: ChildSpec) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(list(spec.argv), env=os.environ.copy(), preexec_fn=_die_with_parent)
+
+
+def _log_restart(message: str) -> None:
+    errors.print(f"[yellow]mint up: {escape(message)}[/yellow]")
+
+
+def _wait_ready(settings: Settings, supervisor: Supervisor) -> None:
+    """Wait for the API's /readyz, restarting children that die meanwhile."""
     deadline = time.monotonic() + READY_WAIT_S
-    with console.status("starting the API, a worker and beat ..."):
+    with console.status("starting the API, a worker, beat and the serving nodes ..."):
         while time.monotonic() < deadline:
-            if any(child.poll() is not None for child in children):
-                raise typer.Exit(1)
+            supervisor.poll()
             try:
                 if httpx.get(f"{settings.api_url}/readyz", timeout=2.0).status_code == 200:
                     return
@@ -208,17 +239,6 @@ def _wait_ready(settings: Settings, children: list[subprocess.Popen[bytes]]) -> 
             time.sleep(0.5)
     console.print(f"[red]The API did not become ready within {READY_WAIT_S:.0f} s; see the logs above.[/red]")
     raise typer.Exit(1)
-
-
-def _stop(children: list[subprocess.Popen[bytes]]) -> None:
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    for child in children:
-        try:
-            child.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            child.kill()
 
 
 def _write_secret(path: Path, secret: str) -> None:

@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import Conflict, InvalidRequest, MintError, NotFound
+from mint.errors import Conflict, InvalidRequest, MintError, NotFound, RateLimited
 from mint.evals.benchmark import BenchmarkTask, select_split
 from mint.evals.runner import (
     Generate,
@@ -154,7 +154,7 @@ class NodeGenerate:
         )
         started = time.perf_counter()
         try:
-            lines = node_client.complete(self.url, body)
+            lines = self._complete(body)
         except InvalidRequest as refused:  # this task's prompt (e.g. too long): its trajectory says so
             latency_ms = 1000 * (time.perf_counter() - started)
             return Generation(text="", tokens_in=0, tokens_out=0, latency_ms=latency_ms, error=refused.message)
@@ -167,6 +167,14 @@ class NodeGenerate:
             tokens_out=int(usage.get("completion_tokens", 0)),
             latency_ms=latency_ms,
         )
+
+    def _complete(self, body: NodeCompletion) -> list[dict[str, Any]]:
+        """The node's lines; while its queue is full (429), wait as it says and ask again."""
+        while True:
+            try:
+                return node_client.complete(self.url, body)
+            except RateLimited as busy:
+                time.sleep(busy.retry_after_s)
 
 
 class _Model:

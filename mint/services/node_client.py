@@ -25,8 +25,12 @@ from mint.serving.completion import NodeCompletion
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 30.0
-# Generation may queue behind other batches on the node: reads wait long, connecting does not.
-COMPLETION_TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
+# Generation may queue behind other batches on the node: reads wait long. Connecting is quick
+# for the network, but under load (hundreds of concurrent requests in one API process) the
+# API's own busy event loop is slow to finish a connect: 5 s failed 4-30 % of 256 concurrent
+# requests in bench/serve_load.py. A node whose process is down refuses at once, and one that
+# stopped heartbeating is soon no longer chosen, so a longer connect budget costs little.
+COMPLETION_TIMEOUT = httpx.Timeout(connect=30.0, read=600.0, write=30.0, pool=30.0)
 COMPLETE_PATH = "/internal/v1/complete"
 # The refusals a node passes on as they are, by the `type` of its error body.
 REFUSALS: dict[str, type[MintError]] = {
@@ -34,13 +38,19 @@ REFUSALS: dict[str, type[MintError]] = {
 }
 
 
-def node_error(url: str, status: int, text: str) -> MintError:
-    """The Mint error for a node's error reply (status and body text)."""
+def node_error(url: str, status: int, text: str, retry_after: str | None = None) -> MintError:
+    """The Mint error for a node's error reply (status, body text and Retry-After header).
+
+    A node whose queue is full answers 429: the client gets the 429 and the node's Retry-After.
+    """
     try:
         error = json.loads(text)["error"]
         message, kind, param = str(error["message"]), str(error.get("type", "")), error.get("param")
     except (ValueError, KeyError, TypeError):
         message, kind, param = text[:300], "", None
+    if status == 429 and kind == errors.RateLimited.type:
+        wait_s = int(retry_after) if retry_after and retry_after.isdigit() else 1
+        return errors.RateLimited(message, param=param, retry_after_s=wait_s)
     refusal = REFUSALS.get(kind)
     if refusal is not None and 400 <= status < 500:
         return refusal(message, param=param)
@@ -48,7 +58,8 @@ def node_error(url: str, status: int, text: str) -> MintError:
 
 
 def _no_answer(url: str, exc: httpx.HTTPError) -> ServiceUnavailable:
-    return ServiceUnavailable(f"the serving node at {url} did not answer ({exc}); retry")
+    # Some of httpx's errors (ConnectTimeout) have an empty message: their class says what happened.
+    return ServiceUnavailable(f"the serving node at {url} did not answer ({type(exc).__name__}: {exc}); retry")
 
 
 def call_node(url: str, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -69,7 +80,7 @@ def complete(url: str, body: NodeCompletion) -> list[dict[str, Any]]:
     except httpx.HTTPError as exc:
         raise _no_answer(url, exc) from exc
     if response.status_code >= 400:
-        raise node_error(url, response.status_code, response.text)
+        raise node_error(url, response.status_code, response.text, response.headers.get("retry-after"))
     return list(response.json())
 
 
@@ -79,7 +90,8 @@ async def complete_stream(url: str, body: NodeCompletion) -> AsyncIterator[dict[
         try:
             async with client.stream("POST", f"{url}{COMPLETE_PATH}", json=body.model_dump(mode="json")) as response:
                 if response.status_code >= 400:
-                    raise node_error(url, response.status_code, (await response.aread()).decode())
+                    text = (await response.aread()).decode()
+                    raise node_error(url, response.status_code, text, response.headers.get("retry-after"))
                 async for line in response.aiter_lines():
                     if line.strip():
                         yield json.loads(line)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mint.chat.render import render_prompt
+from mint.errors import RateLimited
 from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.inference import AdapterOnNode
 from mint.serving.cache import TieredCache
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 
 BATCHERS = 2
 MAX_ROUTERS = 256
+# What a node with a full queue tells clients to wait: a batch step frees room within it.
+RETRY_AFTER_S = 1
 
 
 def decode_archive(payload: bytes) -> AdapterTensors:
@@ -80,9 +83,11 @@ class ServingNode:
         ssd_dir: Path,
         cpu_bytes: int = 2 * 1024**3,
         ssd_bytes: int = 20 * 1024**3,
+        max_waiting: int = 256,
     ) -> None:
         """Serve `spec` with `engine` (see `mint.serving.engines.open_engine`), whose adapter
-        slots become the cache's first tier, and the adapter versions in `store`."""
+        slots become the cache's first tier, and the adapter versions in `store`. At most
+        `max_waiting` requests wait for a batch; `stream(..., refuse_when_full=True)` refuses more."""
         self.spec = spec
         self.store = store
         self.engine = engine
@@ -100,7 +105,7 @@ class ServingNode:
         self._adopt_ssd_copies()
         self._routers: OrderedDict[str, Router] = OrderedDict()
         self._routers_lock = threading.Lock()
-        self._waiting: queue.Queue[_Pending] = queue.Queue()
+        self._waiting: queue.Queue[_Pending] = queue.Queue(maxsize=max_waiting)
         self._stop = threading.Event()
         self._batchers = [
             threading.Thread(target=self._batch_loop, name=f"batcher-{n}", daemon=True) for n in range(BATCHERS)
@@ -221,11 +226,16 @@ class ServingNode:
             stop=request.stop,
         )
 
-    def stream(self, request: NodeCompletion) -> Iterator[StreamEvent]:
+    def stream(self, request: NodeCompletion, *, refuse_when_full: bool = False) -> Iterator[StreamEvent]:
         """Events of one request, generated in a batch with whatever else is waiting.
 
         The adapter is leased for the whole request, so it cannot leave the engine mid-stream.
+        When the queue of waiting requests is full, the request waits for room, or, with
+        `refuse_when_full` (a new request from a client), RateLimited is raised at once: a
+        client retries on another node or later, instead of waiting without bound.
         """
+        if refuse_when_full and self._waiting.full():
+            raise self._full()
         engine_request = self._engine_request(request)
         lease = None
         if request.adapter is not None:
@@ -233,7 +243,10 @@ class ServingNode:
             lease = self.cache.acquire(request.adapter.sha256)
         try:
             pending = _Pending(engine_request)
-            self._waiting.put(pending)
+            try:
+                self._waiting.put(pending, block=not refuse_when_full)
+            except queue.Full:
+                raise self._full() from None
             while True:
                 event = pending.events.get()
                 if isinstance(event, BaseException):
@@ -244,6 +257,13 @@ class ServingNode:
         finally:
             if lease is not None:
                 lease.release()
+
+    def _full(self) -> RateLimited:
+        return RateLimited(
+            f"the serving node of {self.spec.name} has {self._waiting.maxsize} requests waiting, its limit "
+            f"(MINT_SERVING_MAX_WAITING); retry in {RETRY_AFTER_S} s",
+            retry_after_s=RETRY_AFTER_S,
+        )
 
     def complete(self, request: NodeCompletion) -> list[StreamEvent]:
         """The request's events merged into one: its whole text, tokens, logprobs and usage."""

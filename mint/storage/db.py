@@ -11,6 +11,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,28 +38,54 @@ def _create_private_file(path: Path) -> None:
     os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
 
 
-def make_engine(url: str) -> Engine:
+@dataclass(frozen=True)
+class PoolOptions:
+    """A process's pool of connections to one database: `size` kept open, `max_overflow` more
+    opened under load, and how long a caller waits for one before the pool gives up."""
+
+    size: int = 10
+    max_overflow: int = 20
+    timeout_s: float = 30.0
+
+
+def make_engine(url: str, pool: PoolOptions | None = None) -> Engine:
     """A new engine for `url`, with the per-dialect settings Mint relies on."""
+    pool = pool or PoolOptions()
+    sizing = {"pool_size": pool.size, "max_overflow": pool.max_overflow, "pool_timeout": pool.timeout_s}
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             _create_private_file(Path(parsed.database))
-        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        else:  # an in-memory database lives in one connection: no pool to size
+            sizing = {}
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **sizing)
         event.listen(engine, "connect", _on_sqlite_connect)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=True, **sizing)
 
 
 _engines: dict[str, Engine] = {}
 _factories: dict[str, sessionmaker[Session]] = {}
+_pools: dict[str, PoolOptions] = {}
 _lock = threading.Lock()
+
+
+def configure_pool(url: str, pool: PoolOptions) -> None:
+    """Size this process's pool for `url` (`Settings.database_pool`); an engine already made
+    for it is closed, so the next session opens the new pool."""
+    with _lock:
+        _pools[url] = pool
+        engine = _engines.pop(url, None)
+        _factories.pop(url, None)
+    if engine is not None:
+        engine.dispose()
 
 
 def get_engine(url: str) -> Engine:
     """The process-wide engine for `url` (one pool shared by every caller)."""
     with _lock:
         if url not in _engines:
-            _engines[url] = make_engine(url)
+            _engines[url] = make_engine(url, _pools.get(url))
             _factories[url] = sessionmaker(bind=_engines[url], expire_on_commit=False)
         return _engines[url]
 

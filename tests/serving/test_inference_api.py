@@ -34,19 +34,18 @@ BASE = "tiny-glm-moe"
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
 
 
-@pytest.fixture(scope="module")
-def node(prepared: Settings) -> Iterator[subprocess.Popen[bytes]]:
-    """A serving node of the tiny base, registered in the session's database."""
+def serving_node(settings: Settings, base: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """A serving node of `base` (settings from `env` on top of the session's), once registered."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "mint", "serve", "--base", BASE, "--port", str(port)], env=os.environ.copy()
+        [sys.executable, "-m", "mint", "serve", "--base", base, "--port", str(port)], env={**os.environ, **(env or {})}
     )
 
     def registered() -> bool:
         if process.poll() is not None:
             raise AssertionError(f"the serving node exited with {process.returncode}")
-        with session_scope(prepared.database) as session:
-            return any(node.url.endswith(f":{port}") for node in live_nodes(session, BASE))
+        with session_scope(settings.database) as session:
+            return any(node.url.endswith(f":{port}") for node in live_nodes(session, base))
 
     try:
         wait_for(registered, "the serving node to register")
@@ -57,6 +56,12 @@ def node(prepared: Settings) -> Iterator[subprocess.Popen[bytes]]:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.fixture(scope="module")
+def node(prepared: Settings) -> Iterator[subprocess.Popen[bytes]]:
+    """A serving node of the tiny base, registered in the session's database."""
+    yield from serving_node(prepared, BASE)
 
 
 @pytest.fixture(scope="module")
@@ -311,3 +316,103 @@ def test_eval_runs_are_batched_through_the_serving_node(
     assert done["metrics"]["generator"] == "serving-node" and done["tasks_done"] == 6
     trajectories = api.get(f"/v1/evals/{run['id']}/trajectories?limit=10").json()["data"]
     assert all(t["tokens_out"] >= 1 and t["tokens_in"] > 0 for t in trajectories)
+
+
+@pytest.fixture
+def one_connection(prepared: Settings) -> Iterator[None]:
+    """This process's database pool (the API's, on the live server) cut to one connection,
+    no overflow, and one second's wait for it."""
+    from mint.storage.db import PoolOptions, configure_pool
+
+    configure_pool(prepared.database, PoolOptions(size=1, max_overflow=0, timeout_s=1.0))
+    try:
+        yield
+    finally:
+        configure_pool(prepared.database, PoolOptions())
+
+
+@pytest.mark.usefixtures("one_connection")
+def test_concurrent_completions_beyond_the_database_pool_all_succeed(
+    client: Any, versions: list[str], owner: Tenant, prepared: Settings
+) -> None:
+    """A request holds a pooled connection only to authenticate, resolve its model and record
+    its usage, never while the node generates: 12 requests share one connection."""
+    count = 12
+    barrier = threading.Barrier(count)
+    replies: list[tuple[str, int]] = []
+    failures: list[str] = []
+
+    def send(index: int) -> None:
+        model = versions[index % 2]
+        barrier.wait()
+        try:
+            if index % 3 == 0:
+                chunks = list(_ask(client, model, stream=True, stream_options={"include_usage": True}))
+                assert chunks[0].model_extra["mint"]["adapter"] == model
+                replies.append((model, chunks[-1].usage.total_tokens))
+            else:
+                reply = _ask(client, model)
+                assert reply.model_extra["mint"]["adapter"] == model
+                replies.append((model, reply.usage.total_tokens))
+        except Exception as exc:  # noqa: BLE001 - every failure is reported below
+            failures.append(repr(exc))
+
+    with session_scope(prepared.database) as session:
+        before = _served_records(session, owner)
+    senders = [threading.Thread(target=send, args=(index,)) for index in range(count)]
+    for thread in senders:
+        thread.start()
+    for thread in senders:
+        thread.join()
+    assert failures == [] and len(replies) == count
+    with session_scope(prepared.database) as session:
+        recorded = _served_records(session, owner)[len(before) :]
+    assert sorted((r.model_ref, r.tokens) for r in recorded) == sorted(replies)  # streams' usage too
+
+
+def _served_records(session: Any, owner: Tenant) -> list[UsageRecord]:
+    query = select(UsageRecord).where(
+        UsageRecord.organization_id == owner.organization_id, UsageRecord.kind == "served"
+    )
+    return list(session.execute(query.order_by(UsageRecord.created_at, UsageRecord.id)).scalars())
+
+
+BUSY_BASE = "tiny-qwen3-moe"
+
+
+@pytest.fixture(scope="module")
+def busy_node(prepared: Settings) -> Iterator[subprocess.Popen[bytes]]:
+    """A node of another base with room for little: one request per batch, one waiting."""
+    yield from serving_node(prepared, BUSY_BASE, {"MINT_SERVING_BATCH_SIZE": "1", "MINT_SERVING_MAX_WAITING": "1"})
+
+
+def test_a_node_with_a_full_queue_gives_429_with_retry_after(
+    busy_node: Any, live_server: LiveServer, owner: Tenant
+) -> None:
+    """Two batchers of one request and one waiting: of 12 long requests sent at once, the node
+    refuses some, and the API answers those with 429 and Retry-After, never 500."""
+    import httpx
+
+    count = 12
+    barrier = threading.Barrier(count)
+    answers: list[httpx.Response] = []
+
+    def send(index: int) -> None:
+        body = {"model": BUSY_BASE, "messages": QUESTION, "max_tokens": 200, "stream": index % 2 == 0}
+        with httpx.Client(base_url=live_server.url, headers=owner.headers("developer"), timeout=120) as api:
+            barrier.wait()
+            response = api.post("/v1/chat/completions", json=body)
+            answers.append(response)
+
+    senders = [threading.Thread(target=send, args=(index,)) for index in range(count)]
+    for thread in senders:
+        thread.start()
+    for thread in senders:
+        thread.join()
+    statuses = sorted(response.status_code for response in answers)
+    assert set(statuses) == {200, 429}, statuses
+    for response in answers:
+        if response.status_code == 429:
+            assert response.headers["Retry-After"] == "1"
+            error = response.json()["error"]
+            assert error["type"] == "rate_limit_error" and "MINT_SERVING_MAX_WAITING" in error["message"], error

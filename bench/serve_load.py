@@ -1,0 +1,208 @@
+"""Inference under load: many concurrent OpenAI requests through the API to one serving node.
+
+The platform runs as in production, on the current settings (the embedded defaults in a
+temporary MINT_HOME unless MINT_HOME or MINT_DATABASE_URL say otherwise): `mint api` and
+`mint serve --base tiny-glm-moe` as subprocesses. Two adapter versions are registered (fresh
+LoRA sessions of the base, saved as a job saves them), so requests spread over the base and
+both adapters; half of them stream.
+
+For each concurrency level, that many chat completions are sent at once; the bench prints
+errors by status (goal: 0), p50 and p95 latency (to the last byte), and completion tokens
+per second over the level's wall time.
+
+    .venv/bin/python bench/serve_load.py [--levels 64,256] [--max-tokens 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BASE = "tiny-glm-moe"
+QUESTION = [{"role": "user", "content": "Name three rivers of Europe."}]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(condition: Any, what: str, timeout: float = 300.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise RuntimeError(f"gave up waiting for {what}")
+
+
+def register_adapters(settings: Any, organization_id: str, count: int) -> list[str]:
+    """`count` adapter versions of BASE (fresh LoRA sessions, seeded), as a finished job stores them."""
+    from mint.config import PROJECT_ROOT
+    from mint.schemas.base_models import get_base_model_spec
+    from mint.services import adapters
+    from mint.storage.db import session_scope
+    from mint.storage.objects import object_store_for
+    from mint.storage.tables import Adapter
+    from mint.trainer.session import ResidentBase
+    from mint.trainer.types import LoraOptions
+
+    resident = ResidentBase(get_base_model_spec(BASE, PROJECT_ROOT / "configs" / "models"), settings.models_cache_dir)
+    refs = []
+    with tempfile.TemporaryDirectory(prefix="mint-load-") as tmp:
+        for index in range(count):
+            session = resident.create_session(LoraOptions(seed=index))
+            folder = session.save_weights_for_sampler(Path(tmp) / f"adapter-{index}")
+            resident.close(session.session_id)
+            with session_scope(settings.database) as db:
+                version = adapters.register_version(
+                    db,
+                    object_store_for(settings),
+                    organization_id=organization_id,
+                    name=f"load-{index}",
+                    base_model=BASE,
+                    archive=adapters.archive_adapter(folder),
+                    lora={"rank": 16, "alpha": 32},
+                )
+                refs.append(adapters.model_ref_of(db.get(Adapter, version.adapter_id), version))
+    return refs
+
+
+async def one(client: httpx.AsyncClient, model: str, stream: bool, max_tokens: int) -> tuple[int, float, int]:
+    """(status, latency s, completion tokens) of one chat completion."""
+    body = {"model": model, "messages": QUESTION, "max_tokens": max_tokens, "temperature": 1.0, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    started = time.perf_counter()
+    tokens = 0
+    try:
+        if stream:
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        chunk = json.loads(line[6:])
+                        if "error" in chunk:
+                            return 599, time.perf_counter() - started, 0  # an error inside the stream
+                        if chunk.get("usage"):
+                            tokens = chunk["usage"]["completion_tokens"]
+                status = response.status_code
+        else:
+            response = await client.post("/v1/chat/completions", json=body)
+            status = response.status_code
+            if status == 200:
+                tokens = response.json()["usage"]["completion_tokens"]
+    except httpx.HTTPError:
+        status = 0  # no answer
+    return status, time.perf_counter() - started, tokens
+
+
+async def level(api_url: str, key: str, models: list[str], concurrency: int, max_tokens: int) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=600, limits=limits) as client:
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            *(one(client, models[n % len(models)], n % 2 == 1, max_tokens) for n in range(concurrency))
+        )
+        wall_s = time.perf_counter() - started
+    latencies = sorted(latency for status, latency, _ in results if status == 200)
+    errors = Counter(status for status, _, _ in results if status != 200)
+    return {
+        "concurrency": concurrency,
+        "errors": dict(errors),
+        "p50_s": statistics.median(latencies) if latencies else float("nan"),
+        "p95_s": latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))] if latencies else float("nan"),
+        "tokens_per_s": sum(tokens for _, _, tokens in results) / wall_s,
+        "wall_s": wall_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", default="64,256", help="Comma-separated numbers of concurrent requests.")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--adapters", type=int, default=2)
+    args = parser.parse_args()
+    if "MINT_HOME" not in os.environ:
+        os.environ["MINT_HOME"] = tempfile.mkdtemp(prefix="mint-serve-load-")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    api_port, node_port = free_port(), free_port()
+    os.environ["MINT_API_PORT"] = str(api_port)
+
+    from mint.config import get_settings
+    from mint.services.serving_nodes import live_nodes
+    from mint.services.setup import initialize
+    from mint.storage.db import session_scope
+
+    settings = get_settings()
+    result = initialize(settings, organization_name="load")
+    assert result.admin_key is not None, "MINT_HOME is already initialized; use a fresh one"
+    models = [BASE, *register_adapters(settings, result.organization_id, args.adapters)]
+    env = os.environ.copy()
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "mint", "api"], env=env, stdout=subprocess.DEVNULL),
+        subprocess.Popen(
+            [sys.executable, "-m", "mint", "serve", "--base", BASE, "--port", str(node_port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
+    try:
+
+        def node_up() -> bool:
+            with session_scope(settings.database) as session:
+                return bool(live_nodes(session, BASE))
+
+        wait_for(node_up, "the serving node to register")
+        api_url = f"http://127.0.0.1:{api_port}"
+        wait_for(lambda: _ready(api_url), "the API")
+        print(f"database {settings.database.split('://')[0]}; models {', '.join(models)}; half the requests stream")
+        asyncio.run(level(api_url, result.admin_key, models, 8, args.max_tokens))  # warm the adapter cache
+        print(f"{'concurrency':>11} {'errors':>14} {'p50':>8} {'p95':>8} {'tokens/s':>9} {'wall':>7}")
+        for concurrency in (int(n) for n in args.levels.split(",")):
+            row = asyncio.run(level(api_url, result.admin_key, models, concurrency, args.max_tokens))
+            errors = sum(row["errors"].values())
+            shown = f"{errors} {row['errors']}" if errors else "0"
+            print(
+                f"{concurrency:>11} {shown:>14} {row['p50_s']:7.2f}s {row['p95_s']:7.2f}s "
+                f"{row['tokens_per_s']:9.1f} {row['wall_s']:6.1f}s"
+            )
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _ready(api_url: str) -> bool:
+    try:
+        return httpx.get(f"{api_url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
