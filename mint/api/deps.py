@@ -96,9 +96,17 @@ def get_principal_briefly(
 ) -> Principal:
     """The caller, authenticated in a session of its own, closed before the route runs: for
     routes that then wait long on something else (inference waits on a serving node) and
-    must not hold a pooled database connection meanwhile."""
+    must not hold a pooled database connection meanwhile. Behind the gate, which checked the
+    key already, no session is opened at all."""
+    principal: Principal | None = request.scope.get(PRINCIPAL_SCOPE_KEY)
+    if principal is not None:
+        check_method_allowed(principal, request.method)
+        return principal
     with session_scope(settings.database) as session:
         return get_principal(request, session, authorization, x_api_key)
 
 
 BriefPrincipal = Annotated[Principal, Depends(get_principal_briefly)]
+# The dependencies that make a route need a key: the request gate checks the key of every
+# route that depends on one of them before any body is read.
+PRINCIPAL_DEPENDENCIES = frozenset({get_principal, get_principal_briefly})

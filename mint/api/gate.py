@@ -13,8 +13,9 @@ body the moment it passes the limit (413, naming the limit), and the app, which 
 reading, sees the client disconnect and its own answer is dropped.
 
 The gate matches the request against the app's own routes, so what needs a key is exactly
-the routes that depend on `get_principal` (the health probes, `/docs`, `/openapi.json` and the
-dashboard's static files do not); an unknown path goes on to the router's 404.
+the routes that depend on a principal (`deps.PRINCIPAL_DEPENDENCIES`; the health probes,
+`/docs`, `/openapi.json` and the dashboard's static files do not); an unknown path goes on
+to the router's 404.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import BaseRoute, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mint.api.deps import PRINCIPAL_SCOPE_KEY, bearer_or_api_key, check_method_allowed, get_principal
+from mint.api.deps import PRINCIPAL_DEPENDENCIES, PRINCIPAL_SCOPE_KEY, bearer_or_api_key, check_method_allowed
 from mint.api.errors import mint_error_response
 from mint.api.metrics import ROUTE_TEMPLATE_SCOPE_KEY
 from mint.config import Settings
@@ -84,7 +85,7 @@ def _depends_on_principal(route: BaseRoute) -> bool:
     pending = list(route.dependant.dependencies)
     while pending:
         dependency = pending.pop()
-        if dependency.call is get_principal:
+        if dependency.call in PRINCIPAL_DEPENDENCIES:
             return True
         pending.extend(dependency.dependencies)
     return False
