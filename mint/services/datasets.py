@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from mint.chat.rows import validate_chat_row, validate_preference_row, validate_prompt_row
 from mint.errors import InvalidRequest, NotFound, PayloadTooLarge
 from mint.storage.objects import ObjectStore
-from mint.storage.queries import PageResult, get_owned, owned_by, paginate
+from mint.storage.queries import PageResult, get_owned, insert_or_first, owned_by, paginate
 from mint.storage.tables import DATASET_KINDS, Dataset, new_id
 
 VALIDATORS: dict[str, Callable[[Any], list[str]]] = {
@@ -135,11 +135,7 @@ def store_dataset(
         kind, count, errors = validate_rows(spool, kind)
         if errors or count == 0:
             raise _refuse(kind, errors, count)
-        existing = session.execute(
-            select(Dataset).where(
-                Dataset.organization_id == organization_id, Dataset.sha256 == sha256, Dataset.kind == kind
-            )
-        ).scalar_one_or_none()
+        existing = _same_content(session, organization_id, sha256, kind)
         if existing is not None:
             return existing
         key = object_key_of(sha256)
@@ -160,9 +156,15 @@ def store_dataset(
         validation_report={"rows": count, "errors": []},
         source_eval_run_id=source_eval_run_id,
     )
-    session.add(dataset)
-    session.flush()
-    return dataset
+    # The same file uploaded twice at once: both stored the same object; the first row wins.
+    return insert_or_first(session, dataset, lambda: _same_content(session, organization_id, sha256, kind))
+
+
+def _same_content(session: Session, organization_id: str, sha256: str, kind: str) -> Dataset | None:
+    query = select(Dataset).where(
+        Dataset.organization_id == organization_id, Dataset.sha256 == sha256, Dataset.kind == kind
+    )
+    return session.execute(query).scalar_one_or_none()
 
 
 def create_dataset_from_rows(

@@ -34,7 +34,7 @@ from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
 from mint.services.dispatch import Dispatch
 from mint.services.leases import gave_up
 from mint.services.principal import Principal
-from mint.storage.queries import PageResult, get_owned, owned_by, paginate
+from mint.storage.queries import PageResult, get_owned, insert_or_first, owned_by, paginate
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Checkpoint, JobEvent, TrainingJob, new_id, utcnow
 from mint.trainer.types import LoraOptions
 
@@ -200,8 +200,15 @@ def create_job(
         "metadata": body.metadata or {},
     }
     job.total_steps = plan.steps
-    session.add(job)
-    session.flush()
+
+    def retried_meanwhile() -> TrainingJob | None:
+        if idempotency_key is None:
+            return None
+        return _existing(session, principal.organization_id, idempotency_key, request_hash)
+
+    first = insert_or_first(session, job, retried_meanwhile)
+    if first is not job:  # the same request, retried while this one ran, was recorded first
+        return first
     emit_event(session, job.id, f"Validating training file: {training.id} ({training.row_count} {training.kind} rows)")
     emit_event(session, job.id, f"Files validated; {plan.steps} optimizer steps planned", data={"plan": stored_plan})
     mark_queued(session, job, reason="Job enqueued")

@@ -2,15 +2,17 @@
 
 `get_owned` is the one way to load a tenant resource by id: a row of another
 organization is indistinguishable from a missing one (NotFound), so ids cannot be probed.
+`insert_or_first` is the one way to add a row that two concurrent requests may both add.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Select, and_, or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from mint.errors import InvalidRequest, NotFound
@@ -18,6 +20,25 @@ from mint.errors import InvalidRequest, NotFound
 RowT = TypeVar("RowT")
 
 MAX_PAGE_SIZE = 100
+
+
+def insert_or_first(session: Session, row: RowT, first: Callable[[], RowT | None]) -> RowT:
+    """Add `row`, or return the one a concurrent request added first.
+
+    A check-then-insert (an `Idempotency-Key`, a content hash) races with its twin: both find
+    nothing, both insert, and the unique constraint refuses the second. That loser rolls back
+    and answers with the winner's row, looked up by `first`, instead of an IntegrityError.
+    The rollback drops the whole transaction, so the insert must be its first write."""
+    try:
+        session.add(row)
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        winner = first()
+        if winner is None:  # another constraint refused it: not a race this function resolves
+            raise
+        return winner
+    return row
 
 
 def get_owned(session: Session, model: type[RowT], resource_id: str, *, organization_id: str, noun: str) -> RowT:
