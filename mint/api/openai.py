@@ -21,6 +21,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -69,6 +70,31 @@ def _record(settings: Settings, principal: Principal, plan: ServingPlan, served:
             resource_type="deployment" if plan.deployment else None,
             resource_id=plan.deployment,
         )
+
+
+class _StreamedUsage:
+    """Tokens of a streamed completion as its lines arrive: each choice's finishing line gives
+    its exact usage; a choice cut short counts the tokens streamed so far."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.streamed: dict[int, int] = {}
+        self.finished: dict[int, int] = {}
+
+    def add(self, line: dict[str, Any]) -> None:
+        index = line["choice"]
+        self.streamed[index] = self.streamed.get(index, 0) + len(line.get("token_ids") or [])
+        if line.get("finish_reason") and line.get("usage"):
+            self.prompt_tokens = line["usage"]["prompt_tokens"]
+            self.finished[index] = line["usage"]["completion_tokens"]
+
+    def usage(self) -> dict[str, int]:
+        completion = sum(self.finished.get(index, count) for index, count in self.streamed.items())
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
 
 
 def _mint_field(plan: ServingPlan, served: dict[str, Any]) -> dict[str, Any]:
@@ -138,8 +164,9 @@ async def _serve(
         events = _sse(lines, request_body, plan, mint, settings, principal, completion_id, created, chat)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     choices: dict[int, dict[str, Any]] = {}
-    usage = {"prompt_tokens": 0, "completion_tokens": 0}
+    counted = _StreamedUsage()
     async for line in lines:
+        counted.add(line)
         choice = choices.setdefault(line["choice"], {"text": [], "token_ids": [], "logprobs": []})
         choice["text"].append(line["text"])
         choice["token_ids"] += line["token_ids"]
@@ -147,9 +174,7 @@ async def _serve(
         if "finish_reason" in line:
             choice["finish_reason"] = line["finish_reason"]
             choice["message"] = line.get("message")
-            usage["prompt_tokens"] = line["usage"]["prompt_tokens"]
-            usage["completion_tokens"] += line["usage"]["completion_tokens"]
-    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    usage = counted.usage()
     await run_in_threadpool(_record, settings, principal, plan, served.get("adapter"), usage["total_tokens"])
     body: dict[str, Any] = {
         "id": completion_id,
@@ -195,8 +220,8 @@ async def _sse(
     """OpenAI's server-sent events; the first chunk of each choice carries the role and `mint`."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     started: set[int] = set()
-    total = 0
-    prompt_tokens = 0
+    served = _StreamedUsage()
+    recorded = False
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         body = {
@@ -227,17 +252,20 @@ async def _sse(
             if request_body.logprobs:
                 piece["logprobs"] = _logprobs(line, chat)
             started.add(index)
-            if finish:
-                prompt_tokens = line["usage"]["prompt_tokens"]
-                total += line["usage"]["completion_tokens"]
+            served.add(line)
             yield chunk([piece], **extra)
+        usage = served.usage()
+        recorded = True
+        await run_in_threadpool(_record, settings, principal, plan, mint.get("adapter"), usage["total_tokens"])
+        yield chunk([], usage=usage)
+        yield b"data: [DONE]\n\n"
     except MintError as error:
         yield f"data: {json.dumps({'error': {'type': error.type, 'message': error.message}})}\n\n".encode()
-        return
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": total, "total_tokens": prompt_tokens + total}
-    await run_in_threadpool(_record, settings, principal, plan, mint.get("adapter"), usage["total_tokens"])
-    yield chunk([], usage=usage)
-    yield b"data: [DONE]\n\n"
+    finally:
+        if not recorded:  # the client went away, or the node failed mid-stream: what was sent is counted
+            with anyio.CancelScope(shield=True):  # a disconnect cancels this task
+                tokens = served.usage()["total_tokens"]
+                await run_in_threadpool(_record, settings, principal, plan, mint.get("adapter"), tokens)
 
 
 SSE = {"text/event-stream": {"schema": {"type": "string", "description": "OpenAI's server-sent events."}}}

@@ -186,6 +186,31 @@ def test_usage_counts_tokens_served(client: Any, versions: list[str], owner: Ten
     assert served and served[-1].tokens == reply.usage.total_tokens and served[-1].model_ref == versions[0]
 
 
+def test_a_stream_the_client_cuts_short_still_records_the_tokens_it_was_sent(
+    live_server: LiveServer, node: Any, owner: Tenant, versions: list[str], prepared: Settings
+) -> None:
+    """The client reads the first chunk of a long stream and hangs up: the tokens generated for
+    it so far are recorded as served usage, as a finished stream's are."""
+    import httpx
+
+    with session_scope(prepared.database) as session:
+        before = len(_served_records(session, owner))
+    body = {"model": versions[1], "messages": QUESTION, "max_tokens": 4096, "stream": True}
+    with httpx.Client(base_url=live_server.url, headers=owner.headers("developer"), timeout=120) as api:
+        with api.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            first = next(line for line in response.iter_lines() if line.startswith("data: "))
+    assert json.loads(first.removeprefix("data: "))["choices"][0]["delta"]["role"] == "assistant"
+
+    def recorded() -> list[UsageRecord]:
+        with session_scope(prepared.database) as session:
+            return _served_records(session, owner)[before:]
+
+    records = wait_for(recorded, "the usage of the stream cut short")
+    assert len(records) == 1 and records[0].model_ref == versions[1], records
+    assert 1 <= records[0].tokens, records[0].tokens
+
+
 def test_requests_during_promotions_and_rollbacks_are_each_served_wholly_by_one_version(
     client: Any, versions: list[str], owner: Tenant, live_server: LiveServer
 ) -> None:
