@@ -50,18 +50,27 @@ def _adapter_named(session: Session, organization_id: str, name: str) -> Adapter
     ).scalar_one_or_none()
 
 
-def ensure_adapter(session: Session, *, organization_id: str, name: str, base_model: str) -> Adapter:
-    """The organization's adapter `name` on `base_model`, created if new; another base is a conflict."""
+def adapter_for_base(session: Session, *, organization_id: str, name: str, base_model: str) -> Adapter | None:
+    """The organization's adapter `name`, if it exists; a conflict if it is another base's.
+
+    A job checks its `suffix` with it at create, so a name taken on another base is refused
+    before any training, not when the trained version is registered."""
     adapter = _adapter_named(session, organization_id, name)
-    if adapter is None:
-        adapter = Adapter(id=new_id("adapter"), organization_id=organization_id, name=name, base_model=base_model)
-        session.add(adapter)
-        session.flush()
-    elif adapter.base_model != base_model:
+    if adapter is not None and adapter.base_model != base_model:
         raise Conflict(
             f"adapter {name!r} belongs to base {adapter.base_model!r}, not {base_model!r}; choose another name",
             param="suffix",
         )
+    return adapter
+
+
+def ensure_adapter(session: Session, *, organization_id: str, name: str, base_model: str) -> Adapter:
+    """The organization's adapter `name` on `base_model`, created if new; another base is a conflict."""
+    adapter = adapter_for_base(session, organization_id=organization_id, name=name, base_model=base_model)
+    if adapter is None:
+        adapter = Adapter(id=new_id("adapter"), organization_id=organization_id, name=name, base_model=base_model)
+        session.add(adapter)
+        session.flush()
     return adapter
 
 

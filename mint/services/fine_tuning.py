@@ -29,7 +29,7 @@ from mint.evals.graders import GraderSpec
 from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.fine_tuning import FineTuningJobCreate, Method
 from mint.schemas.plans import TrainingPlan, parse_plan
-from mint.services.adapters import model_ref_of
+from mint.services.adapters import adapter_for_base, model_ref_of
 from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
 from mint.services.dispatch import Dispatch
 from mint.services.leases import gave_up
@@ -166,6 +166,8 @@ def create_job(
         if existing is not None:
             return existing
     base = _base_model(session, body.model)
+    if body.suffix is not None:
+        adapter_for_base(session, organization_id=principal.organization_id, name=body.suffix, base_model=base.name)
     method = _method_of(body)
     kind = METHOD_OF_TYPE[method.type]
     seed = body.seed if body.seed is not None else int.from_bytes(uuid.uuid4().bytes[:3])

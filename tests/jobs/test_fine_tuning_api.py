@@ -177,3 +177,24 @@ def test_a_stored_plan_that_no_longer_validates_fails_the_job_on_the_worker(
     assert "plan batch_size" in job["error"]["message"] and job["attempts"] == 1
     # A second delivery of its message finds the job finished: no retry loop.
     assert run_job(prepared, created["id"], "worker-under-test", no_base) == "not-claimed"
+
+
+def test_a_suffix_that_names_another_bases_adapter_is_refused_at_create(
+    client: TestClient, tenant: Tenant, prepared: Settings
+) -> None:
+    from mint.services.adapters import ensure_adapter
+
+    with session_scope(prepared.database) as session:
+        ensure_adapter(session, organization_id=tenant.organization_id, name="shared-name", base_model="tiny-glm-moe")
+        session.commit()
+    file = upload(client, tenant, chat_rows(4))
+    body = {"model": IDLE_BASE, "training_file": file["id"], "steps": 2, "suffix": "shared-name"}
+    refused = _create(client, tenant, body)
+    assert refused.status_code == 409, refused.text
+    assert "belongs to base 'tiny-glm-moe'" in refused.text and "choose another name" in refused.text
+    with session_scope(prepared.database) as session:
+        assert (
+            session.query(TrainingJob).filter_by(organization_id=tenant.organization_id, suffix="shared-name").count()
+            == 0
+        )
+    assert _create(client, tenant, {**body, "suffix": "own-name"}).status_code == 200
