@@ -147,6 +147,10 @@ class EvalRunPublic(BaseModel):
         "mean_latency_ms, tasks_per_s (when finished)."
     )
     tasks_done: int = Field(default=0, description="Tasks whose trajectory is written: the run's progress.")
+    attempts: int = Field(
+        default=0,
+        description="Times a worker has claimed the run; past MINT_MAX_ATTEMPTS it fails with its last error.",
+    )
     error: dict[str, Any] | None
     created_at: Timestamp
     started_at: Timestamp | None

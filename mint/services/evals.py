@@ -171,6 +171,7 @@ def run_views(session: Session, runs: Sequence[EvalRun]) -> list[dict[str, Any]]
             "config": run.config,
             "metrics": run.metrics,
             "tasks_done": int(written.get(run.id, 0)),
+            "attempts": run.attempts,
             "error": run.error,
             "created_at": run.created_at,
             "started_at": run.started_at,

@@ -282,8 +282,9 @@ def test_a_run_out_of_attempts_fails_with_its_last_error(
     assert views[dead]["status"] == "failed" and views[dead]["error"]["message"] == (
         f"gave up after {cap} attempts: worker w-dead stopped renewing the lease (killed, out of memory, or lost)"
     )
-    assert views[poison]["status"] == "failed"
+    assert views[poison]["status"] == "failed" and views[poison]["attempts"] == 500
     assert views[poison]["error"]["message"].startswith("gave up after 500 attempts: the worker of the last attempt")
+    assert client.get(f"/v1/evals/{fresh}", headers=dev).json()["attempts"] == cap - 1
 
     def no_base(name: str) -> Any:
         raise AssertionError("a run out of attempts must not load a model")
