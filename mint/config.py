@@ -53,6 +53,19 @@ class Settings(BaseSettings):
     # A job or eval run is claimed at most this many times; work whose worker keeps dying
     # (a poison job) then fails with its last error instead of being queued again forever.
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1)
+    # Retention (mint.services.retention), enforced by beat: expired Tinker checkpoints, and the
+    # intermediate checkpoints of finished jobs, are deleted, rows first, then their objects.
+    retention_every_s: float = Field(
+        default=600.0, gt=0, description="How often beat deletes expired Tinker checkpoints and old job checkpoints."
+    )
+    job_checkpoints_keep: int = Field(
+        default=1, ge=0, description="Checkpoints a finished job keeps (its newest); the others are deleted."
+    )
+    job_checkpoint_retention_s: float = Field(
+        default=7 * 24 * 3600.0,
+        ge=0,
+        description="How long after a job finished its checkpoints beyond job_checkpoints_keep are kept.",
+    )
 
     # Serving nodes: "auto" runs vLLM where a CUDA GPU and vLLM are (in this venv, or in the one
     # whose interpreter `vllm_python` names), Mint's torch engine elsewhere.

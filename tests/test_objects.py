@@ -14,6 +14,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -248,6 +249,19 @@ def test_list_sorted_by_key_with_prefix(backend: Backend) -> None:
     assert list(store.list("a/b/")) == [infos["a/b/1"], infos["a/b/2"]]
     with pytest.raises(InvalidRequest):
         listed("../")
+
+
+def test_stat_and_list_report_when_the_object_was_written(backend: Backend) -> None:
+    """Garbage collection tells an object in flight from an orphan by this time."""
+    store = backend.store
+    before = datetime.now(UTC) - timedelta(seconds=2)  # S3 keeps whole seconds; clocks differ a little
+    written = store.put_bytes("when/a", b"a")
+    after = datetime.now(UTC) + timedelta(seconds=2)
+    stated = store.stat("when/a")
+    (listed,) = store.list("when/")
+    assert written.modified_at is None and stated == written == listed  # equality is by content
+    for info in (stated, listed):
+        assert info.modified_at is not None and before <= info.modified_at <= after
 
 
 def test_objects_not_written_by_mint_are_invisible(backend: Backend) -> None:

@@ -3,6 +3,7 @@ the same settings as the servers (MINT_DATABASE_URL or MINT_HOME), not an API ke
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import typer
@@ -20,7 +21,7 @@ from mint.storage import migrate
 from mint.storage.db import session_scope
 
 admin = typer.Typer(
-    help="Operator commands: set-up, organizations, keys, models, workers, queues, jobs.", no_args_is_help=True
+    help="Operator commands: set-up, organizations, keys, models, workers, queues, jobs, gc.", no_args_is_help=True
 )
 orgs = typer.Typer(help="Organizations (tenants).", no_args_is_help=True)
 keys = typer.Typer(help="API keys of an organization.", no_args_is_help=True)
@@ -344,3 +345,82 @@ def usage_command(org: OrgOpt, as_json: JsonOpt = False) -> None:
             for kind, base, tokens, records in usage_summary(session, organization.id)
         ]
     emit(rows, USAGE_COLUMNS, as_json=as_json, title=f"usage of {org}")
+
+
+DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+
+
+def parse_duration_s(text: str) -> float:
+    """`90s`, `30m`, `24h`, `7d` or plain seconds, as seconds; a usage error otherwise."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise typer.BadParameter(f"{text!r} is not a duration; write e.g. 90s, 30m, 24h or 7d")
+    return float(match.group(1)) * DURATION_UNITS_S[match.group(2) or "s"]
+
+
+ORPHAN_COLUMNS = ["key", "bytes", "age", "modified_at"]
+
+
+@admin.command("gc")
+def gc_command(
+    grace: Annotated[
+        str, typer.Option("--grace", help="Only objects last written longer ago than this (90s, 30m, 24h, 7d).")
+    ] = "24h",
+    apply: Annotated[bool, typer.Option("--apply", help="Delete the orphans (without it, only list them).")] = False,
+    org: Annotated[
+        str | None,
+        typer.Option("--org", help="Organization whose audit log records the deletion (default: the oldest)."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the objects no row references (orphans left by crashes), older than --grace; --apply deletes them."""
+    from mint.services.object_gc import collect_garbage
+    from mint.storage.objects import object_store_for
+
+    grace_s = parse_duration_s(grace)
+    settings = get_settings()
+    actor = None
+    if apply:
+        with session_scope(settings.database) as session:
+            organizations = [auth.find_organization(session, org)] if org else auth.list_organizations(session)
+            if not organizations:
+                raise InvalidRequest("no organization to audit the deletion in; run `mint admin init` first")
+            actor = operator(organizations[0].id)
+    report = collect_garbage(settings.database, object_store_for(settings), grace_s=grace_s, apply=apply, actor=actor)
+    summary = {
+        "applied": report.applied,
+        "grace_s": report.grace_s,
+        "orphans": len(report.orphans),
+        "orphan_bytes": report.orphan_bytes,
+        "deleted": len(report.deleted),
+        "deleted_bytes": report.deleted_bytes,
+        "kept": len(report.kept),
+    }
+    if as_json:
+        orphans = [
+            {"key": o.key, "size_bytes": o.size_bytes, "modified_at": o.modified_at, "age_s": round(o.age_s, 1)}
+            for o in report.orphans
+        ]
+        emit_one(
+            {**summary, "orphan_objects": orphans, "deleted_keys": report.deleted, "kept_keys": report.kept},
+            as_json=True,
+        )
+        return
+    rows = [
+        {"key": o.key, "bytes": o.size_bytes, "age": _age(o.age_s), "modified_at": o.modified_at}
+        for o in report.orphans
+    ]
+    emit(rows, ORPHAN_COLUMNS, as_json=False, title=f"orphan objects older than {grace}")
+    if apply:
+        console.print(f"deleted {len(report.deleted)} objects, {report.deleted_bytes} bytes", end="")
+        console.print(f"; kept {len(report.kept)} referenced or rewritten since" if report.kept else "")
+    else:
+        console.print(f"{len(report.orphans)} orphans, {report.orphan_bytes} bytes; delete them with --apply")
+
+
+def _age(seconds: float) -> str:
+    for unit in ("d", "h", "m"):
+        if seconds >= DURATION_UNITS_S[unit]:
+            return f"{seconds / DURATION_UNITS_S[unit]:.1f}{unit}"
+    return f"{seconds:.0f}s"

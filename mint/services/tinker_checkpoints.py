@@ -180,14 +180,19 @@ def delete_checkpoint(
     session: Session, store: ObjectStore, organization_id: str, model_id: str, checkpoint_id: str
 ) -> wire.TinkerPath:
     """Forget a checkpoint. A training state's object goes with it; sampler weights stay an
-    adapter version (retire that through /v1/adapters)."""
+    adapter version (retire that through /v1/adapters).
+
+    The row is deleted and committed first: a crash before the object is deleted leaves an
+    object no row references, which `mint admin gc` collects, never a path to nothing."""
     owned_model(session, organization_id, model_id)
     segment, _, name = checkpoint_id.partition("/")
     path = wire.TinkerPath.parse(f"{wire.TINKER_SCHEME}{model_id}/{segment}/{name}")
     row = owned_checkpoint(session, organization_id, path)
-    if row.kind == "training":
-        store.delete(row.object_key)
+    kind, key = row.kind, row.object_key
     session.delete(row)
+    session.commit()
+    if kind == "training":
+        store.delete(key)
     return path
 
 

@@ -7,7 +7,8 @@ Two backends behind one small protocol, chosen by URL (`open_object_store`):
 
 Both stream writes in bounded chunks, hashing as they go, enforce an optional size limit,
 and publish atomically: an object is either absent or complete under its key, never half
-written. Every object carries its sha256, so `stat` and `list` never re-read the bytes.
+written. Every object carries its sha256, so `stat` and `list` never re-read the bytes; they
+also report when the object was last written, which garbage collection needs.
 Keys come from Mint services, never from user file names, and are validated all the same
 (`validate_key`), since nothing a user sends may reach a file path.
 """
@@ -22,9 +23,11 @@ import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, closing, contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, BinaryIO, Protocol, cast
 from urllib.parse import urlsplit
 
@@ -59,6 +62,9 @@ class ObjectInfo:
     key: str
     size_bytes: int
     sha256: str  # hex digest of the content
+    # When the object was last written, by the store's clock: set by `stat` and `list`, None in
+    # what `put` returns. Not part of equality: two infos of the same content are equal.
+    modified_at: datetime | None = field(default=None, compare=False)
 
 
 class ObjectStore(Protocol):
@@ -224,8 +230,8 @@ class LocalObjectStore:
             return file.read()
 
     def stat(self, key: str) -> ObjectInfo:
-        info = self._read_sidecar(validate_key(key))
-        if info is None or not (self.root / key).is_file():
+        info = self._info(validate_key(key))
+        if info is None:
             raise _not_found(key, self.url)
         return info
 
@@ -244,8 +250,8 @@ class LocalObjectStore:
         """Objects whose key starts with `prefix`, sorted by key, read from their sidecars."""
         folder = _check_prefix(prefix)
         for key in self._walk(self.root / folder, folder, prefix):
-            info = self._read_sidecar(key)
-            if info is not None:
+            info = self._info(key)
+            if info is not None:  # None: deleted since the walk saw it
                 yield info
 
     def check(self) -> None:
@@ -302,12 +308,21 @@ class LocalObjectStore:
         finally:
             temp.unlink(missing_ok=True)
 
-    def _read_sidecar(self, key: str) -> ObjectInfo | None:
+    def _info(self, key: str) -> ObjectInfo | None:
+        """The object's sidecar with the file's modification time; None unless both exist."""
         try:
             record = json.loads(self._meta_path(key).read_bytes())
+            status = (self.root / key).stat()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
-        return ObjectInfo(key=key, size_bytes=int(record["size_bytes"]), sha256=str(record["sha256"]))
+        if not S_ISREG(status.st_mode):
+            return None
+        return ObjectInfo(
+            key=key,
+            size_bytes=int(record["size_bytes"]),
+            sha256=str(record["sha256"]),
+            modified_at=datetime.fromtimestamp(status.st_mtime, UTC),
+        )
 
 
 class S3ObjectStore:
@@ -461,7 +476,8 @@ class S3ObjectStore:
         sha256 = head.get("Metadata", {}).get(SHA256_METADATA)
         if sha256 is None:
             raise _not_found(key, self.url)
-        return ObjectInfo(key=key, size_bytes=int(head["ContentLength"]), sha256=str(sha256))
+        modified_at = head.get("LastModified")  # an aware datetime, parsed by botocore
+        return ObjectInfo(key=key, size_bytes=int(head["ContentLength"]), sha256=str(sha256), modified_at=modified_at)
 
     @contextmanager
     def _translated(self, key: str | None = None) -> Iterator[None]:

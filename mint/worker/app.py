@@ -66,6 +66,11 @@ def create_celery(settings: Settings | None = None) -> Celery:
                 "schedule": settings.reconcile_every_s,
                 "options": {"expires": settings.reconcile_every_s},
             },
+            "retention": {
+                "task": "mint.system.retention",
+                "schedule": settings.retention_every_s,
+                "options": {"expires": settings.retention_every_s},
+            },
         },
         beat_schedule_filename=str(settings.home / "beat-schedule"),
     )

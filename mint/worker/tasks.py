@@ -14,6 +14,7 @@ from celery import shared_task
 
 from mint.config import get_settings
 from mint.services.job_runner import run_job
+from mint.services.retention import enforce_retention
 from mint.services.workers import prune_stale_workers
 from mint.storage.db import session_scope
 from mint.worker import signals
@@ -49,3 +50,9 @@ def run_fine_tuning_job(job_id: str) -> str:
 def reconcile() -> dict[str, list[str]]:
     """Requeue jobs whose worker died and re-send jobs whose queue message was lost."""
     return run_reconciler(get_settings()).as_dict()
+
+
+@shared_task(name="mint.system.retention", acks_late=True, ignore_result=True, time_limit=600)
+def retention() -> dict[str, list[str]]:
+    """Delete expired Tinker checkpoints and the old checkpoints of finished jobs, rows then objects."""
+    return enforce_retention(get_settings()).as_dict()
