@@ -194,3 +194,41 @@ def test_a_gate_holds_after_a_withdraw(client: TestClient, tenant: Tenant, prepa
     # The good version may come back.
     again = _post(client, tenant, f"{path}/promote", {"model": good})
     assert again.status_code == 200 and again.json()["status"] == "active"
+
+
+def test_versions_registered_at_once_are_numbered_one_after_another(prepared: Settings, tenant: Tenant) -> None:
+    """Eight versions of one adapter registered by eight threads at once (jobs of one suffix
+    finishing together): each gets its own number, none fails on the (adapter, version) key."""
+    import threading
+
+    _versions(prepared, tenant, "burst", 1)
+    count = 8
+    barrier = threading.Barrier(count)
+    numbers: list[int] = []
+    errors: list[BaseException] = []
+
+    def register() -> None:
+        try:
+            with session_scope(prepared.database) as session:
+                barrier.wait()
+                version = register_version(
+                    session,
+                    object_store_for(prepared),
+                    organization_id=tenant.organization_id,
+                    name="burst",
+                    base_model="tiny-glm-moe",
+                    archive=secrets.token_bytes(128),
+                    lora={"rank": 2, "alpha": 4.0},
+                )
+                session.commit()
+                numbers.append(version.version)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=register) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert sorted(numbers) == list(range(2, count + 2))

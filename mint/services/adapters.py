@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest, NotFound
@@ -74,6 +74,21 @@ def ensure_adapter(session: Session, *, organization_id: str, name: str, base_mo
     return adapter
 
 
+def _hold_numbering(session: Session, adapter: Adapter) -> None:
+    """Hold the adapter's version numbering until this transaction ends.
+
+    Two versions registered at once (two jobs of one suffix finishing together) would both read
+    the same newest version and collide on it. A no-op UPDATE of the adapter's row takes its row
+    lock on PostgreSQL and the write lock on SQLite, so the second waits, then reads the first's
+    version."""
+    session.execute(
+        update(Adapter)
+        .where(Adapter.id == adapter.id)
+        .values(name=Adapter.name)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def register_version(
     session: Session,
     store: ObjectStore,
@@ -92,6 +107,7 @@ def register_version(
     if not store.exists(key):
         store.put_bytes(key, archive)
     adapter = ensure_adapter(session, organization_id=organization_id, name=name, base_model=base_model)
+    _hold_numbering(session, adapter)
     newest = session.execute(
         select(func.max(AdapterVersion.version)).where(AdapterVersion.adapter_id == adapter.id)
     ).scalar_one()
