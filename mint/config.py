@@ -15,12 +15,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_MAX_ATTEMPTS = 5
+
+# A shared node credential shorter than this is refused at start-up: it could be guessed.
+MIN_NODE_TOKEN_CHARS = 32
 
 EngineKind = Literal["auto", "torch", "vllm"]  # the engine of a serving node (mint.serving.engines)
 
@@ -75,6 +78,16 @@ class Settings(BaseSettings):
     )
     serving_engine_slots: int = Field(default=8, ge=1, description="Adapters a node's engine holds at once.")
     serving_batch_size: int = Field(default=16, ge=1, description="Requests a node's engine decodes together.")
+    serving_host: str = Field(
+        default="127.0.0.1", description="Bind address of `mint serve` (a node's internal API) unless --host is given."
+    )
+    # The credential of nodes' internal routes (`Authorization: Bearer`). Set, it is shared by the
+    # API and every node; unset, each node issues a random one at start and records it in its
+    # serving_nodes row, where the API (and `mint admin cache`) read it.
+    node_token: SecretStr | None = Field(
+        default=None,
+        description="Shared credential of serving nodes' internal API; each node issues its own if unset.",
+    )
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=1, le=65535)
@@ -90,6 +103,19 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @field_validator("node_token", mode="after")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():  # MINT_NODE_TOKEN= (empty) is unset
+            return None
+        if len(value.get_secret_value()) < MIN_NODE_TOKEN_CHARS:
+            raise ValueError(
+                f"MINT_NODE_TOKEN must have at least {MIN_NODE_TOKEN_CHARS} characters; make one with "
+                '`python -c "import secrets; print(secrets.token_urlsafe(32))"`, or unset it to let each node '
+                "issue its own"
+            )
+        return value
 
     @property
     def database(self) -> str:
@@ -115,6 +141,11 @@ class Settings(BaseSettings):
     def models_cache_dir(self) -> Path:
         """Where converted base weights (e.g. dequantized GGUF as safetensors) are cached."""
         return self.home / "models"
+
+    @property
+    def shared_node_token(self) -> str | None:
+        """`node_token` as text, or None where each node issues its own."""
+        return self.node_token.get_secret_value() if self.node_token is not None else None
 
     @property
     def api_url(self) -> str:

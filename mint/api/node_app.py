@@ -6,6 +6,10 @@ request with its model already resolved. Replies stream as JSON lines: first wha
 request (`{"served": ...}`), then one line per batch of new tokens of one choice. The node
 registers itself in the database with its URL and heartbeats, so the API finds it.
 
+Every route but `/healthz` and `/metrics` requires the node's credential (`mint.api.node_guard`):
+the shared MINT_NODE_TOKEN, or, where that is unset, a random token the node issues at start
+and records in its serving_nodes row for the API to read. The token is never logged.
+
 Routes: `POST /internal/v1/complete`, `GET /internal/v1/cache`, `POST /internal/v1/cache/pin`
 `/unpin`, `/evict` and `/prefetch`, `GET /healthz`, `GET /metrics` (the cache's per-tier counters).
 """
@@ -31,11 +35,18 @@ from pydantic import BaseModel
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from mint.api.errors import install_error_handlers
+from mint.api.node_guard import NodeCredentialGuard
 from mint.chat.tool_calls import parse_tool_calls
 from mint.config import Settings
 from mint.schemas.base_models import get_base_model_spec
 from mint.schemas.inference import AdapterOnNode
-from mint.services.serving_nodes import HEARTBEAT_EVERY_S, heartbeat, register_node, unregister_node
+from mint.services.serving_nodes import (
+    HEARTBEAT_EVERY_S,
+    heartbeat,
+    node_credential,
+    register_node,
+    unregister_node,
+)
 from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
@@ -71,6 +82,7 @@ def _assistant_message(text: str, call_prefix: str) -> dict[str, Any]:
 def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
     """The node app for `base_model`, reachable by the API at `url`."""
     node_id = f"{base_model}@{socket.gethostname()}/{os.getpid()}"
+    credential = node_credential(settings.shared_node_token)
     state: dict[str, Any] = {}
 
     @asynccontextmanager
@@ -103,7 +115,13 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
         state.update(node=node, registry=registry, stop=threading.Event())
         with session_scope(settings.database) as session:
             register_node(
-                session, node_id=node_id, base_model=base_model, url=url, hostname=socket.gethostname(), pid=os.getpid()
+                session,
+                node_id=node_id,
+                base_model=base_model,
+                url=url,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                token=credential.recorded,
             )
         beating = threading.Thread(target=_heartbeat, args=(settings, node_id, state["stop"]), daemon=True)
         beating.start()
@@ -116,12 +134,17 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
             with session_scope(settings.database) as session:
                 unregister_node(session, node_id)
 
-    app = FastAPI(title=f"Mint serving node ({base_model})", lifespan=lifespan)
+    # No /docs or /openapi.json: the node is no public API (and the guard would refuse them).
+    app = FastAPI(
+        title=f"Mint serving node ({base_model})", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     install_error_handlers(app)
+    app.add_middleware(NodeCredentialGuard, token=credential.token)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
-        return {"status": "ok", "base_model": base_model, "node_id": node_id}
+        """Open to anyone: that the node is up, and nothing about it."""
+        return {"status": "ok"}
 
     @app.get("/metrics")
     def metrics() -> Response:

@@ -41,7 +41,7 @@ from mint.schemas.inference import (
 from mint.services.inference import ServingPlan, available_models, plan_for
 from mint.services.node_client import complete_stream
 from mint.services.principal import Principal
-from mint.services.serving_nodes import node_for
+from mint.services.serving_nodes import NodeAddress, node_for
 from mint.services.usage import record_usage
 from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
@@ -51,11 +51,10 @@ router = APIRouter(tags=["inference"])
 ModelName = Annotated[str, id_path("A base, `adapter@version`, or a deployment name.")]
 
 
-def _plan(settings: Settings, principal: Principal, model: str) -> tuple[ServingPlan, str]:
+def _plan(settings: Settings, principal: Principal, model: str) -> tuple[ServingPlan, NodeAddress]:
     with session_scope(settings.database) as session:
         plan = plan_for(session, principal.organization_id, model)
-        node = node_for(session, plan.base_model, plan.affinity)
-        return plan, node.url
+        return plan, node_for(session, plan.base_model, plan.affinity, settings.shared_node_token)
 
 
 def _record(settings: Settings, principal: Principal, plan: ServingPlan, served: str | None, tokens: int) -> None:
@@ -151,11 +150,11 @@ async def _serve(
     principal: Principal,
 ) -> Response:
     chat = isinstance(request_body, ChatCompletionCreate)
-    plan, url = await run_in_threadpool(_plan, settings, principal, request_body.model)
+    plan, node = await run_in_threadpool(_plan, settings, principal, request_body.model)
     node_body = _node_request(plan, request_body)
     completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
-    lines = complete_stream(url, node_body)
+    lines = complete_stream(node, node_body)
     first = await anext(lines)  # a node's refusal is raised here, before any response starts
     served = first["served"]
     mint = _mint_field(plan, served)

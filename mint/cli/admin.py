@@ -15,6 +15,7 @@ from mint.config import get_settings
 from mint.errors import InvalidRequest, ServiceUnavailable
 from mint.services import auth
 from mint.services.principal import operator
+from mint.services.serving_nodes import NodeAddress
 from mint.services.setup import initialize, prepare_database
 from mint.services.workers import list_workers
 from mint.storage import migrate
@@ -260,13 +261,15 @@ def cache_stats(
     base: Annotated[str | None, typer.Option(help="Only the nodes of this base.")] = None, as_json: JsonOpt = False
 ) -> None:
     """Per node and tier: hits, misses, promotions, evictions, what it holds, mean promotion time."""
-    from mint.services.node_client import call_node, node_urls
+    from mint.services.node_client import call_node
+    from mint.services.serving_nodes import live_addresses
 
-    with session_scope(get_settings().database) as session:
-        urls = node_urls(session, base)
+    settings = get_settings()
+    with session_scope(settings.database) as session:
+        nodes = live_addresses(session, base, settings.shared_node_token)
     rows = []
-    for url in urls:
-        stats = call_node(url, "GET", "/internal/v1/cache")
+    for node in nodes:
+        stats = call_node(node, "GET", "/internal/v1/cache")
         for tier in stats["tiers"]:
             latency = tier["promotion_latency"]
             rows.append(
@@ -285,18 +288,19 @@ def cache_stats(
     emit(rows, CACHE_COLUMNS, as_json=as_json, title="adapter caches")
 
 
-def _pin_target(model: str, org: str) -> tuple[str, dict[str, Any]]:
+def _pin_target(model: str, org: str) -> tuple[NodeAddress, dict[str, Any]]:
     """The node that serves `model` (an adapter version of organization `org`) and the adapter's wire form."""
     from mint.services.inference import plan_for
     from mint.services.serving_nodes import node_for
 
-    with session_scope(get_settings().database) as session:
+    settings = get_settings()
+    with session_scope(settings.database) as session:
         organization = auth.find_organization(session, org)
         plan = plan_for(session, organization.id, model)
         if plan.adapter is None:
             raise InvalidRequest(f"{model!r} is not an adapter version; pin one such as name@1", param="model")
-        node = node_for(session, plan.base_model, plan.affinity)
-        return node.url, {"adapter": plan.adapter.model_dump()}
+        node = node_for(session, plan.base_model, plan.affinity, settings.shared_node_token)
+        return node, {"adapter": plan.adapter.model_dump()}
 
 
 @cache.command("pin")
@@ -304,8 +308,8 @@ def cache_pin(model: str, org: OrgOpt, as_json: JsonOpt = False) -> None:
     """Keep an adapter version loaded on the node that serves it (never evicted until unpinned)."""
     from mint.services.node_client import call_node
 
-    url, body = _pin_target(model, org)
-    emit_one({"node": url, **call_node(url, "POST", "/internal/v1/cache/pin", body)}, as_json=as_json)
+    node, body = _pin_target(model, org)
+    emit_one({"node": node.id, **call_node(node, "POST", "/internal/v1/cache/pin", body)}, as_json=as_json)
 
 
 @cache.command("unpin")
@@ -313,8 +317,8 @@ def cache_unpin(model: str, org: OrgOpt, as_json: JsonOpt = False) -> None:
     """Undo a pin; the adapter becomes evictable again."""
     from mint.services.node_client import call_node
 
-    url, body = _pin_target(model, org)
-    emit_one({"node": url, **call_node(url, "POST", "/internal/v1/cache/unpin", body)}, as_json=as_json)
+    node, body = _pin_target(model, org)
+    emit_one({"node": node.id, **call_node(node, "POST", "/internal/v1/cache/unpin", body)}, as_json=as_json)
 
 
 @cache.command("evict")
@@ -327,10 +331,9 @@ def cache_evict(
     """Remove an adapter version's cached copies (the object store keeps it); refused while in use or pinned."""
     from mint.services.node_client import call_node
 
-    url, body = _pin_target(model, org)
-    emit_one(
-        {"node": url, **call_node(url, "POST", "/internal/v1/cache/evict", {**body, "tier": tier})}, as_json=as_json
-    )
+    node, body = _pin_target(model, org)
+    evicted = call_node(node, "POST", "/internal/v1/cache/evict", {**body, "tier": tier})
+    emit_one({"node": node.id, **evicted}, as_json=as_json)
 
 
 @admin.command("usage")

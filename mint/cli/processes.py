@@ -125,7 +125,9 @@ class EngineChoice(enum.StrEnum):
 
 def serve(
     base: Annotated[str, typer.Option(help="The base model this node serves, with its adapters.")],
-    host: Annotated[str, typer.Option(help="Bind address; the API must reach it.")] = "127.0.0.1",
+    host: Annotated[
+        str | None, typer.Option(help="Bind address (MINT_SERVING_HOST); only the API should reach it.")
+    ] = None,
     port: Annotated[int, typer.Option(help="Port of the node's internal API.")] = 8100,
     url: Annotated[str | None, typer.Option(help="URL the API uses to reach this node; from host and port.")] = None,
     engine: Annotated[
@@ -146,8 +148,9 @@ def serve(
     bases = enabled_base_names(settings.model_configs_dir)
     if base not in bases:
         raise typer.BadParameter(f"unknown or disabled base {base!r}; enabled: {', '.join(bases)}", param_hint="--base")
-    app = create_node_app(settings, base, url or f"http://{host}:{port}")
-    uvicorn.run(app, host=host, port=port, log_level=settings.log_level.lower())
+    bind = host or settings.serving_host
+    app = create_node_app(settings, base, url or f"http://{bind}:{port}")
+    uvicorn.run(app, host=bind, port=port, log_level=settings.log_level.lower())
 
 
 def up(

@@ -39,7 +39,7 @@ from mint.schemas.inference import AdapterOnNode
 from mint.services import adapters, benchmarks, evals, node_client
 from mint.services.evals import FINISHED
 from mint.services.leases import WORKER_STOPPED, LeaseKeeper, claim_row, exhausted, held_by
-from mint.services.serving_nodes import live_nodes, node_for
+from mint.services.serving_nodes import NodeAddress, live_nodes, node_for
 from mint.services.usage import record_usage
 from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
@@ -135,8 +135,10 @@ class NodeGenerate:
     on its adapter), instead of one prompt after another on the worker's sampler. Replies are
     text, parsed for tool calls by the runner exactly as the sampler's are."""
 
-    def __init__(self, url: str, adapter: AdapterOnNode | None, *, max_tokens: int, temperature: float) -> None:
-        self.url, self.adapter = url, adapter
+    def __init__(
+        self, node: NodeAddress, adapter: AdapterOnNode | None, *, max_tokens: int, temperature: float
+    ) -> None:
+        self.node, self.adapter = node, adapter
         self.max_tokens, self.temperature = max_tokens, temperature
 
     def __call__(self, requests: Sequence[GenerateRequest]) -> list[Generation]:
@@ -172,7 +174,7 @@ class NodeGenerate:
         """The node's lines; while its queue is full (429), wait as it says and ask again."""
         while True:
             try:
-                return node_client.complete(self.url, body)
+                return node_client.complete(self.node, body)
             except RateLimited as busy:
                 time.sleep(busy.retry_after_s)
 
@@ -190,7 +192,7 @@ class _Model:
         self.session_id: str | None = None
         self.generator = "trainer-sampler"
 
-    def _node(self) -> tuple[str, AdapterOnNode | None] | None:
+    def _node(self) -> tuple[NodeAddress, AdapterOnNode | None] | None:
         base_model = str(self.run.config["base_model"])
         with session_scope(self.settings.database) as session:
             adapter = None
@@ -205,13 +207,14 @@ class _Model:
                 )
             if not live_nodes(session, base_model):
                 return None
-            url = node_for(session, base_model, adapter.sha256 if adapter else base_model).url
+            affinity = adapter.sha256 if adapter else base_model
+            node = node_for(session, base_model, affinity, self.settings.shared_node_token)
         try:  # a node that stopped without unregistering is skipped, not waited for
-            httpx.get(f"{url}/healthz", timeout=2.0).raise_for_status()
+            httpx.get(f"{node.url}/healthz", timeout=2.0).raise_for_status()
         except httpx.HTTPError:
-            log.warning("serving node %s does not answer; evaluating on this worker", url)
+            log.warning("serving node %s at %s does not answer; evaluating on this worker", node.id, node.url)
             return None
-        return url, adapter
+        return node, adapter
 
     def _version(self, session: Session) -> AdapterVersion:
         version = session.get(AdapterVersion, self.run.adapter_version_id)

@@ -203,6 +203,9 @@ class ServingNode(Base):
     url: Mapped[str] = mapped_column(String(500))
     hostname: Mapped[str] = mapped_column(String(200))
     pid: Mapped[int] = mapped_column(Integer)
+    # The credential the node issued itself (MINT_NODE_TOKEN unset), which the API presents on
+    # every call to it; None where the node requires the shared MINT_NODE_TOKEN instead.
+    token: Mapped[str | None] = mapped_column(String(200), nullable=True)
     started_at: Mapped[datetime] = _created()
     last_seen_at: Mapped[datetime] = _created()
 

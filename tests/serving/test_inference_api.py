@@ -25,7 +25,7 @@ from mint.services import adapters
 from mint.services.serving_nodes import live_nodes
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
-from mint.storage.tables import Adapter, UsageRecord
+from mint.storage.tables import Adapter, ServingNode, UsageRecord
 from tests.conftest import LiveServer, Tenant, free_port, make_tenant, wait_for
 
 pytestmark = [pytest.mark.torch, pytest.mark.integration]
@@ -341,6 +341,44 @@ def test_eval_runs_are_batched_through_the_serving_node(
     assert done["metrics"]["generator"] == "serving-node" and done["tasks_done"] == 6
     trajectories = api.get(f"/v1/evals/{run['id']}/trajectories?limit=10").json()["data"]
     assert all(t["tokens_out"] >= 1 and t["tokens_in"] > 0 for t in trajectories)
+
+
+def _set_node_token(settings: Settings, node_id: str, token: str | None) -> None:
+    with session_scope(settings.database) as session:
+        row = session.get(ServingNode, node_id)
+        assert row is not None
+        row.token = token
+
+
+def test_the_node_answers_only_with_its_credential_and_the_api_presents_it(
+    versions: list[str], owner: Tenant, live_server: LiveServer, node: subprocess.Popen[bytes], prepared: Settings
+) -> None:
+    """The node process refuses its internal routes without the token it recorded; the API
+    presents that token, and where it is not the node's, the client gets a 503 that names the
+    node, never where it is."""
+    import httpx
+
+    with session_scope(prepared.database) as session:
+        row = session.execute(select(ServingNode).where(ServingNode.pid == node.pid)).scalar_one()
+        node_id, url, token = row.id, row.url, row.token
+    assert token
+    body = {"prompt": "Hi", "max_tokens": 1, "adapter": None}
+    assert httpx.post(f"{url}/internal/v1/complete", json=body).status_code == 401
+    assert httpx.get(f"{url}/internal/v1/cache", headers={"Authorization": "Bearer not-it"}).status_code == 401
+    assert httpx.get(f"{url}/internal/v1/cache", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+    api = httpx.Client(base_url=live_server.url, headers=owner.headers("developer"), timeout=60)
+    question = {"model": versions[0], "messages": QUESTION, "max_tokens": 2}
+    _set_node_token(prepared, node_id, "a-token-that-is-not-the-node-s-own")
+    try:
+        for stream in (False, True):
+            refused = api.post("/v1/chat/completions", json={**question, "stream": stream})
+            assert refused.status_code == 503, refused.text
+            assert node_id in refused.json()["error"]["message"] and "MINT_NODE_TOKEN" in refused.text
+            assert url not in refused.text and url.rsplit(":", 1)[1] not in refused.text
+    finally:
+        _set_node_token(prepared, node_id, token)
+    assert api.post("/v1/chat/completions", json=question).status_code == 200
 
 
 @pytest.fixture

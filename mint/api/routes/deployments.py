@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, BackgroundTasks
 from fastapi.responses import JSONResponse
 
-from mint.api.deps import CurrentPrincipal, SessionDep
+from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from mint.api.pagination import After, Limit, id_path, page_from
 from mint.schemas.common import Page
 from mint.schemas.deployments import (
@@ -23,6 +23,7 @@ from mint.schemas.deployments import (
     WithdrawRequest,
 )
 from mint.services import deployments, inference, node_client
+from mint.services.serving_nodes import live_addresses
 from mint.storage.tables import Deployment
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
@@ -30,14 +31,14 @@ router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
 DeploymentId = Annotated[str, id_path("The deployment's id (`deploy_...`) or name.")]
 
 
-def _prefetch_later(session: SessionDep, deployment: Deployment, tasks: BackgroundTasks) -> None:
+def _prefetch_later(session: SessionDep, settings: SettingsDep, deployment: Deployment, tasks: BackgroundTasks) -> None:
     """After the response: hint the base's serving nodes to warm what the deployment now serves."""
     if deployment.status != "active":
         return
     adapters = inference.deployment_adapters(session, deployment)
-    urls = node_client.node_urls(session, deployment.base_model)
-    if urls:
-        tasks.add_task(node_client.prefetch_on_nodes, urls, adapters)
+    nodes = live_addresses(session, deployment.base_model, settings.shared_node_token)
+    if nodes:
+        tasks.add_task(node_client.prefetch_on_nodes, nodes, adapters)
 
 
 def _public(session: SessionDep, deployment: Deployment) -> DeploymentPublic:
@@ -48,13 +49,17 @@ def _public(session: SessionDep, deployment: Deployment) -> DeploymentPublic:
 
 @router.post("", response_model=DeploymentPublic, status_code=201)
 def create_deployment(
-    body: DeploymentCreate, session: SessionDep, principal: CurrentPrincipal, tasks: BackgroundTasks
+    body: DeploymentCreate,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: CurrentPrincipal,
+    tasks: BackgroundTasks,
 ) -> DeploymentPublic:
     """Serve an adapter version (or a mixture) under a stable name; revision 1."""
     deployment = deployments.create_deployment(
         session, principal, name=body.name, model=body.model, mixture=body.mixture, gate=body.gate, reason=body.reason
     )
-    _prefetch_later(session, deployment, tasks)
+    _prefetch_later(session, settings, deployment, tasks)
     return _public(session, deployment)
 
 
@@ -89,6 +94,7 @@ def promote(
     deployment_id: DeploymentId,
     body: PromoteRequest,
     session: SessionDep,
+    settings: SettingsDep,
     principal: CurrentPrincipal,
     tasks: BackgroundTasks,
 ) -> DeploymentPublic | JSONResponse:
@@ -100,7 +106,7 @@ def promote(
     except deployments.GateRefused as refused:
         error = {"type": refused.type, "message": refused.message, "param": refused.param, "verdict": refused.verdict}
         return JSONResponse({"error": error}, status_code=409)
-    _prefetch_later(session, deployment, tasks)
+    _prefetch_later(session, settings, deployment, tasks)
     return _public(session, deployment)
 
 
