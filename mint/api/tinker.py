@@ -20,9 +20,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep, SettingsDep
+from mint.api.downloads import TAR_MEDIA_TYPE, binary_response, stream_object
 from mint.api.errors import error_response
 from mint.api.pagination import id_path
 from mint.errors import InvalidRequest
@@ -41,13 +42,6 @@ Offset = Annotated[int, Query(ge=0, le=10**9, description="Items to skip.")]
 # retrieve_future reads a waiting future's row after 10 ms, then less and less often, down to
 # this: a result is seen within this long of being written.
 POLL_MAX_DELAY_S = 0.1
-
-TAR_RESPONSE: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "The tokenizer files as a tar archive.",
-        "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
-    }
-}
 
 
 # ---- client start-up and sessions -------------------------------------------------------------
@@ -377,13 +371,13 @@ def weights_info(
     return tinker_checkpoints.weights_info(session, principal.organization_id, body.tinker_path)
 
 
-@router.get("/tokenizers/{base_model}", response_class=Response, responses=TAR_RESPONSE)
-def download_tokenizer(base_model: BaseName, settings: SettingsDep, _: CurrentPrincipal) -> Response:
-    """The base's tokenizer files (Mint's own route): unpack them into a folder and load it with
-    `AutoTokenizer.from_pretrained(folder)` on a machine with no model hub."""
-    data = tinker_checkpoints.tokenizer_archive(settings, base_model)
-    return Response(
-        data,
-        media_type="application/x-tar",
-        headers={"Content-Disposition": f'attachment; filename="{base_model}-tokenizer.tar"'},
-    )
+@router.get(
+    "/tokenizers/{base_model}",
+    response_class=StreamingResponse,
+    responses=binary_response(TAR_MEDIA_TYPE, "The tokenizer files as a tar archive."),
+)
+def download_tokenizer(base_model: BaseName, settings: SettingsDep, _: CurrentPrincipal) -> StreamingResponse:
+    """The base's tokenizer files (Mint's own route), streamed: unpack them into a folder and load
+    it with `AutoTokenizer.from_pretrained(folder)` on a machine with no model hub."""
+    stream = tinker_checkpoints.tokenizer_archive(settings, base_model)
+    return stream_object(stream, media_type=TAR_MEDIA_TYPE, filename=f"{base_model}-tokenizer.tar")

@@ -198,11 +198,16 @@ def list_datasets(session: Session, organization_id: str, *, after: str | None, 
     return paginate(session, owned_by(Dataset, organization_id), Dataset, after=after, limit=limit)
 
 
-def read_rows(store: ObjectStore, dataset: Dataset) -> list[dict[str, Any]]:
-    """Every row of a stored dataset, in file order."""
+def content_key(dataset: Dataset) -> str:
+    """The object key of a dataset's JSONL."""
     if dataset.object_key is None:
         raise NotFound(f"dataset {dataset.id!r} has no stored content", param="id")
-    text = store.get_bytes(dataset.object_key).decode("utf-8")
+    return dataset.object_key
+
+
+def read_rows(store: ObjectStore, dataset: Dataset) -> list[dict[str, Any]]:
+    """Every row of a stored dataset, in file order (a worker's training data, read whole)."""
+    text = store.get_bytes(content_key(dataset)).decode("utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
