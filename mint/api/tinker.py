@@ -54,9 +54,12 @@ def healthz() -> wire.HealthResponse:
 
 
 @router.post("/client/config", response_model=wire.ClientConfigResponse)
-def client_config(body: wire.ClientConfigRequest, _: CurrentPrincipal) -> wire.ClientConfigResponse:
-    """Feature flags for the SDK: API-key auth, custom losses run client-side."""
-    return wire.ClientConfigResponse()
+def client_config(
+    body: wire.ClientConfigRequest, settings: SettingsDep, _: CurrentPrincipal
+) -> wire.ClientConfigResponse:
+    """Feature flags for the SDK: API-key auth, custom losses run client-side, and how to split a
+    forward_backward batch so that each request stays within this server's limits."""
+    return wire.ClientConfigResponse(**wire.BatchLimits.from_settings(settings).chunking())
 
 
 @router.post("/client/dynamic_config", response_model=wire.ClientDynamicConfigResponse)
@@ -152,7 +155,7 @@ def get_info(
 
 
 async def _protobuf_body(request: Request) -> bytes:
-    # Its size limit (settings.max_upload_bytes) is enforced by the request gate while it streams.
+    # Its size limit (settings.tinker_max_body_bytes) is enforced by the request gate while it streams.
     if request.headers.get("content-encoding", "identity") not in ("identity", ""):
         raise InvalidRequest("send the forward_backward body uncompressed (this server turns compression off)")
     if not request.headers.get("content-type", "").startswith(wire.PROTOBUF_MEDIA_TYPE):
@@ -170,8 +173,9 @@ def forward_backward(
     dispatch: DispatchDep,
     principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
-    """Forward (and backward, unless `forward_only`) over a batch; the body is protobuf."""
-    request = wire.decode_forward_backward_request(body)
+    """Forward (and backward, unless `forward_only`) over a batch; the body is protobuf, bounded
+    by the `tinker_max_*` settings before it is decoded (413 past them)."""
+    request = wire.decode_forward_backward_request(body, wire.BatchLimits.from_settings(settings))
     future = tinker.submit_forward_backward(session, settings, principal.organization_id, request, dispatch)
     return _future(future)
 

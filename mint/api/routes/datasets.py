@@ -45,6 +45,7 @@ def _upload(
         kind=kind,
         purpose=purpose,
         max_bytes=settings.max_upload_bytes,
+        max_row_bytes=settings.max_dataset_row_bytes,
     )
 
 
