@@ -93,11 +93,36 @@ class Settings(BaseSettings):
     api_port: int = Field(default=8000, ge=1, le=65535)
     public_url: str | None = Field(default=None, description="URL that clients use to reach the API.")
     max_upload_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
+    max_dataset_row_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1,
+        description="Longest line of an uploaded dataset: validation holds one line at a time, never the file.",
+    )
     log_level: str = "INFO"
 
     # Request bodies: the size any route accepts, unless mint.api.gate.ROUTE_BODY_LIMITS gives the
     # route its own (uploads); refused with 413 while the body streams in.
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
+
+    # Tinker forward_backward bodies are protobuf, whose packed 4-byte numbers each become a
+    # ~36-byte Python object when decoded: these bound a request before it is decoded (413).
+    # The SDK's own batches stay within them: it splits a batch into requests of at most
+    # 1,024 data and about 5 MB, and /api/v1/client/config announces smaller sizes when these
+    # limits are set lower.
+    tinker_max_body_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1, description="Body size limit of a Tinker forward_backward request."
+    )
+    tinker_max_batch_data: int = Field(
+        default=4096, ge=1, description="Data (sequences) in one Tinker forward_backward request."
+    )
+    tinker_max_batch_numbers: int = Field(
+        default=4_000_000,
+        ge=1,
+        description="Tokens plus loss-input values in one Tinker forward_backward request.",
+    )
+    tinker_max_datum_tokens: int = Field(
+        default=262_144, ge=1, description="Tokens of one datum (sequence) of a Tinker forward_backward request."
+    )
 
     @field_validator("home", "model_configs_dir", mode="after")
     @classmethod

@@ -82,17 +82,37 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    """An S3 API on loopback (moto's server mode), with dummy credentials in the env."""
-    from moto.server import ThreadedMotoServer
+    """An S3 API on loopback (moto's server mode, in its own process), with dummy credentials in
+    the env. Out of process, so that what the test process measures of its own memory
+    (tracemalloc, in the download tests) is the API's alone: moto holds every object whole."""
+    import httpx
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+
+    def answering() -> bool:
+        if server.poll() is not None:
+            raise RuntimeError(f"moto's server exited with {server.returncode}")
+        try:
+            httpx.get(f"{endpoint}/moto-api/", timeout=1)
+        except httpx.TransportError:
+            return False
+        return True
+
+    try:
+        wait_for(answering, "moto's S3 server to start", timeout=60)
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 @dataclass(frozen=True)

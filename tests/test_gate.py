@@ -92,7 +92,7 @@ def test_viewer_key_is_refused_a_write_before_the_body_is_read(client: TestClien
 
 
 def test_chunked_tinker_body_over_the_limit_gets_413_while_streaming(prepared: Settings, tenant: Tenant) -> None:
-    app = create_app(prepared.model_copy(update={"max_upload_bytes": 1 * MiB}))
+    app = create_app(prepared.model_copy(update={"tinker_max_body_bytes": 1 * MiB}))
     headers = {**tenant.headers("developer"), "Content-Type": "application/x-protobuf"}
     body = CountingBody(chunks=128)  # 8 MiB, 64 KiB at a time
     status, answer = call_asgi(app, "/api/v1/forward_backward", headers, body)

@@ -149,6 +149,41 @@ def test_round_trip_reports_sha256_and_size(backend: Backend) -> None:
         assert stream.read() == large[10:]
 
 
+def test_stream_reads_in_bounded_chunks(backend: Backend) -> None:
+    store = backend.store
+    data = payload(PART + 2 * MiB + 5, seed=4)  # more than a part, and not a whole number of chunks
+    info = store.put("big/streamed.bin", chunked(data, 3 * MiB))
+    with store.stream("big/streamed.bin", chunk_bytes=MiB) as stream:
+        assert stream.info == info
+        sizes, digest = [], hashlib.sha256()
+        for chunk in stream:
+            sizes.append(len(chunk))
+            digest.update(chunk)
+    assert max(sizes) == MiB and sum(sizes) == len(data)
+    assert digest.hexdigest() == info.sha256
+    store.put_bytes("empty", b"")
+    assert list(store.stream("empty")) == []
+    assert store.stream("empty").info.size_bytes == 0
+
+
+def test_stream_opens_at_once(backend: Backend) -> None:
+    """A missing or foreign object is refused when the stream is made, before any byte is sent."""
+    backend.plant("foreign", b"no sha256 recorded")
+    for key in ("missing", "foreign"):
+        with pytest.raises(NotFound):
+            backend.store.stream(key)
+
+
+def test_abandoned_stream_releases_its_file(tmp_path: Path) -> None:
+    store = open_object_store(f"file://{tmp_path}")
+    store.put_bytes("a", payload(3 * MiB))
+    stream = store.stream("a", chunk_bytes=MiB)
+    chunks = iter(stream)
+    next(chunks)
+    chunks.close()  # the client went away mid-download
+    assert stream.closed
+
+
 def test_streaming_put_from_iterator_larger_than_a_part(backend: Backend) -> None:
     data = payload(PART + 2 * MiB)  # more than a part: a multipart upload on S3
     info = backend.store.put("big/object.bin", chunked(data, 3 * MiB))
@@ -294,6 +329,7 @@ def test_every_operation_validates_keys(backend: Backend, tmp_path: Path) -> Non
         lambda key: store.put(key, [b"x"]),
         lambda key: store.put_bytes(key, b"x"),
         store.get_bytes,
+        store.stream,
         lambda key: store.open(key).__enter__(),
         store.stat,
         store.exists,

@@ -20,9 +20,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep, SettingsDep
+from mint.api.downloads import TAR_MEDIA_TYPE, binary_response, stream_object
 from mint.api.errors import error_response
 from mint.api.pagination import id_path
 from mint.errors import InvalidRequest
@@ -42,13 +43,6 @@ Offset = Annotated[int, Query(ge=0, le=10**9, description="Items to skip.")]
 # this: a result is seen within this long of being written.
 POLL_MAX_DELAY_S = 0.1
 
-TAR_RESPONSE: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "The tokenizer files as a tar archive.",
-        "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
-    }
-}
-
 
 # ---- client start-up and sessions -------------------------------------------------------------
 
@@ -60,9 +54,12 @@ def healthz() -> wire.HealthResponse:
 
 
 @router.post("/client/config", response_model=wire.ClientConfigResponse)
-def client_config(body: wire.ClientConfigRequest, _: CurrentPrincipal) -> wire.ClientConfigResponse:
-    """Feature flags for the SDK: API-key auth, custom losses run client-side."""
-    return wire.ClientConfigResponse()
+def client_config(
+    body: wire.ClientConfigRequest, settings: SettingsDep, _: CurrentPrincipal
+) -> wire.ClientConfigResponse:
+    """Feature flags for the SDK: API-key auth, custom losses run client-side, and how to split a
+    forward_backward batch so that each request stays within this server's limits."""
+    return wire.ClientConfigResponse(**wire.BatchLimits.from_settings(settings).chunking())
 
 
 @router.post("/client/dynamic_config", response_model=wire.ClientDynamicConfigResponse)
@@ -158,7 +155,7 @@ def get_info(
 
 
 async def _protobuf_body(request: Request) -> bytes:
-    # Its size limit (settings.max_upload_bytes) is enforced by the request gate while it streams.
+    # Its size limit (settings.tinker_max_body_bytes) is enforced by the request gate while it streams.
     if request.headers.get("content-encoding", "identity") not in ("identity", ""):
         raise InvalidRequest("send the forward_backward body uncompressed (this server turns compression off)")
     if not request.headers.get("content-type", "").startswith(wire.PROTOBUF_MEDIA_TYPE):
@@ -176,8 +173,9 @@ def forward_backward(
     dispatch: DispatchDep,
     principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
-    """Forward (and backward, unless `forward_only`) over a batch; the body is protobuf."""
-    request = wire.decode_forward_backward_request(body)
+    """Forward (and backward, unless `forward_only`) over a batch; the body is protobuf, bounded
+    by the `tinker_max_*` settings before it is decoded (413 past them)."""
+    request = wire.decode_forward_backward_request(body, wire.BatchLimits.from_settings(settings))
     future = tinker.submit_forward_backward(session, settings, principal.organization_id, request, dispatch)
     return _future(future)
 
@@ -377,13 +375,13 @@ def weights_info(
     return tinker_checkpoints.weights_info(session, principal.organization_id, body.tinker_path)
 
 
-@router.get("/tokenizers/{base_model}", response_class=Response, responses=TAR_RESPONSE)
-def download_tokenizer(base_model: BaseName, settings: SettingsDep, _: CurrentPrincipal) -> Response:
-    """The base's tokenizer files (Mint's own route): unpack them into a folder and load it with
-    `AutoTokenizer.from_pretrained(folder)` on a machine with no model hub."""
-    data = tinker_checkpoints.tokenizer_archive(settings, base_model)
-    return Response(
-        data,
-        media_type="application/x-tar",
-        headers={"Content-Disposition": f'attachment; filename="{base_model}-tokenizer.tar"'},
-    )
+@router.get(
+    "/tokenizers/{base_model}",
+    response_class=StreamingResponse,
+    responses=binary_response(TAR_MEDIA_TYPE, "The tokenizer files as a tar archive."),
+)
+def download_tokenizer(base_model: BaseName, settings: SettingsDep, _: CurrentPrincipal) -> StreamingResponse:
+    """The base's tokenizer files (Mint's own route), streamed: unpack them into a folder and load
+    it with `AutoTokenizer.from_pretrained(folder)` on a machine with no model hub."""
+    stream = tinker_checkpoints.tokenizer_archive(settings, base_model)
+    return stream_object(stream, media_type=TAR_MEDIA_TYPE, filename=f"{base_model}-tokenizer.tar")

@@ -25,7 +25,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mint.errors import InvalidRequest
+from mint.config import Settings
+from mint.errors import InvalidRequest, PayloadTooLarge
 from mint.schemas.common import ID_PATTERN, LABEL_PATTERN
 
 # Ids the SDK sends back (sessions, models, samplers, futures): no spaces, slashes or control characters.
@@ -33,6 +34,10 @@ Id = Annotated[str, Field(min_length=1, max_length=100, pattern=ID_PATTERN)]
 # A seq_id is stored as a 32-bit integer.
 SeqId = Annotated[int, Field(ge=1, lt=2**31)]
 TtlSeconds = Annotated[int, Field(ge=1, le=10 * 366 * 24 * 3600)]
+# The SDK's own defaults for splitting a forward_backward batch: data per request, and the
+# request's estimated size (4 bytes a token, each loss input's array bytes).
+SDK_MAX_CHUNK_DATA = 1024
+SDK_MAX_CHUNK_BYTES = 5_000_000
 
 # ---- JSON request bodies ----------------------------------------------------------------------
 
@@ -242,6 +247,9 @@ class ClientConfigResponse(_Response):
     sample_use_retrieve_futures: bool = False
     sample_join_sampling_session: bool = False
     proto_compress_fwdbwd: bool = False
+    # How the SDK splits a forward_backward batch into requests (see `BatchLimits.chunking`).
+    fwdbwd_max_chunk_len: int = SDK_MAX_CHUNK_DATA
+    fwdbwd_max_chunk_bytes_count: int = SDK_MAX_CHUNK_BYTES
 
 
 class ClientDynamicConfigResponse(_Response):
@@ -436,14 +444,21 @@ STOP_REASONS = {"stop": 0, "length": 1}
 PROTOBUF_MEDIA_TYPE = "application/x-protobuf"
 
 
+# What one datum or request may hold beyond the limits that are settings: Mint's losses read
+# two or three 1-D inputs, and loss_fn_config holds a few numbers.
+MAX_LOSS_INPUTS = 32
+MAX_LOSS_CONFIG_ENTRIES = 64
+MAX_TENSOR_DIMS = 8
+
+
 def _bad(message: str) -> InvalidRequest:
     return InvalidRequest(f"malformed protobuf body: {message}", param="body")
 
 
-def _text(value: bytes, field_name: str) -> str:
+def _text(value: memoryview, field_name: str) -> str:
     """A protobuf `string` field: UTF-8, as the protobuf spec requires."""
     try:
-        return value.decode("utf-8")
+        return str(value, "utf-8")
     except UnicodeDecodeError:
         raise InvalidRequest(
             f"malformed protobuf body: {field_name} is not valid UTF-8; protobuf strings must be UTF-8 text",
@@ -451,7 +466,7 @@ def _text(value: bytes, field_name: str) -> str:
         ) from None
 
 
-def _read_varint(buffer: bytes, position: int) -> tuple[int, int]:
+def _read_varint(buffer: memoryview, position: int) -> tuple[int, int]:
     value, shift = 0, 0
     while True:
         if position >= len(buffer):
@@ -466,9 +481,9 @@ def _read_varint(buffer: bytes, position: int) -> tuple[int, int]:
             raise _bad("varint longer than 10 bytes")
 
 
-def _fields(buffer: bytes) -> Iterator[tuple[int, int, Any]]:
-    """(field number, wire type, value) for each field of one message: ints for varint and
-    fixed fields, bytes for length-delimited ones."""
+def _fields(buffer: memoryview) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) for each field of one message: ints for varint fields,
+    views of the buffer (never copies) for fixed and length-delimited ones."""
     position = 0
     while position < len(buffer):
         key, position = _read_varint(buffer, position)
@@ -526,11 +541,92 @@ def _packed(fmt: str, values: Sequence[float] | Sequence[int]) -> bytes:
     return struct.pack(f"<{len(values)}{fmt}", *values)
 
 
-def _unpacked(fmt: str, data: bytes) -> list[Any]:
+def _count(fmt: str, data: memoryview) -> int:
+    """How many values of `fmt` a packed array holds, read from its length alone."""
     size = struct.calcsize(fmt)
     if len(data) % size:
         raise _bad(f"a tensor of {len(data)} bytes is not a whole number of {size}-byte values")
-    return list(struct.unpack(f"<{len(data) // size}{fmt}", data))
+    return len(data) // size
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """What one forward_backward request may hold (settings `tinker_max_*`).
+
+    Decoding turns each packed 4-byte value into a Python int or float of about 36 bytes, and
+    each datum into a few objects, so these are checked against the lengths the body declares
+    before anything is unpacked: a refused request costs its body and nothing more.
+    """
+
+    max_data: int
+    max_numbers: int
+    max_datum_tokens: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BatchLimits:
+        return cls(settings.tinker_max_batch_data, settings.tinker_max_batch_numbers, settings.tinker_max_datum_tokens)
+
+    def chunking(self) -> dict[str, int]:
+        """The split the SDK should use so that its requests stay within these limits: its
+        estimate counts at least 4 bytes per value, so chunks of `4 * max_numbers` estimated
+        bytes hold at most `max_numbers` values (a datum over the estimate travels alone)."""
+        return {
+            "fwdbwd_max_chunk_len": min(SDK_MAX_CHUNK_DATA, self.max_data),
+            "fwdbwd_max_chunk_bytes_count": min(SDK_MAX_CHUNK_BYTES, 4 * self.max_numbers),
+        }
+
+
+class _Budget:
+    """Counts what a request's decoding produces, refusing it (413) past its limits. A dry
+    budget unpacks nothing: the first pass over a body measures it from its declared lengths."""
+
+    def __init__(self, limits: BatchLimits, *, dry: bool) -> None:
+        self.limits = limits
+        self.dry = dry
+        self.data = 0
+        self.numbers = 0
+
+    def unpack(self, fmt: str, data: memoryview) -> list[Any]:
+        """The values of a packed array, counted first; none on a dry run."""
+        count = _count(fmt, data)
+        self.add_numbers(count)
+        return [] if self.dry else list(struct.unpack(f"<{count}{fmt}", data))
+
+    def add_datum(self) -> int:
+        """The new datum's index."""
+        if self.data >= self.limits.max_data:
+            raise _too_large(
+                f"more than {self.limits.max_data} data",
+                "MINT_TINKER_MAX_BATCH_DATA",
+                "send fewer sequences per request",
+            )
+        self.data += 1
+        return self.data - 1
+
+    def add_numbers(self, count: int) -> None:
+        self.numbers += count
+        if self.numbers > self.limits.max_numbers:
+            raise _too_large(
+                f"more than {self.limits.max_numbers} tokens and loss-input values in all",
+                "MINT_TINKER_MAX_BATCH_NUMBERS",
+                "send the batch in smaller requests",
+            )
+
+    def check_datum_tokens(self, index: int, tokens: int) -> None:
+        if tokens > self.limits.max_datum_tokens:
+            raise _too_large(
+                f"data[{index}] with {tokens} tokens, over {self.limits.max_datum_tokens} per datum",
+                "MINT_TINKER_MAX_DATUM_TOKENS",
+                "shorten the sequence",
+            )
+
+
+def _too_large(what: str, setting: str, fix: str) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"the forward_backward request holds {what} (the server's limit, {setting}); {fix}. The tinker "
+        "SDK splits batches by the sizes that /api/v1/client/config announces",
+        param="data",
+    )
 
 
 @dataclass(frozen=True)
@@ -562,8 +658,8 @@ class ForwardBackwardProto:
     data: list[WireDatum] = field(default_factory=list)
 
 
-def _decode_tensor(buffer: bytes, name: str) -> WireTensor:
-    dtype, shape, dense, sparse = 0, [], None, False
+def _decode_tensor(buffer: memoryview, name: str, budget: _Budget) -> WireTensor:
+    dtype, shape, dense, sparse = 0, [], memoryview(b""), False
     for number, wire, value in _fields(buffer):
         if number == 1 and wire == _LEN:
             dense = value
@@ -579,6 +675,12 @@ def _decode_tensor(buffer: bytes, name: str) -> WireTensor:
                     shape.append(_signed64(item))
             else:
                 shape.append(_signed64(value))
+            if len(shape) > MAX_TENSOR_DIMS:
+                raise InvalidRequest(
+                    f"loss_fn_inputs[{name!r}] has more than {MAX_TENSOR_DIMS} dimensions; Mint's losses take "
+                    "one value per position (1-D)",
+                    param="loss_fn_inputs",
+                )
     if sparse:
         raise InvalidRequest(
             f"loss_fn_inputs[{name!r}] is a sparse (2-D) tensor; Mint's losses take one value per position (1-D)",
@@ -589,12 +691,14 @@ def _decode_tensor(buffer: bytes, name: str) -> WireTensor:
         raise InvalidRequest(
             f"loss_fn_inputs[{name!r}] has dtype code {dtype}; send float32 or int64", param="loss_fn_inputs"
         )
-    values = _unpacked(formats[dtype], dense or b"")
+    values = budget.unpack(formats[dtype], dense)
     return WireTensor(dtype=dtype, shape=tuple(shape) or (len(values),), values=values)
 
 
-def _decode_datum(buffer: bytes) -> WireDatum:
+def _decode_datum(buffer: memoryview, budget: _Budget) -> WireDatum:
+    index = budget.add_datum()
     tokens: list[int] = []
+    token_count = 0
     inputs: dict[str, WireTensor] = {}
     for number, wire, value in _fields(buffer):
         if number == 1 and wire == _LEN:  # Chunk
@@ -602,26 +706,43 @@ def _decode_datum(buffer: bytes) -> WireDatum:
                 if chunk_number == 1 and chunk_wire == _LEN:  # EncodedTextChunk
                     for token_number, token_wire, packed in _fields(chunk):
                         if token_number == 1 and token_wire == _LEN:
-                            tokens.extend(_unpacked("i", packed))
+                            token_count += _count("i", packed)
+                            budget.check_datum_tokens(index, token_count)
+                            tokens.extend(budget.unpack("i", packed))
                 else:
                     raise InvalidRequest(
                         "model_input holds image or audio chunks: Mint's bases take text tokens only",
                         param="model_input",
                     )
         elif number == 2 and wire == _LEN:  # map<string, Tensor> entry
-            key, tensor = "", b""
+            key, tensor = "", memoryview(b"")
             for entry_number, _, entry_value in _fields(value):
                 if entry_number == 1:
                     key = _text(entry_value, "data.loss_fn_inputs")
                 elif entry_number == 2:
                     tensor = entry_value
-            inputs[key] = _decode_tensor(tensor, key)
+            if key not in inputs and len(inputs) >= MAX_LOSS_INPUTS:
+                raise InvalidRequest(
+                    f"data[{index}] has more than {MAX_LOSS_INPUTS} loss_fn_inputs; Mint's losses read a few",
+                    param="loss_fn_inputs",
+                )
+            inputs[key] = _decode_tensor(tensor, key, budget)
         # 3, 4: provenance spans, which only stable_reinforce reads; Mint ignores them.
     return WireDatum(tokens=tokens, loss_fn_inputs=inputs)
 
 
-def decode_forward_backward_request(body: bytes) -> ForwardBackwardProto:
-    """Read a `tinker_public.ForwardBackwardRequest`; raises InvalidRequest on a malformed body."""
+def decode_forward_backward_request(body: bytes, limits: BatchLimits) -> ForwardBackwardProto:
+    """Read a `tinker_public.ForwardBackwardRequest`; raises InvalidRequest on a malformed body
+    and PayloadTooLarge on one that holds more than `limits` allow.
+
+    The body is read twice: a dry pass checks the limits from the lengths the body declares,
+    so a refused request costs no decoding, then the real pass unpacks the values.
+    """
+    _decode_forward_backward(memoryview(body), _Budget(limits, dry=True))
+    return _decode_forward_backward(memoryview(body), _Budget(limits, dry=False))
+
+
+def _decode_forward_backward(body: memoryview, budget: _Budget) -> ForwardBackwardProto:
     model_id, seq_id, loss_fn, forward_only = "", 0, "", False
     config: dict[str, float | str] = {}
     config_v2: dict[str, float | str] = {}
@@ -632,7 +753,7 @@ def decode_forward_backward_request(body: bytes) -> ForwardBackwardProto:
         elif number == 2 and wire == _VARINT:
             seq_id = _signed64(value)
         elif number == 3 and wire == _LEN:
-            data.append(_decode_datum(value))
+            data.append(_decode_datum(value, budget))
         elif number == 4 and wire == _LEN:
             loss_fn = _text(value, "loss_fn")
         elif number == 5 and wire == _LEN:  # map<string, double>
@@ -643,10 +764,11 @@ def decode_forward_backward_request(body: bytes) -> ForwardBackwardProto:
                 elif entry_number == 2 and entry_wire == _FIXED64:
                     number_value = struct.unpack("<d", entry_value)[0]
             config[key] = number_value
+            _check_config_size(config)
         elif number == 6 and wire == _VARINT:
             forward_only = bool(value)
         elif number == 7 and wire == _LEN:  # map<string, LossConfigValue>
-            key, item = "", b""
+            key, item = "", memoryview(b"")
             for entry_number, _, entry_value in _fields(value):
                 if entry_number == 1:
                     key = _text(entry_value, "loss_fn_config_v2")
@@ -657,6 +779,7 @@ def decode_forward_backward_request(body: bytes) -> ForwardBackwardProto:
                     config_v2[key] = struct.unpack("<d", item_value)[0]
                 elif item_number == 2 and item_wire == _LEN:
                     config_v2[key] = _text(item_value, "loss_fn_config_v2")
+            _check_config_size(config_v2)
     if not model_id:
         raise _bad("model_id is missing")
     # Newer clients write both maps; v2 wins where it is set, as the protocol says.
@@ -668,6 +791,14 @@ def decode_forward_backward_request(body: bytes) -> ForwardBackwardProto:
         forward_only=forward_only,
         data=data,
     )
+
+
+def _check_config_size(config: dict[str, float | str]) -> None:
+    if len(config) > MAX_LOSS_CONFIG_ENTRIES:
+        raise InvalidRequest(
+            f"loss_fn_config has more than {MAX_LOSS_CONFIG_ENTRIES} entries; Mint's losses read a few",
+            param="loss_fn_config",
+        )
 
 
 def encode_forward_backward_output(logprobs: Sequence[Sequence[float]], metrics: dict[str, float]) -> bytes:

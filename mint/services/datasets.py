@@ -1,7 +1,9 @@
 """Datasets: JSONL uploads, validated row by row, stored once per content hash.
 
 An upload is streamed to a local spool file while it is hashed and measured (past the size
-limit it is refused at once), then every line is checked by the validator of its kind:
+limit it is refused at once), then every line is checked by the validator of its kind, one
+line in memory at a time (a line longer than `max_row_bytes` is refused, so a file with no
+newlines is never read whole), then the spool is streamed into the object store:
 
 - `chat`: OpenAI chat rows `{"messages": [...], "tools"?: [...]}`, for supervised jobs;
 - `preference`: `{"input": {...}, "preferred_output": [...], "non_preferred_output": [...]}`,
@@ -78,9 +80,19 @@ def _spool(source: BinaryIO | Iterable[bytes], max_bytes: int) -> tuple[BinaryIO
     return spool, digest.hexdigest(), size
 
 
-def _rows(spool: BinaryIO) -> Iterator[tuple[int, Any | None, str | None]]:
-    """(line number, parsed row or None, parse error or None) for each non-blank line."""
-    for number, line in enumerate(spool, start=1):
+class RowTooLong(Exception):
+    """A line of a dataset is longer than the row limit."""
+
+
+def _rows(spool: BinaryIO, max_row_bytes: int) -> Iterator[tuple[int, Any | None, str | None]]:
+    """(line number, parsed row or None, parse error or None) for each non-blank line; raises
+    RowTooLong at a line over `max_row_bytes`, having read no more than that of it."""
+    for number, line in enumerate(iter(lambda: spool.readline(max_row_bytes + 2), b""), start=1):
+        if len(line.rstrip(b"\r\n")) > max_row_bytes:
+            raise RowTooLong(
+                f"line {number}: longer than {max_row_bytes} bytes, the row limit (MINT_MAX_DATASET_ROW_BYTES); "
+                "write one row per line, and shorten the row"
+            )
         raw = line.decode("utf-8")
         if not raw.strip():
             continue
@@ -90,11 +102,11 @@ def _rows(spool: BinaryIO) -> Iterator[tuple[int, Any | None, str | None]]:
             yield number, None, f"not valid JSON ({exc.msg} at column {exc.colno}); write one JSON object per line"
 
 
-def validate_rows(spool: BinaryIO, kind: str | None) -> tuple[str, int, list[str]]:
+def validate_rows(spool: BinaryIO, kind: str | None, max_row_bytes: int) -> tuple[str, int, list[str]]:
     """(kind, row count, errors as `line N: field: problem`) of a JSONL file."""
     count, errors = 0, []
     try:
-        for number, row, parse_error in _rows(spool):
+        for number, row, parse_error in _rows(spool, max_row_bytes):
             count += 1
             if parse_error is None and kind is None:
                 kind = infer_kind(row)
@@ -104,6 +116,8 @@ def validate_rows(spool: BinaryIO, kind: str | None) -> tuple[str, int, list[str
                 break
     except UnicodeDecodeError as exc:
         errors.append(f"the file is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSONL")
+    except RowTooLong as exc:
+        errors.append(str(exc))
     return kind or "chat", count, errors[:MAX_REPORTED_ERRORS]
 
 
@@ -125,6 +139,7 @@ def store_dataset(
     kind: str | None = None,
     purpose: str = "fine-tune",
     max_bytes: int,
+    max_row_bytes: int,
     source_eval_run_id: str | None = None,
 ) -> Dataset:
     """Validate an upload and record it; the same content and kind again returns the same dataset."""
@@ -132,7 +147,7 @@ def store_dataset(
         raise InvalidRequest(f"unknown dataset kind {kind!r}; use one of: {', '.join(DATASET_KINDS)}", param="kind")
     spool, sha256, size = _spool(source, max_bytes)
     with spool:
-        kind, count, errors = validate_rows(spool, kind)
+        kind, count, errors = validate_rows(spool, kind, max_row_bytes)
         if errors or count == 0:
             raise _refuse(kind, errors, count)
         existing = _same_content(session, organization_id, sha256, kind)
@@ -187,6 +202,7 @@ def create_dataset_from_rows(
         source=io.BytesIO(content),
         kind=kind,
         max_bytes=max(len(content), 1),
+        max_row_bytes=max(len(content), 1),
         source_eval_run_id=source_eval_run_id,
     )
 
@@ -200,11 +216,16 @@ def list_datasets(session: Session, organization_id: str, *, after: str | None, 
     return paginate(session, owned_by(Dataset, organization_id), Dataset, after=after, limit=limit)
 
 
-def read_rows(store: ObjectStore, dataset: Dataset) -> list[dict[str, Any]]:
-    """Every row of a stored dataset, in file order."""
+def content_key(dataset: Dataset) -> str:
+    """The object key of a dataset's JSONL."""
     if dataset.object_key is None:
         raise NotFound(f"dataset {dataset.id!r} has no stored content", param="id")
-    text = store.get_bytes(dataset.object_key).decode("utf-8")
+    return dataset.object_key
+
+
+def read_rows(store: ObjectStore, dataset: Dataset) -> list[dict[str, Any]]:
+    """Every row of a stored dataset, in file order (a worker's training data, read whole)."""
+    text = store.get_bytes(content_key(dataset)).decode("utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 

@@ -32,7 +32,7 @@ from mint.config import Settings
 from mint.errors import NotFound
 from mint.schemas import tinker as wire
 from mint.storage.archives import unpack_folder
-from mint.storage.objects import ObjectStore, object_store_for
+from mint.storage.objects import ObjectStore, ObjectStream, object_store_for
 from mint.storage.queries import get_owned
 from mint.storage.tables import BaseModelRow, Future, TinkerCheckpoint, TrainingSession, as_utc
 
@@ -213,16 +213,15 @@ def weights_info(session: Session, organization_id: str, tinker_path: str) -> wi
 # ---- tokenizers -----------------------------------------------------------------------------
 
 
-def tokenizer_archive(settings: Settings, base_model: str) -> bytes:
-    """The base's tokenizer files as a tar, for clients on other machines."""
-    store = object_store_for(settings)
-    key = tokenizer_key(base_model)
-    if not store.exists(key):
+def tokenizer_archive(settings: Settings, base_model: str) -> ObjectStream:
+    """The base's tokenizer files as a tar, opened for streaming to clients on other machines."""
+    try:
+        return object_store_for(settings).stream(tokenizer_key(base_model))
+    except NotFound:
         raise NotFound(
             f"no tokenizer of base {base_model!r} yet: a worker of the base saves it when it first creates a model",
             param="base_model",
-        )
-    return store.get_bytes(key)
+        ) from None
 
 
 def local_tokenizer_folder(settings: Settings, base_model: str) -> Path | None:

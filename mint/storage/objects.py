@@ -6,9 +6,11 @@ Two backends behind one small protocol, chosen by URL (`open_object_store`):
     s3://bucket/optional/prefix    S3ObjectStore, any S3-compatible service (AWS, MinIO)
 
 Both stream writes in bounded chunks, hashing as they go, enforce an optional size limit,
-and publish atomically: an object is either absent or complete under its key, never half
-written. Every object carries its sha256, so `stat` and `list` never re-read the bytes; they
-also report when the object was last written, which garbage collection needs.
+and stream reads (`stream`: the object's size and sha256, then its bytes a chunk at a time),
+so a process that serves an 8 GiB adapter never holds more than a chunk of it. Writes publish
+atomically: an object is either absent or complete under its key, never half written. Every
+object carries its sha256, so `stat` and `list` never re-read the bytes; they also report when
+the object was last written, which garbage collection needs.
 Keys come from Mint services, never from user file names, and are validated all the same
 (`validate_key`), since nothing a user sends may reach a file path.
 """
@@ -21,7 +23,7 @@ import os
 import re
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, closing, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -67,12 +69,50 @@ class ObjectInfo:
     modified_at: datetime | None = field(default=None, compare=False)
 
 
+class ObjectStream:
+    """An object opened for reading: its `info`, then its bytes as an iterator of chunks.
+
+    The object is opened when the stream is made, so a missing one raises NotFound before
+    anything is sent. Iterating reads one chunk at a time (at most `chunk_bytes`); the file
+    or connection is released when the iteration ends, fails or is abandoned, or on
+    `close()`. `info.size_bytes` is the length of exactly the bytes that iteration yields.
+    """
+
+    def __init__(self, info: ObjectInfo, chunks: Iterator[bytes], close: Callable[[], None]) -> None:
+        self.info = info
+        self._chunks = chunks
+        self._close = close
+        self._closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._chunks
+        finally:
+            self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self) -> ObjectStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 class ObjectStore(Protocol):
     """Named blobs. Keys are checked by `validate_key`; a missing object raises NotFound.
 
-    `put` streams `source` to `key` and replaces any previous object atomically; `list` is
-    sorted by key; `delete` is idempotent; `check` is a cheap readiness probe that raises
-    ServiceUnavailable saying what to fix.
+    `put` streams `source` to `key` and replaces any previous object atomically; `stream`
+    reads an object a chunk at a time (what serves downloads: `get_bytes` holds the whole
+    object, for small ones only); `list` is sorted by key; `delete` is idempotent; `check` is
+    a cheap readiness probe that raises ServiceUnavailable saying what to fix.
     """
 
     url: str
@@ -80,6 +120,7 @@ class ObjectStore(Protocol):
     def put(self, key: str, source: BinaryIO | Iterable[bytes], *, max_bytes: int | None = None) -> ObjectInfo: ...
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo: ...
     def open(self, key: str) -> AbstractContextManager[BinaryIO]: ...
+    def stream(self, key: str, *, chunk_bytes: int = CHUNK_BYTES) -> ObjectStream: ...
     def get_bytes(self, key: str) -> bytes: ...
     def stat(self, key: str) -> ObjectInfo: ...
     def exists(self, key: str) -> bool: ...
@@ -224,6 +265,20 @@ class LocalObjectStore:
             raise _not_found(key, self.url) from exc
         with file:
             yield file
+
+    def stream(self, key: str, *, chunk_bytes: int = CHUNK_BYTES) -> ObjectStream:
+        """The object's file, read `chunk_bytes` at a time; its size is that of the open file."""
+        info = self._read_sidecar(validate_key(key))
+        if info is None:
+            raise _not_found(key, self.url)
+        try:
+            file = (self.root / key).open("rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise _not_found(key, self.url) from exc
+        # The open file is what is sent: a concurrent overwrite replaces the path, not these bytes.
+        size_bytes = os.fstat(file.fileno()).st_size
+        chunks = iter(lambda: file.read(chunk_bytes), b"")
+        return ObjectStream(ObjectInfo(key, size_bytes, info.sha256), chunks, file.close)
 
     def get_bytes(self, key: str) -> bytes:
         with self.open(key) as file:
@@ -389,6 +444,23 @@ class S3ObjectStore:
             with closing(response["Body"]) as body:
                 self._info(key, response)  # refuses objects not written by Mint
                 yield cast(BinaryIO, body)
+
+    def stream(self, key: str, *, chunk_bytes: int = CHUNK_BYTES) -> ObjectStream:
+        """The object's body (one GET), read `chunk_bytes` at a time as it arrives."""
+        target = self._key(validate_key(key))
+        with self._translated(key):
+            response = self._client.get_object(Bucket=self.bucket, Key=target)
+        body = response["Body"]
+        try:
+            info = self._info(key, response)  # refuses objects not written by Mint
+        except NotFound:
+            body.close()
+            raise
+        return ObjectStream(info, self._chunks(key, body, chunk_bytes), body.close)
+
+    def _chunks(self, key: str, body: Any, chunk_bytes: int) -> Iterator[bytes]:
+        with self._translated(key):
+            yield from body.iter_chunks(chunk_bytes)
 
     def get_bytes(self, key: str) -> bytes:
         with self.open(key) as body:

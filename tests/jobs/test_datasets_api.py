@@ -3,12 +3,18 @@ stored once per hash, the size limit, and OpenAI's `files.create` through its ow
 
 from __future__ import annotations
 
+import tracemalloc
+from collections.abc import Iterator
+
+import httpx
 from fastapi.testclient import TestClient
 
 from mint.config import Settings
 from mint.storage.objects import object_store_for
 from tests.conftest import LiveServer, Tenant
 from tests.jobs.conftest import chat_rows, jsonl, preference_rows, prompt_rows, upload
+
+MiB = 1024 * 1024
 
 
 def _object_count(settings: Settings) -> int:
@@ -107,3 +113,53 @@ def test_openai_client_files(live_server: LiveServer, tenant: Tenant) -> None:
         assert "line 1" in str(exc)
     else:
         raise AssertionError("an invalid file was accepted")
+
+
+def test_a_line_over_the_row_limit_is_refused_naming_it(prepared: Settings, tenant: Tenant) -> None:
+    from mint.api.app import create_app
+
+    rows = jsonl(chat_rows(3))
+    lines = rows.split(b"\n")
+    limit = max(len(line) for line in lines)
+    ok = create_app(prepared.model_copy(update={"max_dataset_row_bytes": limit}))
+    tight = create_app(prepared.model_copy(update={"max_dataset_row_bytes": limit - 1}))
+    files = {"file": ("rows.jsonl", rows.replace(b"\n", b"\r\n"), "text/plain")}
+    with TestClient(ok) as client:
+        assert client.post("/v1/datasets", headers=tenant.headers(), files=files).status_code == 201
+    with TestClient(tight) as client:
+        response = client.post("/v1/datasets", headers=tenant.headers(), files=files)
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert f"longer than {limit - 1} bytes" in message and "MINT_MAX_DATASET_ROW_BYTES" in message
+
+
+def test_a_file_without_newlines_is_never_held_whole(live_server: LiveServer, tenant: Tenant) -> None:
+    """48 MiB on one line, sent over a socket as a client would: the upload streams to a spool
+    and validation reads up to the 16 MiB row limit of the line, then refuses it."""
+    boundary = "mint-test-boundary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="one.jsonl"\r\n'
+        "Content-Type: application/jsonl\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    line_bytes = 48 * MiB
+
+    def body() -> Iterator[bytes]:
+        yield head + b'{"messages": "'
+        filler = b"x" * (64 * 1024)
+        for _ in range(line_bytes // len(filler)):
+            yield filler
+        yield b'"}' + tail
+
+    headers = {**tenant.headers(), "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    with httpx.Client(base_url=live_server.url, timeout=120) as http:
+        http.get("/healthz")  # connect before measuring
+        tracemalloc.start()
+        try:
+            response = http.post("/v1/datasets", headers=headers, content=body())
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert response.status_code == 400, response.text
+    assert "line 1: longer than 16777216 bytes" in response.json()["error"]["message"]
+    assert peak < 40 * MiB, f"{peak / MiB:.1f} MiB allocated to refuse a 48 MiB line"

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path
-from fastapi.responses import Response
+from fastapi.responses import StreamingResponse
 
 from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from mint.api.downloads import TAR_MEDIA_TYPE, binary_response, stream_object
 from mint.api.pagination import After, Limit, id_path, page_of
 from mint.schemas.adapters import AdapterPublic, AdapterVersionPublic
 from mint.schemas.common import Page
@@ -57,23 +58,16 @@ def get_version(
     return _public(adapters.get_adapter(session, principal.organization_id, adapter_id), row)
 
 
-TAR_RESPONSE: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "The PEFT files as a tar archive.",
-        "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
-    }
-}
-
-
-@router.get("/{adapter_id}/versions/{version}/download", response_class=Response, responses=TAR_RESPONSE)
+@router.get(
+    "/{adapter_id}/versions/{version}/download",
+    response_class=StreamingResponse,
+    responses=binary_response(TAR_MEDIA_TYPE, "The PEFT files as a tar archive."),
+)
 def download_version(
     adapter_id: AdapterId, version: Version, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
-) -> Response:
-    """The version's PEFT files as a tar archive; `peft.PeftModel.from_pretrained` loads the unpacked folder."""
+) -> StreamingResponse:
+    """The version's PEFT files as a tar archive, streamed; `peft.PeftModel.from_pretrained`
+    loads the unpacked folder. `X-Mint-SHA256` is the archive's sha256."""
     row = adapters.get_version(session, principal.organization_id, adapter_id, version)
-    data = object_store_for(settings).get_bytes(row.object_key)
-    return Response(
-        data,
-        media_type="application/x-tar",
-        headers={"Content-Disposition": f'attachment; filename="{row.sha256[:16]}.tar"', "X-Mint-SHA256": row.sha256},
-    )
+    stream = object_store_for(settings).stream(row.object_key)
+    return stream_object(stream, media_type=TAR_MEDIA_TYPE, filename=f"{row.sha256[:16]}.tar")

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, UploadFile
-from fastapi.responses import Response
+from fastapi.responses import StreamingResponse
 
 from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from mint.api.downloads import JSONL_MEDIA_TYPE, stream_object
 from mint.api.pagination import After, Limit, id_path, page_of
 from mint.schemas.common import Page
 from mint.schemas.datasets import DatasetKind, DatasetPublic, FileObject
@@ -44,13 +45,17 @@ def _upload(
         kind=kind,
         purpose=purpose,
         max_bytes=settings.max_upload_bytes,
+        max_row_bytes=settings.max_dataset_row_bytes,
     )
 
 
-def _content(session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal, dataset_id: str) -> Response:
+def _content(
+    session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal, dataset_id: str
+) -> StreamingResponse:
+    """The stored JSONL, streamed from the object store (a file may be `max_upload_bytes` large)."""
     dataset = datasets.get_dataset(session, principal.organization_id, dataset_id)
-    body = object_store_for(settings).get_bytes(dataset.object_key or "")
-    return Response(body, media_type="application/jsonl")
+    stream = object_store_for(settings).stream(datasets.content_key(dataset))
+    return stream_object(stream, media_type=JSONL_MEDIA_TYPE)
 
 
 JSONL_RESPONSE: dict[int | str, dict[str, Any]] = {
@@ -89,10 +94,10 @@ def get_dataset(dataset_id: DatasetId, session: SessionDep, principal: CurrentPr
     return datasets.get_dataset(session, principal.organization_id, dataset_id)
 
 
-@router.get("/v1/datasets/{dataset_id}/content", response_class=Response, responses=JSONL_RESPONSE)
+@router.get("/v1/datasets/{dataset_id}/content", response_class=StreamingResponse, responses=JSONL_RESPONSE)
 def dataset_content(
     dataset_id: DatasetId, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
-) -> Response:
+) -> StreamingResponse:
     """The dataset's JSONL, as stored."""
     return _content(session, settings, principal, dataset_id)
 
@@ -123,8 +128,8 @@ def get_file(dataset_id: DatasetId, session: SessionDep, principal: CurrentPrinc
     return datasets.get_dataset(session, principal.organization_id, dataset_id)
 
 
-@router.get("/v1/files/{dataset_id}/content", response_class=Response, responses=JSONL_RESPONSE)
+@router.get("/v1/files/{dataset_id}/content", response_class=StreamingResponse, responses=JSONL_RESPONSE)
 def file_content(
     dataset_id: DatasetId, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
-) -> Response:
+) -> StreamingResponse:
     return _content(session, settings, principal, dataset_id)
