@@ -268,7 +268,7 @@ class LocalObjectStore:
 
     def stream(self, key: str, *, chunk_bytes: int = CHUNK_BYTES) -> ObjectStream:
         """The object's file, read `chunk_bytes` at a time; its size is that of the open file."""
-        info = self._read_sidecar(validate_key(key))
+        info = self._info(validate_key(key))
         if info is None:
             raise _not_found(key, self.url)
         try:
