@@ -53,6 +53,19 @@ class Settings(BaseSettings):
     # A job or eval run is claimed at most this many times; work whose worker keeps dying
     # (a poison job) then fails with its last error instead of being queued again forever.
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1)
+    # Capacity: a training worker's base holds this many LoRA sessions at once (Tinker models and
+    # samplers, fine-tuning jobs, eval adapters, of every organization).
+    worker_max_sessions: int = Field(
+        default=64, ge=1, le=4096, description="LoRA sessions one worker's resident base holds at once."
+    )
+    # A Tinker session whose SDK sent no heartbeat (it sends one every 10 s) for this long expires:
+    # a periodic sweep finishes it, fails its waiting requests and frees its models' slots.
+    tinker_session_idle_s: float = Field(
+        default=600.0,
+        ge=30,
+        le=7 * 24 * 3600,
+        description="Seconds without a heartbeat before a Tinker session expires.",
+    )
 
     # Serving nodes: "auto" runs vLLM where a CUDA GPU and vLLM are (in this venv, or in the one
     # whose interpreter `vllm_python` names), Mint's torch engine elsewhere.

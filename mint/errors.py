@@ -68,6 +68,12 @@ class Conflict(MintError):
     type = "conflict_error"
 
 
+class Gone(MintError):
+    """The resource existed but has ended for good (a Tinker session that expired); make a new one."""
+
+    type = "gone_error"
+
+
 class PayloadTooLarge(MintError):
     """An upload is larger than the configured limit."""
 
