@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from mint.errors import Conflict, InvalidRequest, NotFound
+from mint.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
 from mint.trainer.models import load_base_model
@@ -173,7 +173,7 @@ class ResidentBase:
         options = options or LoraOptions()
         with self._lock:
             if len(self._sessions) >= self.max_sessions:
-                raise Conflict(
+                raise NoCapacity(
                     f"base {self.spec.name!r} already holds {self.max_sessions} sessions; close one first",
                     param="session_id",
                 )
