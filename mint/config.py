@@ -69,6 +69,27 @@ class Settings(BaseSettings):
         ge=0,
         description="How long after a job finished its checkpoints beyond job_checkpoints_keep are kept.",
     )
+    # Capacity: a training worker's base holds this many LoRA sessions at once (Tinker models and
+    # samplers, fine-tuning jobs, eval adapters, of every organization). A job or eval run that
+    # finds none free waits in `queued` and tries again after `capacity_retry_s`, doubling per
+    # wait up to `capacity_retry_max_s`; waiting counts no attempt.
+    worker_max_sessions: int = Field(
+        default=64, ge=1, le=4096, description="LoRA sessions one worker's resident base holds at once."
+    )
+    capacity_retry_s: float = Field(
+        default=5.0, gt=0, le=3600, description="First wait of work that found no free session slot."
+    )
+    capacity_retry_max_s: float = Field(
+        default=300.0, gt=0, le=24 * 3600, description="Longest wait between tries of work waiting for capacity."
+    )
+    # A Tinker session whose SDK sent no heartbeat (it sends one every 10 s) for this long expires:
+    # a periodic sweep finishes it, fails its waiting requests and frees its models' slots.
+    tinker_session_idle_s: float = Field(
+        default=600.0,
+        ge=30,
+        le=7 * 24 * 3600,
+        description="Seconds without a heartbeat before a Tinker session expires.",
+    )
 
     # Serving nodes: "auto" runs vLLM where a CUDA GPU and vLLM are (in this venv, or in the one
     # whose interpreter `vllm_python` names), Mint's torch engine elsewhere.

@@ -68,6 +68,19 @@ class Conflict(MintError):
     type = "conflict_error"
 
 
+class NoCapacity(Conflict):
+    """A worker has no room for more work of this kind now (every LoRA session slot of its base
+    is taken); work that meets it waits and tries again rather than failing."""
+
+    type = "capacity_error"
+
+
+class Gone(MintError):
+    """The resource existed but has ended for good (a Tinker session that expired); make a new one."""
+
+    type = "gone_error"
+
+
 class PayloadTooLarge(MintError):
     """An upload is larger than the configured limit."""
 

@@ -26,6 +26,7 @@ STATUS_BY_ERROR: dict[type[errors.MintError], int] = {
     errors.PermissionDenied: 403,
     errors.NotFound: 404,
     errors.Conflict: 409,
+    errors.Gone: 410,
     errors.PayloadTooLarge: 413,
     errors.RateLimited: 429,
     errors.ServiceUnavailable: 503,

@@ -144,7 +144,8 @@ class EvalRunPublic(BaseModel):
     config: dict[str, Any]
     metrics: dict[str, Any] = Field(
         description="accuracy, mean_score, passed, tasks, errors, mean_steps, mean_tokens_in, mean_tokens_out, "
-        "mean_latency_ms, tasks_per_s (when finished)."
+        "mean_latency_ms, tasks_per_s (when finished); capacity_waits and waiting_for_capacity (why and until "
+        "when) while a queued run waits for a worker with a free LoRA session slot."
     )
     tasks_done: int = Field(default=0, description="Tasks whose trajectory is written: the run's progress.")
     attempts: int = Field(

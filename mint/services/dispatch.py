@@ -28,7 +28,7 @@ class WorkerRef(NamedTuple):
 class Dispatch(Protocol):
     """Publishes `task` with `args`: to the workers of `base_model`, to one `worker` process, or
     (neither given) to the system queue. `task_id` names the message, so that the reconciler can
-    tell whether the broker still holds it."""
+    tell whether the broker still holds it; `countdown_s` delays its run (work waiting for capacity)."""
 
     def __call__(
         self,
@@ -38,4 +38,5 @@ class Dispatch(Protocol):
         task_id: str | None = None,
         base_model: str | None = None,
         worker: WorkerRef | None = None,
+        countdown_s: float | None = None,
     ) -> None: ...

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import Conflict, InvalidRequest, MintError, NotFound, RateLimited
+from mint.errors import Conflict, InvalidRequest, MintError, NoCapacity, NotFound, RateLimited
 from mint.evals.benchmark import BenchmarkTask, select_split
 from mint.evals.runner import (
     Generate,
@@ -36,9 +37,18 @@ from mint.evals.runner import (
     summarize,
 )
 from mint.schemas.inference import AdapterOnNode
-from mint.services import adapters, benchmarks, evals, node_client
+from mint.services import adapters, benchmarks, evals, node_client, tinker_runner
+from mint.services.dispatch import Dispatch
 from mint.services.evals import FINISHED
-from mint.services.leases import WORKER_STOPPED, LeaseKeeper, claim_row, exhausted, held_by
+from mint.services.leases import (
+    WORKER_STOPPED,
+    LeaseKeeper,
+    capacity_wait_s,
+    claim_row,
+    exhausted,
+    hand_back,
+    held_by,
+)
 from mint.services.serving_nodes import NodeAddress, live_nodes, node_for
 from mint.services.usage import record_usage
 from mint.serving.completion import NodeCompletion
@@ -235,6 +245,7 @@ class _Model:
             with session_scope(self.settings.database) as session:
                 key = self._version(session).object_key
             archive = object_store_for(self.settings).get_bytes(key)
+            tinker_runner.release_idle_models(self.settings)  # slots of ended Tinker sessions first
             with tempfile.TemporaryDirectory(prefix="mint-eval-adapter-") as scratch:
                 folder = adapters.extract_adapter(archive, Path(scratch))
                 self.session_id = self.base.create_session_from_adapter(folder).session_id
@@ -273,12 +284,15 @@ def execute_eval_run(
     *,
     batch_tasks: int = BATCH_TASKS,
     worker_id: str = "local",
+    send: Dispatch | None = None,
 ) -> str:
     """Run an eval run on this worker; returns what happened (for logs and tests).
 
     Returns at once, touching nothing, if the run is gone or finished. Failures the user can
     act on (an adapter deleted meanwhile, content that no longer matches) fail the run with
-    that message; anything else fails it as an internal error, logged with its traceback.
+    that message; anything else fails it as an internal error, logged with its traceback. A
+    worker with no free LoRA session slot for the run's adapter hands the run back to the
+    queue to wait (`wait_for_capacity`; `send` carries its next message).
     """
     with session_scope(settings.database) as session:
         run = session.get(EvalRun, eval_run_id)
@@ -294,7 +308,37 @@ def execute_eval_run(
                 return "failed"
             return "not-claimed"  # another worker holds it; the reconciler requeues it if that one died
     with LeaseKeeper(settings, EvalRun, eval_run_id, worker_id):
-        return _execute(settings, run, load_base, batch_tasks, worker_id)
+        try:
+            return _execute(settings, run, load_base, batch_tasks, worker_id)
+        except NoCapacity as exc:
+            log.info("eval run %s waits for capacity: %s", eval_run_id, exc.message)
+            return wait_for_capacity(settings, eval_run_id, worker_id, exc.message, send)
+
+
+def wait_for_capacity(settings: Settings, eval_run_id: str, worker_id: str, reason: str, send: Dispatch | None) -> str:
+    """The worker had no free LoRA session slot for the run's adapter: hand the run back to the
+    queue, its attempt not counted, to be tried again after a growing wait. While it waits, its
+    metrics say so (`capacity_waits`, `waiting_for_capacity`); it stays `queued`."""
+    with session_scope(settings.database) as session:
+        run = session.get(EvalRun, eval_run_id)
+        assert run is not None
+        waits = int(run.metrics.get("capacity_waits", 0))
+        wait_s = capacity_wait_s(settings, waits)
+        task_id = f"{eval_run_id}:{uuid.uuid4().hex[:12]}"
+        if not hand_back(session, EvalRun, eval_run_id, worker_id, task_id=task_id, due_in_s=wait_s):
+            return "lost-lease"
+        session.refresh(run)
+        if run.attempts == 0:
+            run.started_at = None  # it has not started yet
+        run.metrics = {
+            **run.metrics,
+            "capacity_waits": waits + 1,
+            "waiting_for_capacity": f"{reason}; trying again in {wait_s:g} s (a wait is not a failed attempt)",
+        }
+        session.commit()
+        if send is not None:  # else the reconciler sends it once it is due
+            evals.send_run(run, send, countdown_s=wait_s)
+    return "waiting-for-capacity"
 
 
 def _execute(settings: Settings, run: EvalRun, load_base: LoadBase, batch_tasks: int, worker_id: str) -> str:
@@ -321,6 +365,8 @@ def _execute(settings: Settings, run: EvalRun, load_base: LoadBase, batch_tasks:
         with session_scope(settings.database) as session:
             finished = _finish(session, run.id, worker_id, "succeeded", metrics=metrics)
         return "succeeded" if finished else "cancelled"
+    except NoCapacity:
+        raise  # the run waits (execute_eval_run)
     except MintError as exc:
         error = {"type": exc.type, "message": exc.message}
     except Exception as exc:

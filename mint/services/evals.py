@@ -118,10 +118,17 @@ def give_up(run: EvalRun, last_error: str) -> None:
     run.error = {"type": "max_attempts_exceeded", "message": gave_up(run.attempts, last_error)}
 
 
-def send_run(run: EvalRun, send: Dispatch) -> None:
-    """Publish the run's message. A failure is left to the reconciler: the row is committed."""
+def send_run(run: EvalRun, send: Dispatch, *, countdown_s: float | None = None) -> None:
+    """Publish the run's message (to run after `countdown_s`). A failure is left to the
+    reconciler: the row is committed."""
     try:
-        send(RUN_EVAL_TASK, args=[run.id], task_id=run.task_id, base_model=run.config["base_model"])
+        send(
+            RUN_EVAL_TASK,
+            args=[run.id],
+            task_id=run.task_id,
+            base_model=run.config["base_model"],
+            countdown_s=countdown_s,
+        )
     except Exception:  # noqa: BLE001 - the broker may be down; the reconciler re-sends queued runs
         log.warning("could not send eval run %s now; the reconciler will", run.id, exc_info=True)
 

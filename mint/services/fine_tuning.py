@@ -238,10 +238,11 @@ def give_up(session: Session, job: TrainingJob, last_error: str) -> None:
     emit_event(session, job.id, f"Job failed: {message}", level="error")
 
 
-def send_job(job: TrainingJob, send: Dispatch) -> None:
-    """Publish the job's message. A failure is left to the reconciler: the row is committed."""
+def send_job(job: TrainingJob, send: Dispatch, *, countdown_s: float | None = None) -> None:
+    """Publish the job's message (to run after `countdown_s`). A failure is left to the
+    reconciler: the row is committed."""
     try:
-        send(RUN_JOB_TASK, args=[job.id], task_id=job.task_id, base_model=job.base_model)
+        send(RUN_JOB_TASK, args=[job.id], task_id=job.task_id, base_model=job.base_model, countdown_s=countdown_s)
     except Exception:  # noqa: BLE001 - the broker may be down; the reconciler re-sends queued jobs
         log.warning("could not send job %s now; the reconciler will", job.id, exc_info=True)
 

@@ -11,6 +11,9 @@ The run is safe against any process dying at any moment:
   `checkpoints`. A resumed job loads the newest one and continues from its step with the
   same seeded batch plan, so the final adapter has had each of its steps exactly once;
   steps the dead worker ran after that checkpoint are counted in `steps_redone`.
+- **Capacity.** A worker whose base holds all the LoRA sessions it can (`NoCapacity`) hands
+  the job back to the queue, its attempt not counted, to be tried again after a growing wait
+  (`wait_for_capacity`); the job stays `queued` with an event saying so.
 - **Finish.** The adapter is stored (content-addressed) before the transaction that
   records its version and marks the job succeeded, so a crash in between redoes the
   finish, never half of it.
@@ -27,25 +30,35 @@ import json
 import logging
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import InvalidRequest, MintError
+from mint.errors import InvalidRequest, MintError, NoCapacity
 from mint.schemas.plans import TrainingPlan, parse_plan
-from mint.services import adapters, datasets
-from mint.services.fine_tuning import emit_event, give_up
-from mint.services.leases import WORKER_STOPPED, LeaseKeeper, claim_row, exhausted, held_by
+from mint.services import adapters, datasets, tinker_runner
+from mint.services.dispatch import Dispatch
+from mint.services.fine_tuning import emit_event, give_up, send_job
+from mint.services.leases import (
+    WORKER_STOPPED,
+    LeaseKeeper,
+    capacity_wait_s,
+    claim_row,
+    exhausted,
+    hand_back,
+    held_by,
+)
 from mint.services.usage import record_usage
 from mint.storage.archives import pack_folder, unpack_folder
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
-from mint.storage.tables import Checkpoint, Dataset, TrainingJob, new_id, utcnow
+from mint.storage.tables import Checkpoint, Dataset, JobEvent, TrainingJob, new_id, utcnow
 from mint.trainer.recipes.common import StepReport
 
 if TYPE_CHECKING:
@@ -367,8 +380,51 @@ def fail(settings: Settings, job_id: str, worker_id: str, code: str, message: st
             emit_event(session, job_id, f"Job failed: {message}", level="error")
 
 
-def run_job(settings: Settings, job_id: str, worker_id: str, load_base: Callable[[str], ResidentBase]) -> str:
-    """Claim and run one job; returns what happened (for logs and tests)."""
+# The start of the event a job records each time it waits for capacity (they are counted).
+CAPACITY_WAIT = "Waiting for capacity"
+
+
+def wait_for_capacity(settings: Settings, job_id: str, worker_id: str, reason: str, send: Dispatch | None) -> str:
+    """The worker had no free LoRA session slot for the job: hand it back to the queue, its
+    attempt not counted, to be tried again after a wait that grows with each one; an event says
+    why and when. The job stays `queued` (a cancel still works) until a worker has room."""
+    with session_scope(settings.database) as session:
+        waits = session.scalar(
+            select(func.count())
+            .select_from(JobEvent)
+            .where(JobEvent.job_id == job_id, JobEvent.message.startswith(CAPACITY_WAIT))
+        )
+        wait_s = capacity_wait_s(settings, int(waits or 0))
+        task_id = f"{job_id}:{uuid.uuid4().hex[:12]}"
+        if not hand_back(session, TrainingJob, job_id, worker_id, task_id=task_id, due_in_s=wait_s):
+            return "lost-lease"
+        job = session.get(TrainingJob, job_id)
+        assert job is not None
+        session.refresh(job)
+        if job.attempts == 0:
+            job.started_at = None  # it has not started yet
+        emit_event(
+            session,
+            job_id,
+            f"{CAPACITY_WAIT}: {reason}; trying again in {wait_s:g} s (a wait is not a failed attempt)",
+            level="warning",
+            data={"reason": "capacity", "waits": int(waits or 0) + 1, "retry_in_s": wait_s, "task_id": task_id},
+        )
+        session.commit()
+        if send is not None:  # else the reconciler sends it once it is due
+            send_job(job, send, countdown_s=wait_s)
+    return "waiting-for-capacity"
+
+
+def run_job(
+    settings: Settings,
+    job_id: str,
+    worker_id: str,
+    load_base: Callable[[str], ResidentBase],
+    send: Dispatch | None = None,
+) -> str:
+    """Claim and run one job; returns what happened (for logs and tests). `send` carries the
+    job's next message when it must wait for capacity."""
     refused: InvalidRequest | None = None
     with session_scope(settings.database) as session:
         job = claim(session, job_id, worker_id, settings.max_attempts)
@@ -385,10 +441,15 @@ def run_job(settings: Settings, job_id: str, worker_id: str, load_base: Callable
     started = time.perf_counter()
     try:
         with LeaseKeeper(settings, TrainingJob, job_id, worker_id):
-            JobRun(settings, load_base(context.base_model), context).run()
+            resident = load_base(context.base_model)
+            tinker_runner.release_idle_models(settings)  # slots of ended Tinker sessions first
+            JobRun(settings, resident, context).run()
     except LostLease:
         log.warning("job %s is no longer this worker's; stopped", job_id)
         return "lost-lease"
+    except NoCapacity as exc:
+        log.info("job %s waits for capacity: %s", job_id, exc.message)
+        return wait_for_capacity(settings, job_id, worker_id, exc.message, send)
     except MintError as exc:
         fail(
             settings,

@@ -8,13 +8,16 @@ again) stops without touching it. Both kinds of rows carry the same columns: `st
 `worker_id`, `heartbeat_at`, `task_id`, `enqueued_at`, `attempts`.
 
 Each claim counts an attempt; a row that has had `max_attempts` is not claimed nor queued
-again, but fails with `gave_up` (DESIGN.md section 2: the attempt cap).
+again, but fails with `gave_up` (DESIGN.md section 2: the attempt cap). A worker that claimed
+a row but has no room for it (`NoCapacity`) hands it back (`hand_back`), uncounted, to be
+tried again after a growing wait (`capacity_wait_s`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import update
@@ -49,6 +52,33 @@ def claim_row(session: Session, model: Any, row_id: str, worker_id: str, max_att
         .execution_options(synchronize_session=False)
     )
     return bool(claimed.rowcount)  # type: ignore[attr-defined]
+
+
+def hand_back(session: Session, model: Any, row_id: str, worker_id: str, *, task_id: str, due_in_s: float) -> bool:
+    """Give a claimed row back to the queue without counting the attempt (its worker had no room
+    for it): queued, with a new message id, due in `due_in_s`. `enqueued_at` is set to when the
+    message is due, so the reconciler, which re-sends only messages older than its grace period,
+    leaves the delayed one alone. False if the row is no longer this worker's."""
+    handed = session.execute(
+        update(model)
+        .where(*held_by(model, row_id, worker_id))
+        .values(
+            status="queued",
+            worker_id=None,
+            heartbeat_at=None,
+            attempts=model.attempts - 1,
+            task_id=task_id,
+            enqueued_at=utcnow() + timedelta(seconds=due_in_s),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return bool(handed.rowcount)  # type: ignore[attr-defined]
+
+
+def capacity_wait_s(settings: Settings, waits: int) -> float:
+    """How long work waits for capacity before its `waits + 1`-th try: doubling from
+    `capacity_retry_s`, at most `capacity_retry_max_s`."""
+    return float(min(settings.capacity_retry_s * 2 ** min(waits, 32), settings.capacity_retry_max_s))
 
 
 def exhausted(row: Any, max_attempts: int) -> bool:

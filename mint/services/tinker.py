@@ -33,15 +33,16 @@ import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import InvalidRequest, NotFound
+from mint.errors import Gone, InvalidRequest, NotFound
 from mint.schemas import tinker as wire
 from mint.services.dispatch import Dispatch
 from mint.services.tinker_checkpoints import newest_checkpoint, owned_checkpoint, owned_model, str_dict
@@ -57,6 +58,9 @@ log = logging.getLogger(__name__)
 RUN_MODEL_TASK = "mint.tinker.run_model"
 SAMPLE_TASK = "mint.tinker.sample"
 RELEASE_TASK = "mint.tinker.release"
+EXPIRE_TASK = "mint.tinker.expire_idle_sessions"
+# The finish reason of a session that the sweep ended because its heartbeats stopped.
+EXPIRED = "expired"
 
 # retrieve_future holds a pending request this long (the SDK gives up at 45 s).
 LONG_POLL_S = 25.0
@@ -152,19 +156,57 @@ def get_tinker_session(session: Session, organization_id: str, session_id: str) 
 def _active_session(session: Session, organization_id: str, session_id: str) -> TinkerSession:
     row = get_tinker_session(session, organization_id, session_id)
     if row.status != "active":
+        raise_if_expired(row)
         raise InvalidRequest(
             f"session {session_id} is finished; create a new ServiceClient to start another", param="session_id"
         )
     return row
 
 
+def raise_if_expired(row: TinkerSession | None) -> None:
+    """`Gone` (410) if the session expired for want of heartbeats: nothing of it can be used again."""
+    if row is not None and row.status != "active" and row.finish_reason == EXPIRED:
+        raise Gone(row.finish_detail or f"session {row.id} expired; create a new session", param="session_id")
+
+
 def heartbeat(session: Session, organization_id: str, session_id: str) -> bool:
-    """Record a heartbeat; False once the session is finished (the SDK then stops sending them)."""
+    """Record a heartbeat; False once the session is finished (the SDK then stops sending them),
+    `Gone` if it expired."""
     row = get_tinker_session(session, organization_id, session_id)
     if row.status != "active":
+        raise_if_expired(row)
         return False
     row.last_heartbeat_at = utcnow()
     return True
+
+
+def _end_session(
+    session: Session, row: TinkerSession, reason: str, detail: str | None, why: str
+) -> list[tuple[str, str]]:
+    """Mark the session finished, close its models and samplers and fail their waiting requests
+    (saying `why`); returns the (model, worker) pairs whose worker holds the model's weights.
+    The caller commits, then releases them (`_release_models`)."""
+    row.status, row.finished_at = "finished", utcnow()
+    row.finish_reason, row.finish_detail = reason, detail
+    members = session.execute(
+        select(TrainingSession).where(TrainingSession.tinker_session_id == row.id, TrainingSession.status == "active")
+    ).scalars()
+    holders: list[tuple[str, str]] = []
+    for member in members:
+        member.status = "closed"
+        fail_waiting(session, member.id, why)
+        if member.kind == "training" and member.worker_id:
+            holders.append((member.id, member.worker_id))
+    return holders
+
+
+def _release_models(session: Session, holders: list[tuple[str, str]], send: Dispatch) -> None:
+    """Ask each live worker process that holds one of these models to free its memory (a dead
+    one freed it with itself; a message lost here is made up by the worker's own sweep)."""
+    for model_id, worker_id in holders:
+        ref = live_worker(session, worker_id)
+        if ref is not None:
+            _send_quietly(send, RELEASE_TASK, [model_id], worker=ref)
 
 
 def finish_session(
@@ -175,22 +217,52 @@ def finish_session(
     row = get_tinker_session(session, organization_id, session_id)
     if row.status != "active":
         return
-    row.status, row.finished_at = "finished", utcnow()
-    row.finish_reason, row.finish_detail = body.reason.type, body.detail
-    members = session.execute(
-        select(TrainingSession).where(TrainingSession.tinker_session_id == row.id, TrainingSession.status == "active")
-    ).scalars()
-    holders: list[tuple[str, str]] = []
-    for member in members:
-        member.status = "closed"
-        fail_waiting(session, member.id, f"session {row.id} was finished before this request ran")
-        if member.kind == "training" and member.worker_id:
-            holders.append((member.id, member.worker_id))
+    why = f"session {row.id} was finished before this request ran"
+    holders = _end_session(session, row, body.reason.type, body.detail, why)
     session.commit()
-    for model_id, worker_id in holders:
-        ref = live_worker(session, worker_id)
-        if ref is not None:
-            _send_quietly(send, RELEASE_TASK, [model_id], worker=ref)
+    _release_models(session, holders, send)
+
+
+def expired_message(session_id: str, idle_s: float) -> str:
+    return (
+        f"session {session_id} expired after {idle_s:g} s without a heartbeat (MINT_TINKER_SESSION_IDLE_S); "
+        "its models and samplers were released: create a new session (a new ServiceClient) and restore "
+        "from a saved state"
+    )
+
+
+def expire_session(session: Session, row: TinkerSession, idle_s: float) -> list[tuple[str, str]]:
+    """End a silent session as expired (see `_end_session`); the caller commits and releases."""
+    message = expired_message(row.id, idle_s)
+    return _end_session(session, row, EXPIRED, message, message)
+
+
+def expire_idle_sessions(session: Session, *, idle_s: float, send: Dispatch) -> list[str]:
+    """The periodic sweep: expire every active session whose last heartbeat is older than
+    `idle_s`, fail its waiting requests, and tell the worker processes holding its models to free
+    them, so that their LoRA slots serve other sessions and jobs. Returns the expired ids."""
+    cutoff = utcnow() - timedelta(seconds=idle_s)
+    silent = session.execute(
+        select(TinkerSession)
+        .where(
+            TinkerSession.status == "active",
+            or_(
+                TinkerSession.last_heartbeat_at < cutoff,
+                and_(TinkerSession.last_heartbeat_at.is_(None), TinkerSession.created_at < cutoff),
+            ),
+        )
+        .with_for_update(skip_locked=True)
+    ).scalars()
+    expired: list[str] = []
+    holders: list[tuple[str, str]] = []
+    for row in silent:
+        holders += expire_session(session, row, idle_s)
+        expired.append(row.id)
+    session.commit()
+    if expired:
+        log.info("expired %d silent Tinker sessions: %s", len(expired), ", ".join(expired))
+    _release_models(session, holders, send)
+    return expired
 
 
 def session_view(session: Session, organization_id: str, session_id: str) -> wire.GetSessionResponse:
@@ -426,6 +498,8 @@ def _submit(
         raise InvalidRequest(
             f"seq_id {seq_id} of model {model_id} was already used; the next one is {row.next_seq_id}", param="seq_id"
         )
+    if row.status != "active":
+        raise_if_expired(session.get(TinkerSession, row.tinker_session_id) if row.tinker_session_id else None)
     future = _new_future(row, operation, seq_id)
     session.add(future)
     if row.status != "active":
@@ -660,6 +734,7 @@ def submit_sample(
             f"No sampler with id {body.sampling_session_id!r} in this organization.", param="sampling_session_id"
         )
     if sampler.status != "active":
+        raise_if_expired(session.get(TinkerSession, sampler.tinker_session_id) if sampler.tinker_session_id else None)
         raise InvalidRequest(f"sampler {sampler.id} is closed (its session finished)", param="sampling_session_id")
     unsupported = {
         "topk_prompt_logprobs": body.topk_prompt_logprobs,

@@ -7,7 +7,9 @@ when it runs its creation, keeps its LoRA session (weights and optimizer state) 
 through the closed registry `_OPERATIONS` of the Tinker primitives. Samplers run on any
 worker of their base (`run_sample`): each worker keeps a few sampler adapters loaded (least
 recently used out), fetched from the object store by hash. Models whose session finished or
-went silent are released when the process next creates a model (`_sweep_idle`).
+expired (`mint.services.tinker.expire_idle_sessions`, a periodic sweep) are released by a
+message to their process, and again by the process itself before it takes a new LoRA
+session (`release_idle_models`), in case that message was lost.
 
 The trainer is imported only through `ResidentBase` and inside functions, so importing this
 module imports no torch; only worker processes import it (`mint.worker.tinker_tasks`).
@@ -36,6 +38,7 @@ from mint.schemas import tinker as wire
 from mint.services import adapters
 from mint.services.tinker import (
     adapter_name_of,
+    expire_session,
     fail_future,
     fail_waiting,
     future_at,
@@ -57,9 +60,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A Tinker session that has not sent a heartbeat (the SDK sends one every 10 s) for this long
-# is over: its models are released from their worker when that worker next creates a model.
-SESSION_IDLE_S = 600.0
 # After running a model's requests, its worker watches for the next one this long: a client
 # usually sends it within a fraction of a second of reading a result, and taking it from the
 # database saves a trip through the broker (up to a second on the embedded broker, which polls).
@@ -118,11 +118,15 @@ def _export_tokenizer(store: ObjectStore, resident: ResidentBase) -> None:
     _resident.tokenizers.add(name)
 
 
-def _sweep_idle(settings: Settings) -> None:
-    """Release this process's models whose session finished or went silent."""
+def release_idle_models(settings: Settings) -> int:
+    """Free this process's models whose session finished, expired, or went silent for
+    `tinker_session_idle_s` (expiring it here if the periodic sweep has not yet); returns how
+    many. Every process runs it before it takes a new LoRA session (a Tinker model, a job, an
+    eval adapter), so a release message that never arrived cannot keep a slot taken."""
     if not _resident.models:
-        return
-    cutoff = utcnow() - timedelta(seconds=SESSION_IDLE_S)
+        return 0
+    cutoff = utcnow() - timedelta(seconds=settings.tinker_session_idle_s)
+    released = 0
     with session_scope(settings.database) as session:
         rows = session.execute(
             select(TrainingSession, TinkerSession)
@@ -132,12 +136,21 @@ def _sweep_idle(settings: Settings) -> None:
         found = {row.id for row, _ in rows}
         for row, owner in rows:
             silent = owner.last_heartbeat_at is None or as_utc(owner.last_heartbeat_at) < cutoff
-            if row.status != "active" or owner.status != "active" or silent:
+            if owner.status == "active" and silent:
+                expire_session(session, owner, settings.tinker_session_idle_s)
+            if row.status != "active" or owner.status != "active":
                 row.status = "closed"
-                fail_waiting(session, row.id, f"model {row.id} was released: its session ended or went silent")
-                release_model(row.id)
+                fail_waiting(session, row.id, f"model {row.id} was released: its session ended or expired")
+                released += release_model(row.id)
         for model_id in set(_resident.models) - found:
-            release_model(model_id)
+            released += release_model(model_id)
+    return released
+
+
+def release(settings: Settings, model_id: str) -> int:
+    """A release message: free `model_id` here, and with it any other model of this process
+    whose session ended (so one message that arrives makes up for one that was lost)."""
+    return release_model(model_id) + release_idle_models(settings)
 
 
 @dataclass
@@ -283,7 +296,7 @@ def _record(settings: Settings, store: ObjectStore, model_id: str, step: _Step, 
 
 
 def _create_model(ctx: _ModelContext, payload: dict[str, Any]) -> dict[str, Any]:
-    _sweep_idle(ctx.settings)
+    release_idle_models(ctx.settings)
     resident = ctx.load_base(ctx.base_model)
     _export_tokenizer(ctx.store, resident)
     release_model(ctx.model_id)  # left by an attempt that failed half way in this process

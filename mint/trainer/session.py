@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from mint.errors import Conflict, InvalidRequest, NotFound
+from mint.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
 from mint.trainer.models import load_base_model
@@ -133,13 +133,20 @@ class ResidentBase:
 
     @classmethod
     def shared(
-        cls, spec: BaseModelSpec, cache_dir: Path, *, dtype: str | None = None, device: str = "cpu"
+        cls,
+        spec: BaseModelSpec,
+        cache_dir: Path,
+        *,
+        dtype: str | None = None,
+        device: str = "cpu",
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> ResidentBase:
-        """The process's one ResidentBase for this base, cache folder, dtype and device (loaded on first use)."""
+        """The process's one ResidentBase for this base, cache folder, dtype and device (loaded
+        on first use, holding at most `max_sessions` sessions)."""
         key = (spec.name, str(Path(cache_dir).resolve()), dtype or spec.dtype, device)
         with cls._shared_lock:
             if key not in cls._shared:
-                cls._shared[key] = cls(spec, cache_dir, dtype=dtype, device=device)
+                cls._shared[key] = cls(spec, cache_dir, dtype=dtype, device=device, max_sessions=max_sessions)
             return cls._shared[key]
 
     @property
@@ -166,7 +173,7 @@ class ResidentBase:
         options = options or LoraOptions()
         with self._lock:
             if len(self._sessions) >= self.max_sessions:
-                raise Conflict(
+                raise NoCapacity(
                     f"base {self.spec.name!r} already holds {self.max_sessions} sessions; close one first",
                     param="session_id",
                 )

@@ -19,6 +19,8 @@ from mint.schemas.base_models import enabled_base_names
 from mint.worker.queues import SYSTEM_QUEUE, all_queues
 
 PRUNE_WORKERS_EVERY_S = 60.0
+# Tinker sessions whose heartbeats stopped expire within this long of MINT_TINKER_SESSION_IDLE_S.
+EXPIRE_TINKER_SESSIONS_EVERY_S = 60.0
 
 
 def broker_transport_options(settings: Settings) -> dict[str, object]:
@@ -60,6 +62,10 @@ def create_celery(settings: Settings | None = None) -> Celery:
         worker_hijack_root_logger=False,
         beat_schedule={
             "prune-dead-workers": {"task": "mint.system.prune_workers", "schedule": PRUNE_WORKERS_EVERY_S},
+            "expire-tinker-sessions": {
+                "task": "mint.tinker.expire_idle_sessions",
+                "schedule": EXPIRE_TINKER_SESSIONS_EVERY_S,
+            },
             # Expires: a reconcile that waited longer than one period is superseded by the next.
             "reconcile-jobs": {
                 "task": "mint.system.reconcile",

@@ -41,9 +41,10 @@ class CeleryDispatch:
         task_id: str | None = None,
         base_model: str | None = None,
         worker: WorkerRef | None = None,
+        countdown_s: float | None = None,
     ) -> None:
         queue = queue_for(base_model, worker)
-        celery_for(self.settings).send_task(task, args=args, task_id=task_id, queue=queue)
+        celery_for(self.settings).send_task(task, args=args, task_id=task_id, queue=queue, countdown=countdown_s)
 
 
 def pending_task_ids(settings: Settings) -> PendingTaskIds:

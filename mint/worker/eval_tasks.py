@@ -13,6 +13,7 @@ from mint.config import get_settings
 from mint.services.eval_runner import execute_eval_run
 from mint.services.evals import RUN_EVAL_TASK
 from mint.worker import signals
+from mint.worker.dispatch import CeleryDispatch
 from mint.worker.resident import resident_base
 
 
@@ -30,4 +31,7 @@ from mint.worker.resident import resident_base
 )
 def run_eval(eval_run_id: str) -> str:
     """Run one eval run on this worker's resident base; a duplicate or stale message returns at once."""
-    return execute_eval_run(get_settings(), eval_run_id, resident_base, worker_id=signals.process_identity())
+    settings = get_settings()
+    return execute_eval_run(
+        settings, eval_run_id, resident_base, worker_id=signals.process_identity(), send=CeleryDispatch(settings)
+    )

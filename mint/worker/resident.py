@@ -2,7 +2,8 @@
 
 A training worker (`mint worker --base NAME`) consumes one base's queue; the first task
 that needs the base loads it, and every later task of the process (fine-tuning jobs,
-eval runs, Tinker primitives) reuses the same weights, each on its own LoRA session.
+eval runs, Tinker primitives) reuses the same weights, each on its own LoRA session, up to
+`MINT_WORKER_MAX_SESSIONS` sessions at once.
 """
 
 from __future__ import annotations
@@ -22,4 +23,4 @@ def resident_base(name: str) -> ResidentBase:
 
     settings = get_settings()
     spec = get_base_model_spec(name, settings.model_configs_dir)
-    return ResidentBase.shared(spec, settings.models_cache_dir)
+    return ResidentBase.shared(spec, settings.models_cache_dir, max_sessions=settings.worker_max_sessions)

@@ -18,7 +18,7 @@ from mint.services.retention import enforce_retention
 from mint.services.workers import prune_stale_workers
 from mint.storage.db import session_scope
 from mint.worker import signals
-from mint.worker.dispatch import run_reconciler
+from mint.worker.dispatch import CeleryDispatch, run_reconciler
 from mint.worker.resident import resident_base
 
 
@@ -43,7 +43,8 @@ def prune_workers() -> int:
 @shared_task(name="mint.jobs.run", acks_late=True, ignore_result=True)
 def run_fine_tuning_job(job_id: str) -> str:
     """Run one fine-tuning job on this worker's resident base (a duplicate message returns at once)."""
-    return run_job(get_settings(), job_id, signals.process_identity(), resident_base)
+    settings = get_settings()
+    return run_job(settings, job_id, signals.process_identity(), resident_base, CeleryDispatch(settings))
 
 
 @shared_task(name="mint.system.reconcile", acks_late=True, ignore_result=True, time_limit=120)

@@ -15,7 +15,9 @@ from celery import shared_task
 
 from mint.config import get_settings
 from mint.services import tinker, tinker_runner
+from mint.storage.db import session_scope
 from mint.worker import signals
+from mint.worker.dispatch import CeleryDispatch
 from mint.worker.queues import process_queue
 from mint.worker.resident import resident_base
 
@@ -59,6 +61,16 @@ def sample(self: Any, future_id: str) -> str:
 
 
 @shared_task(name=tinker.RELEASE_TASK, acks_late=True, ignore_result=True, max_retries=0, time_limit=300)
-def release(model_id: str) -> bool:
+def release(model_id: str) -> int:
     """Free a finished session's model (its adapter and optimizer state) on the process that held it."""
-    return tinker_runner.release_model(model_id)
+    return tinker_runner.release(get_settings(), model_id)
+
+
+@shared_task(name=tinker.EXPIRE_TASK, acks_late=True, ignore_result=True, max_retries=0, time_limit=120)
+def expire_idle_sessions() -> list[str]:
+    """Beat's sweep: expire Tinker sessions whose heartbeats stopped and free their models' slots."""
+    settings = get_settings()
+    with session_scope(settings.database) as session:
+        return tinker.expire_idle_sessions(
+            session, idle_s=settings.tinker_session_idle_s, send=CeleryDispatch(settings)
+        )

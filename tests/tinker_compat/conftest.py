@@ -40,13 +40,16 @@ class TinkerWorker:
 
     NAME = "tinker"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, *, name: str = NAME, base: str = BASE, env: dict[str, str] | None = None
+    ) -> None:
         self.settings = settings
+        self.name, self.base, self.env = name, base, {"OMP_NUM_THREADS": "1", **(env or {})}
         self.running = Workers()
         self.process = self._start()
 
     def _start(self) -> subprocess.Popen[bytes]:
-        process = self.running.start(self.NAME, env={"OMP_NUM_THREADS": "1"})
+        process = self.running.start(self.name, env=self.env, base=self.base)
 
         def registered() -> bool:
             if process.poll() is not None:
