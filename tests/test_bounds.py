@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 import mint.schemas
+from mint.config import Settings
 from tests.conftest import Tenant
 from tests.jobs.conftest import upload
 
@@ -198,3 +199,27 @@ def test_a_dataset_row_holding_nan_is_refused_naming_its_line(client: TestClient
     assert response.status_code == 400, response.text
     assert "line 2" in response.json()["error"]["message"] and "NaN" in response.json()["error"]["message"]
     assert upload(client, tenant, [good])["row_count"] == 1
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["jobs", "create", "--model", "m", "--file", "f", "--epochs", "1000000000000"],
+        ["jobs", "create", "--model", "m", "--file", "f", "--learning-rate", "nan"],
+        ["chat", "m", "hi", "--temperature", "nan"],
+        ["rollback", "d", "--to-revision", "4294967296"],
+        ["admin", "keys", "create", "--org", "o", "--expires-in-days", "99999999999"],
+    ],
+    ids=["epochs", "learning-rate", "temperature", "revision", "key-expiry"],
+)
+def test_cli_number_options_are_bounded_before_anything_is_sent(prepared: Settings, arguments: list[str]) -> None:
+    """Typer checks the range (and `finite` refuses NaN, which click's ranges let through) before
+    the command connects to anything: exit status 2 names the option. (`mint admin` first opens
+    the prepared database, whose settings are in the environment.)"""
+    from typer.testing import CliRunner
+
+    from mint.cli.main import app as cli
+
+    result = CliRunner().invoke(cli, arguments, env={"MINT_API_KEY": "unused", "MINT_BASE_URL": "http://0.0.0.0:9"})
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--" in result.output, result.output
