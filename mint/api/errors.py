@@ -8,6 +8,7 @@ leaked).
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -78,14 +79,33 @@ async def _mint_error(_: Request, exc: Exception) -> JSONResponse:
     return mint_error_response(exc)
 
 
+# The tag pydantic adds to a location for each member of a union (`n_epochs: int | "auto"` fails
+# at `n_epochs.constrained-int` and `n_epochs.literal['auto']`): not a field a client can name.
+_UNION_MEMBER = re.compile(r"^(constrained-\w+|literal\[.*\]|function-\w+\[.*\]|int|float|str|bool|none)$")
+
+
 def _field_path(location: tuple[Any, ...]) -> str:
-    parts = [str(part) for part in location if part not in ("body", "query", "path", "header")]
+    parts = [
+        str(part)
+        for part in location
+        if part not in ("body", "query", "path", "header") and not _UNION_MEMBER.match(str(part))
+    ]
     return ".".join(parts) or ".".join(str(part) for part in location)
+
+
+def _telling(problems: list[Any]) -> list[Any]:
+    """The problems worth reading: for a number sent to a `number | "auto"` field, the bound it
+    broke, not also that it is not "auto"."""
+    paths = {_field_path(tuple(p.get("loc", ()))) for p in problems if p.get("type") != "literal_error"}
+    kept = [
+        p for p in problems if p.get("type") != "literal_error" or _field_path(tuple(p.get("loc", ()))) not in paths
+    ]
+    return kept or problems
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = exc.errors()
+    problems = _telling(list(exc.errors()))
     first = problems[0] if problems else {"loc": (), "msg": "invalid request"}
     param = _field_path(tuple(first.get("loc", ())))
     details = "; ".join(f"{_field_path(tuple(p.get('loc', ())))}: {p.get('msg', '')}" for p in problems[:10])

@@ -112,7 +112,7 @@ def keys_create(
     org: OrgOpt,
     name: Annotated[str, typer.Option(help="A label, e.g. `ci`.")] = "cli",
     role: Annotated[str, typer.Option(help="admin | developer | viewer.")] = "developer",
-    expires_in_days: Annotated[int | None, typer.Option(help="Days until it expires.")] = None,
+    expires_in_days: Annotated[int | None, typer.Option(min=1, max=3650, help="Days until it expires.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a key; the secret is printed once (Mint stores only its hash)."""

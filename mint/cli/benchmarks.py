@@ -9,7 +9,8 @@ import typer
 
 from mint.cli.options import LimitOpt, Remote, first, grader_option, remote
 from mint.cli.output import human
-from mint.schemas.evals import BuiltinName, BuiltinSplit
+from mint.schemas.common import MAX_SEED
+from mint.schemas.evals import MAX_BUILTIN_TASKS, BuiltinName, BuiltinSplit
 from mint.sdk.errors import BadRequestError
 
 app = typer.Typer(help="Benchmarks: tasks and graders, in immutable versions.", no_args_is_help=True)
@@ -45,8 +46,12 @@ def create(
         str | None, typer.Option("--grader", help='Grader of the tasks: a name (numeric) or JSON {"type", "config"}.')
     ] = None,
     split: Annotated[BuiltinSplit | None, typer.Option("--split", help="With --builtin: only this split.")] = None,
-    n: Annotated[int | None, typer.Option("--n", min=1, help="With --builtin: tasks per split.")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", min=0, help="With --builtin: which tasks are drawn.")] = None,
+    n: Annotated[
+        int | None, typer.Option("--n", min=1, max=MAX_BUILTIN_TASKS, help="With --builtin: tasks per split.")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", min=0, max=MAX_SEED, help="With --builtin: which tasks are drawn.")
+    ] = None,
     description: Annotated[str, typer.Option("--description")] = "",
 ) -> None:
     """Create a benchmark (its version 1) from a file of tasks and/or a built-in benchmark."""

@@ -9,8 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
-from mint.cli.options import Remote, remote
+from mint.cli.options import Remote, finite, remote
 from mint.cli.output import errors, wire
+from mint.schemas.inference import MAX_COMPLETION_TOKENS
 
 
 @remote(json_help="Print each whole completion as JSON (one per line) instead of streaming.")
@@ -19,8 +20,8 @@ def chat(
     model: Annotated[str, typer.Argument(help="A base, adapter@version or deployment name.")],
     message: Annotated[str | None, typer.Argument(help="One message; without it, read lines from stdin.")] = None,
     system: Annotated[str | None, typer.Option("--system", help="A system prompt.")] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 256,
-    temperature: Annotated[float, typer.Option("--temperature", min=0.0, max=2.0)] = 0.7,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=MAX_COMPLETION_TOKENS)] = 256,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, max=2.0, callback=finite)] = 0.7,
 ) -> None:
     """Chat with a model: the answer streams as it is generated.
 

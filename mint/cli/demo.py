@@ -31,6 +31,7 @@ from rich.table import Table
 
 from mint.cli.output import console
 from mint.config import get_settings
+from mint.schemas.evals import MAX_BUILTIN_TASKS
 
 BASE = "smollm2-135m-instruct"
 POLL_S = 1.0
@@ -125,8 +126,10 @@ def _table(comparison: dict[str, Any], before: dict[str, Any], after: dict[str, 
 
 
 def demo(
-    steps: Annotated[int, typer.Option(help="Optimizer steps of the fine-tuning job.")] = 24,
-    tasks: Annotated[int, typer.Option(help="Tasks per split of the built-in benchmark.")] = 24,
+    steps: Annotated[int, typer.Option(min=1, max=10_000, help="Optimizer steps of the fine-tuning job.")] = 24,
+    tasks: Annotated[
+        int, typer.Option(min=1, max=MAX_BUILTIN_TASKS, help="Tasks per split of the built-in benchmark.")
+    ] = 24,
 ) -> None:
     """Run the loop end to end on SmolLM2-135M: eval, mine failures, fine-tune, re-eval, deploy, chat."""
     settings = get_settings()

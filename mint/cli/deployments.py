@@ -9,6 +9,7 @@ import typer
 
 from mint.cli.options import LimitOpt, ReasonOpt, Remote, first, json_option, remote
 from mint.cli.output import human
+from mint.schemas.common import MAX_VERSION
 
 app = typer.Typer(help="Deployments and their revisions.", no_args_is_help=True)
 
@@ -81,7 +82,8 @@ def rollback(
     api: Remote,
     name: NameArg,
     to_revision: Annotated[
-        int | None, typer.Option("--to-revision", min=1, help="The revision to serve again (the previous one).")
+        int | None,
+        typer.Option("--to-revision", min=1, max=MAX_VERSION, help="The revision to serve again (the previous one)."),
     ] = None,
     reason: ReasonOpt = "",
 ) -> None:

@@ -9,6 +9,7 @@ import typer
 
 from mint.cli.options import LimitOpt, Remote, WaitOpt, exit_unless_succeeded, first, remote
 from mint.cli.output import console, emit, emit_one, errors, human, wire
+from mint.schemas.common import MAX_VERSION
 from mint.schemas.evals import MinedKind
 
 app = typer.Typer(help="Eval runs: evaluate, compare, mine failures.", no_args_is_help=True)
@@ -41,9 +42,13 @@ def run(
     api: Remote,
     benchmark: Annotated[str, typer.Option("--benchmark", help="The benchmark's id.")],
     model: Annotated[str, typer.Option("--model", help="A base, adapter@version or deployment.")],
-    version: Annotated[int | None, typer.Option("--version", min=1, help="Benchmark version (newest).")] = None,
+    version: Annotated[
+        int | None, typer.Option("--version", min=1, max=MAX_VERSION, help="Benchmark version (newest).")
+    ] = None,
     split: Annotated[str | None, typer.Option("--split", help="Only this split's tasks.")] = None,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Longest assistant turn.")] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", min=1, max=8192, help="Longest assistant turn.")
+    ] = None,
     wait: WaitOpt = False,
 ) -> None:
     """Evaluate a model on a benchmark version; with --wait, until it has finished (exit 1 unless it succeeded)."""

@@ -9,9 +9,10 @@ from typing import Annotated, Any
 
 import typer
 
-from mint.cli.options import LimitOpt, Remote, WaitOpt, exit_unless_succeeded, first, grader_option, remote
+from mint.cli.options import LimitOpt, Remote, WaitOpt, exit_unless_succeeded, finite, first, grader_option, remote
 from mint.cli.output import console, human, wire
 from mint.schemas.fine_tuning import MethodType
+from mint.schemas.plans import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_STEPS
 
 app = typer.Typer(help="Fine-tuning jobs: SFT, DPO, RL.", no_args_is_help=True)
 
@@ -42,15 +43,19 @@ def create(
     model: Annotated[str, typer.Option("--model", help="The base model, e.g. tiny-glm-moe.")],
     file: Annotated[str, typer.Option("--file", help="The training dataset's id.")],
     method: Annotated[MethodType, typer.Option("--method", help="The training method.")] = "supervised",
-    steps: Annotated[int | None, typer.Option("--steps", min=1, help="Optimizer steps (instead of epochs).")] = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", min=1, max=MAX_STEPS, help="Optimizer steps (instead of epochs).")
+    ] = None,
     suffix: Annotated[
         str | None, typer.Option("--suffix", help="The adapter's name; each job adds a version to it.")
     ] = None,
-    seed: Annotated[int | None, typer.Option("--seed", min=0)] = None,
-    learning_rate: Annotated[float | None, typer.Option("--learning-rate", help="Absolute learning rate.")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1)] = None,
-    epochs: Annotated[int | None, typer.Option("--epochs", min=1)] = None,
-    rank: Annotated[int | None, typer.Option("--rank", min=1, help="LoRA rank (the base's default).")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0, max=2**31 - 1)] = None,
+    learning_rate: Annotated[
+        float | None, typer.Option("--learning-rate", min=0.0, max=1.0, callback=finite, help="Absolute learning rate.")
+    ] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, max=MAX_BATCH_SIZE)] = None,
+    epochs: Annotated[int | None, typer.Option("--epochs", min=1, max=MAX_EPOCHS)] = None,
+    rank: Annotated[int | None, typer.Option("--rank", min=1, max=1024, help="LoRA rank (the base's default).")] = None,
     grader: Annotated[
         str | None, typer.Option("--grader", help="For reinforcement: a grader name or JSON {type, config}.")
     ] = None,

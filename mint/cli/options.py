@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import islice
@@ -34,7 +35,17 @@ ApiKeyOpt = Annotated[
         "--api-key", envvar="MINT_API_KEY", help="An API key (default: $MINT_HOME/admin.key).", show_default=False
     ),
 ]
-LimitOpt = Annotated[int, typer.Option("--limit", min=1, help="Most rows to show.")]
+
+
+def finite(value: float | None) -> float | None:
+    """A float option's callback: click's ranges let NaN through (every comparison with it is
+    false), and no option of Mint's means anything as NaN or infinity."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
+LimitOpt = Annotated[int, typer.Option("--limit", min=1, max=1_000_000, help="Most rows to show.")]
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait until it has finished, with a progress bar.")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why; kept in the revision and the audit log.")]
 

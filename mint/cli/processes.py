@@ -27,7 +27,7 @@ ADMIN_KEY_FILE = "admin.key"
 
 def api(
     host: Annotated[str | None, typer.Option(help="Bind address (MINT_API_HOST).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (MINT_API_PORT).")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (MINT_API_PORT).")] = None,
 ) -> None:
     """Run the HTTP API (uvicorn)."""
     import uvicorn
@@ -128,7 +128,7 @@ def serve(
     host: Annotated[
         str | None, typer.Option(help="Bind address (MINT_SERVING_HOST); only the API should reach it.")
     ] = None,
-    port: Annotated[int, typer.Option(help="Port of the node's internal API.")] = 8100,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the node's internal API.")] = 8100,
     url: Annotated[str | None, typer.Option(help="URL the API uses to reach this node; from host and port.")] = None,
     engine: Annotated[
         EngineChoice | None,

@@ -47,6 +47,7 @@ from mint.errors import InvalidRequest
 from mint.evals.builtin import Task as BuiltinTask
 from mint.evals.environments import Environment
 from mint.evals.graders import Grade, GradeContext, GraderSpec, Output, grade
+from mint.schemas.common import loads_finite
 
 BenchmarkFormat = Literal["jsonl", "yaml"]
 FORMATS: tuple[BenchmarkFormat, ...] = ("jsonl", "yaml")
@@ -144,16 +145,12 @@ class _Problems:
         )
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number; write a finite number or a string")
-
-
 def _jsonl_items(content: str, problems: _Problems) -> Iterator[tuple[str, Any]]:
     for number, line in enumerate(content.removeprefix("\ufeff").splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            yield f"line {number}", json.loads(line, parse_constant=_reject_constant)
+            yield f"line {number}", loads_finite(line)
         except (ValueError, RecursionError) as exc:
             problems.add(f"line {number}", f"not valid JSON ({exc}); write one task object per line")
 

@@ -26,12 +26,13 @@ from mint.evals.compare import (
     RunOutcomes,
     compare_runs,
 )
+from mint.schemas.common import MAX_SEED
 
 
 class GateSpec(BaseModel):
     """What a deployment requires of a candidate on one benchmark."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     benchmark: str = Field(min_length=1, max_length=200, description="The benchmark's name.")
     min_pass_rate: float | None = Field(default=None, ge=0.0, le=1.0, description="Lowest pass rate accepted.")
@@ -46,7 +47,7 @@ class GateSpec(BaseModel):
     )
     confidence: float = Field(default=DEFAULT_CONFIDENCE, gt=0.0, lt=1.0)
     resamples: int = Field(default=DEFAULT_RESAMPLES, ge=100, le=100_000)
-    seed: int = DEFAULT_SEED
+    seed: int = Field(default=DEFAULT_SEED, ge=0, le=MAX_SEED)
 
     @model_validator(mode="after")
     def _has_a_check(self) -> GateSpec:

@@ -141,7 +141,7 @@ def _text_references(reference: Any) -> list[str]:
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 GraderFn = Callable[[Output, Any, Any, GradeContext], Grade]

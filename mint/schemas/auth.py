@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from mint.schemas.common import Label, WireModel
+from mint.schemas.common import Label, RequestModel, WireModel
 
 Role = Literal["admin", "developer", "viewer"]
 
@@ -18,7 +18,7 @@ class OrganizationPublic(WireModel):
     created_at: datetime
 
 
-class ApiKeyCreate(BaseModel):
+class ApiKeyCreate(RequestModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Label = Field(description="A label for people, e.g. `ci-pipeline`.")

@@ -5,14 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from mint.schemas.common import ID_PATTERN, WireModel
+from mint.schemas.common import ID_PATTERN, MAX_VERSION, FiniteJson, RequestModel, WireModel
 
 DeploymentName = str
 
 
-class _Request(BaseModel):
+class _Request(RequestModel):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -26,10 +26,10 @@ class DeploymentCreate(_Request):
     model: str | None = Field(
         default=None, max_length=300, pattern=ID_PATTERN, description="An adapter version, e.g. `support-bot@3`."
     )
-    mixture: dict[str, Any] | None = Field(
+    mixture: FiniteJson | None = Field(
         default=None, description="A Mixture-of-LoRA: `{adapters: [...], policy: {type: embedding|rules|...}}`."
     )
-    gate: dict[str, Any] | None = Field(
+    gate: FiniteJson | None = Field(
         default=None,
         description="Required of every promotion: `{benchmark, min_pass_rate?, max_regression?, "
         "require_no_significant_regression?}`.",
@@ -39,13 +39,13 @@ class DeploymentCreate(_Request):
 
 class PromoteRequest(_Request):
     model: str | None = Field(default=None, max_length=300, pattern=ID_PATTERN)
-    mixture: dict[str, Any] | None = None
+    mixture: FiniteJson | None = None
     reason: str = Field(default="", max_length=2000)
 
 
 class RollbackRequest(_Request):
     to_revision: int | None = Field(
-        default=None, ge=1, description="The revision to serve again; the previous one by default."
+        default=None, ge=1, le=MAX_VERSION, description="The revision to serve again; the previous one by default."
     )
     reason: str = Field(default="", max_length=2000)
 

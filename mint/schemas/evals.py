@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from mint.schemas.common import ID_PATTERN, Page, WireModel
+from mint.schemas.common import ID_PATTERN, MAX_SEED, MAX_VERSION, FiniteJson, Page, RequestModel, WireModel
 from mint.schemas.datasets import DatasetPublic
 
 BenchmarkFormat = Literal["jsonl", "yaml"]
@@ -41,7 +41,7 @@ BenchmarkName = Annotated[
 ResourceId = Annotated[str, Field(min_length=1, max_length=100, pattern=ID_PATTERN)]
 
 
-class _Request(BaseModel):
+class _Request(RequestModel):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -49,7 +49,7 @@ class GraderSpecIn(_Request):
     """A grader of Mint's closed registry: exact, normalized, regex, json_match, numeric, tool_call, python, judge."""
 
     type: str = Field(min_length=1, max_length=50, description="The grader, e.g. `numeric`.")
-    config: dict[str, Any] = Field(default_factory=dict, description='Its options, e.g. `{"abs_tol": 0.01}`.')
+    config: FiniteJson = Field(default_factory=dict, description='Its options, e.g. `{"abs_tol": 0.01}`.')
 
 
 class BenchmarkSource(_Request):
@@ -69,7 +69,9 @@ class BenchmarkSource(_Request):
         default=None, description="With `builtin`: import only this split; both (each `n` tasks) if omitted."
     )
     n: int | None = Field(default=None, ge=1, le=MAX_BUILTIN_TASKS, description="With `builtin`: tasks per split.")
-    seed: int | None = Field(default=None, ge=0, description="With `builtin`: which tasks are drawn (default 0).")
+    seed: int | None = Field(
+        default=None, ge=0, le=MAX_SEED, description="With `builtin`: which tasks are drawn (default 0)."
+    )
 
 
 class BenchmarkCreate(BenchmarkSource):
@@ -114,7 +116,9 @@ class EvalRunCreate(_Request):
     """Evaluate a model on a benchmark version."""
 
     benchmark_id: ResourceId
-    version: int | None = Field(default=None, ge=1, description="The benchmark version; the newest if omitted.")
+    version: int | None = Field(
+        default=None, ge=1, le=MAX_VERSION, description="The benchmark version; the newest if omitted."
+    )
     model: str = Field(
         min_length=1,
         max_length=300,
@@ -126,7 +130,7 @@ class EvalRunCreate(_Request):
     )
     max_tokens: int = Field(default=256, ge=1, le=8192, description="Largest assistant turn, in tokens.")
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 decodes greedily.")
-    seed: int = Field(default=0, ge=0, description="Sampling seed: the same seed gives the same samples.")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Sampling seed: the same seed gives the same samples.")
     max_steps: int = Field(default=8, ge=1, le=64, description="Most assistant turns per task (tool tasks).")
 
 

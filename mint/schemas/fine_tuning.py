@@ -9,11 +9,19 @@ absolute `learning_rate`, and `checkpoint_interval`. Times are Unix seconds, as 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
-from mint.schemas.common import ID_PATTERN, WireModel
+from mint.schemas.common import ID_PATTERN, FiniteJson, RequestModel, WireModel
+from mint.schemas.plans import (
+    MAX_BATCH_SIZE,
+    MAX_BETA,
+    MAX_EPOCHS,
+    MAX_GROUP_SIZE,
+    MAX_LEARNING_RATE_MULTIPLIER,
+    MAX_STEPS,
+)
 
 Auto = Literal["auto"]
 MethodType = Literal["supervised", "dpo", "reinforcement"]
@@ -21,36 +29,38 @@ JobStatus = Literal["validating_files", "queued", "running", "succeeded", "faile
 SUFFIX_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
-class _Strict(BaseModel):
+# The bounds are the plan's (`mint.schemas.plans`), so a request the schema takes can only be
+# refused later for what its values lead to together (epochs x rows past MAX_STEPS, say).
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
+Epochs = Annotated[int, Field(ge=1, le=MAX_EPOCHS)]
+Multiplier = Annotated[float, Field(gt=0, le=MAX_LEARNING_RATE_MULTIPLIER)]
+Beta = Annotated[float, Field(gt=0, le=MAX_BETA)]
+GroupSize = Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE)]
+# LoRA's update is scaled by alpha / rank; 4x the largest rank (1024) is past any scale in use.
+MAX_LORA_ALPHA = 4096.0
+
+
+class _Strict(RequestModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class SupervisedHyperparameters(_Strict):
-    batch_size: int | Auto = Field(default="auto", description="Examples per optimizer step (`auto`: up to 8).")
-    learning_rate_multiplier: float | Auto = Field(
+    batch_size: BatchSize | Auto = Field(default="auto", description="Examples per optimizer step (`auto`: up to 8).")
+    learning_rate_multiplier: Multiplier | Auto = Field(
         default="auto", description="Scales the base's default learning rate for the method."
     )
-    n_epochs: int | Auto = Field(default="auto", description="Passes over the training file (`auto`: 3).")
-
-    def model_post_init(self, _context: Any) -> None:
-        _check_positive(self)
+    n_epochs: Epochs | Auto = Field(default="auto", description="Passes over the training file (`auto`: 3).")
 
 
 class DpoHyperparameters(SupervisedHyperparameters):
-    beta: float | Auto = Field(default="auto", description="DPO temperature (`auto`: 0.1).")
+    beta: Beta | Auto = Field(default="auto", description="DPO temperature (`auto`: 0.1).")
 
 
 class ReinforcementHyperparameters(SupervisedHyperparameters):
-    group_size: int | Auto = Field(default="auto", description="Samples per prompt (`auto`: 4).")
+    group_size: GroupSize | Auto = Field(default="auto", description="Samples per prompt (`auto`: 4).")
     max_tokens: int = Field(default=32, ge=1, le=4096, description="Longest sampled completion.")
     temperature: float = Field(default=1.0, gt=0, le=2.0)
-    kl_beta: float = Field(default=0.0, ge=0, description="KL penalty towards the base.")
-
-
-def _check_positive(hyperparameters: BaseModel) -> None:
-    for name, value in hyperparameters:
-        if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0 and name != "kl_beta":
-            raise ValueError(f"{name} must be positive or 'auto'")
+    kl_beta: float = Field(default=0.0, ge=0, le=MAX_BETA, description="KL penalty towards the base.")
 
 
 class SupervisedMethod(_Strict):
@@ -62,7 +72,7 @@ class DpoMethod(_Strict):
 
 
 class ReinforcementMethod(_Strict):
-    grader: dict[str, Any] = Field(
+    grader: FiniteJson = Field(
         description='A grader of Mint\'s closed registry, e.g. `{"type": "numeric", "config": {"tolerance": 0}}`.'
     )
     hyperparameters: ReinforcementHyperparameters = Field(default_factory=ReinforcementHyperparameters)
@@ -79,7 +89,7 @@ class LoraSpec(_Strict):
     """The adapter to train; omitted fields take the base's registry defaults."""
 
     rank: int | None = Field(default=None, ge=1, le=1024)
-    alpha: float | None = Field(default=None, gt=0)
+    alpha: float | None = Field(default=None, gt=0, le=MAX_LORA_ALPHA)
     train_attn: bool = True
     train_mlp: bool = True
     train_unembed: bool = True
@@ -104,13 +114,13 @@ class FineTuningJobCreate(_Strict):
         description="Names the adapter; a job with the same suffix adds a new version to it.",
     )
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
-    integrations: list[dict[str, Any]] | None = Field(default=None, description="Accepted and ignored.")
+    integrations: list[FiniteJson] | None = Field(default=None, max_length=16, description="Accepted and ignored.")
     # Mint's own fields.
     lora: LoraSpec = Field(default_factory=LoraSpec)
-    steps: int | None = Field(default=None, ge=1, le=1_000_000, description="Optimizer steps; overrides n_epochs.")
+    steps: int | None = Field(default=None, ge=1, le=MAX_STEPS, description="Optimizer steps; overrides n_epochs.")
     learning_rate: float | None = Field(default=None, gt=0, le=1.0, description="Overrides the multiplier.")
     checkpoint_interval: int | None = Field(
-        default=None, ge=1, description="Steps between resumable checkpoints (`None`: about 5 per job)."
+        default=None, ge=1, le=MAX_STEPS, description="Steps between resumable checkpoints (`None`: about 5 per job)."
     )
 
 

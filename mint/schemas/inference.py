@@ -3,21 +3,31 @@ names it to a serving node (the request it forwards is `mint.serving.completion.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mint.schemas.common import ID_PATTERN
+from mint.schemas.common import ID_PATTERN, MAX_SEED, FiniteJson, RequestModel
 
 MAX_COMPLETION_TOKENS = 4096
+# OpenAI's ranges: `top_logprobs` 0-20 (chat), `logprobs` 0-5 (completions; Mint takes up to 20 for both).
+MAX_TOP_LOGPROBS = 20
+Penalty = Annotated[
+    float,
+    Field(
+        ge=-2.0,
+        le=2.0,
+        description="OpenAI's range; accepted for compatibility, not applied by Mint's engines.",
+    ),
+]
 
 
-class _Lenient(BaseModel):
+class _Lenient(RequestModel):
     # OpenAI clients send fields Mint does not use (user, logit_bias, ...): accepted, ignored.
     model_config = ConfigDict(extra="ignore")
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(RequestModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -31,11 +41,20 @@ class _Sampling(_Lenient):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=16)
-    seed: int | None = Field(default=None, ge=0)
+    # Choice i of n is sampled with seed + i: still within the 64-bit seeds torch takes.
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     stream: bool = False
-    logprobs: bool | int | None = None
-    metadata: dict[str, Any] | None = Field(default=None, description="Routing metadata for mixture deployments.")
+    logprobs: bool | Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    top_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="OpenAI's range; Mint returns each sampled token's logprob, without alternatives.",
+    )
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    metadata: FiniteJson | None = Field(default=None, description="Routing metadata for mixture deployments.")
 
     @field_validator("stop")
     @classmethod

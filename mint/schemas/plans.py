@@ -26,6 +26,18 @@ from mint.schemas.evals import GraderSpecIn
 
 # The same ceiling as a request's explicit `steps`; also keeps `total_steps` in a 32-bit column.
 MAX_STEPS = 1_000_000
+# Each epoch is at least one step, so more epochs than steps could never fit the cap.
+MAX_EPOCHS = MAX_STEPS
+# Examples per step: a step's batch is held at once on one worker; OpenAI's own cap is 256.
+MAX_BATCH_SIZE = 1024
+# The methods' default rates are 1e-4 to 4e-4: 10,000x spans every rate up to the plan's cap
+# of 1.0, which the resolved plan then checks.
+MAX_LEARNING_RATE_MULTIPLIER = 10_000.0
+# DPO's beta and RL's KL penalty scale a log-ratio; past 10 the sigmoid saturates at once
+# (DPO) or the penalty drowns the reward (RL). Typical values are 0.01 to 0.5.
+MAX_BETA = 10.0
+# Samples per prompt of an RL step, all sampled on one worker.
+MAX_GROUP_SIZE = 256
 
 
 class _Plan(BaseModel):
@@ -34,12 +46,14 @@ class _Plan(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     steps: int = Field(ge=1, le=MAX_STEPS, description="Optimizer steps.")
-    batch_size: int = Field(ge=1, description="Examples (pairs, prompts) per optimizer step.")
+    batch_size: int = Field(ge=1, le=MAX_BATCH_SIZE, description="Examples (pairs, prompts) per optimizer step.")
     # An int when the request gave epochs; a float when it gave `steps` (steps * batch / rows).
-    n_epochs: int | float = Field(gt=0, description="Passes over the training file.")
-    learning_rate_multiplier: float = Field(gt=0, description="The multiplier of the method's default rate.")
+    n_epochs: int | float = Field(gt=0, le=MAX_EPOCHS, description="Passes over the training file.")
+    learning_rate_multiplier: float = Field(
+        gt=0, le=MAX_LEARNING_RATE_MULTIPLIER, description="The multiplier of the method's default rate."
+    )
     learning_rate: float = Field(gt=0, le=1.0, description="The absolute peak learning rate.")
-    checkpoint_interval: int = Field(ge=1, description="Steps between resumable checkpoints.")
+    checkpoint_interval: int = Field(ge=1, le=MAX_STEPS, description="Steps between resumable checkpoints.")
 
 
 class SftPlan(_Plan):
@@ -52,17 +66,17 @@ class DpoPlan(_Plan):
     """Direct preference optimisation on preference rows."""
 
     method: Literal["dpo"] = "dpo"
-    beta: float = Field(gt=0, description="DPO temperature.")
+    beta: float = Field(gt=0, le=MAX_BETA, description="DPO temperature.")
 
 
 class RlPlan(_Plan):
     """Group-normalised RL on prompt rows, graded by a grader of the closed registry."""
 
     method: Literal["rl"] = "rl"
-    group_size: int = Field(ge=1, description="Samples per prompt.")
+    group_size: int = Field(ge=1, le=MAX_GROUP_SIZE, description="Samples per prompt.")
     max_tokens: int = Field(ge=1, le=4096, description="Longest sampled completion.")
     temperature: float = Field(gt=0, le=2.0, description="Sampling temperature.")
-    kl_beta: float = Field(ge=0, description="KL penalty towards the base (0: none).")
+    kl_beta: float = Field(ge=0, le=MAX_BETA, description="KL penalty towards the base (0: none).")
     grader: GraderSpecIn = Field(description="Scores each sample; its options are checked by the grader registry.")
 
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mint.config import Settings
 from mint.errors import InvalidRequest, PayloadTooLarge
-from mint.schemas.common import ID_PATTERN, LABEL_PATTERN
+from mint.schemas.common import ID_PATTERN, LABEL_PATTERN, FiniteJson, RequestModel
 
 # Ids the SDK sends back (sessions, models, samplers, futures): no spaces, slashes or control characters.
 Id = Annotated[str, Field(min_length=1, max_length=100, pattern=ID_PATTERN)]
@@ -38,11 +38,21 @@ TtlSeconds = Annotated[int, Field(ge=1, le=10 * 366 * 24 * 3600)]
 # request's estimated size (4 bytes a token, each loss input's array bytes).
 SDK_MAX_CHUNK_DATA = 1024
 SDK_MAX_CHUNK_BYTES = 5_000_000
+# Token ids are int32 on Tinker's wire (EncodedTextChunk, StopTokens); the base checks its vocabulary.
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+# Seeds are uint64 in tinker_public.SamplingParams and the SDK passes the caller's int as is;
+# torch seeds take the same range.
+TinkerSeed = Annotated[int, Field(ge=0, lt=2**64)]
+# Most samples of one asample request (all sampled on one worker).
+MAX_SAMPLES = 256
+# Top-k lists per position: Mint serves none yet (a nonzero k is refused by name); no server
+# returns vocabulary-wide lists.
+MAX_TOP_K_LOGPROBS = 1000
 
 # ---- JSON request bodies ----------------------------------------------------------------------
 
 
-class _Request(BaseModel):
+class _Request(RequestModel):
     """A request body: unknown fields (newer SDKs, `type` tags) are ignored."""
 
     model_config = ConfigDict(extra="ignore", protected_namespaces=())
@@ -56,7 +66,7 @@ class CreateSessionRequest(_Request):
     tags: list[Annotated[str, Field(max_length=200, pattern=LABEL_PATTERN)]] = Field(
         default_factory=list, max_length=100
     )
-    user_metadata: dict[str, Any] | None = None
+    user_metadata: FiniteJson | None = None
     sdk_version: str | None = Field(default=None, max_length=50, pattern=LABEL_PATTERN)
     project_id: str | None = None
     display_name: str | None = Field(default=None, max_length=200, pattern=LABEL_PATTERN)
@@ -83,7 +93,7 @@ class LoraConfig(_Request):
     """Tinker's LoRA switches; `train_mlp` covers dense MLPs and routed experts alike."""
 
     rank: int = Field(default=32, ge=1, le=1024)
-    seed: int | None = Field(default=None, ge=0)
+    seed: TinkerSeed | None = None
     train_unembed: bool = True
     train_mlp: bool = True
     train_attn: bool = True
@@ -97,7 +107,7 @@ class CreateModelRequest(_Request):
     session_id: Id
     model_seq_id: int = Field(ge=0, lt=1_000_000)
     base_model: str = Field(max_length=200, pattern=ID_PATTERN)
-    user_metadata: dict[str, Any] | None = None
+    user_metadata: FiniteJson | None = None
     lora_config: LoraConfig | None = None
     optimizer_config: OptimizerConfig = Field(default_factory=OptimizerConfig)
 
@@ -107,12 +117,17 @@ class GetInfoRequest(_Request):
 
 
 class AdamParams(_Request):
-    learning_rate: float = Field(default=1e-4, ge=0.0, allow_inf_nan=False)
+    """AdamW's settings for one step. The ceilings are far past any rate that trains (LoRA rates
+    are about 1e-5 to 1e-3): they keep every value a number the optimizer can use."""
+
+    learning_rate: float = Field(default=1e-4, ge=0.0, le=1.0)
     beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
     beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
-    eps: float = Field(default=1e-12, gt=0.0, allow_inf_nan=False)
-    weight_decay: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
-    grad_clip_norm: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    eps: float = Field(default=1e-12, gt=0.0, le=1.0)
+    # Decoupled: a step scales the weights by 1 - learning_rate * weight_decay, kept in [0, 1].
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    # 0: no clipping; a norm above 1e6 would never clip a LoRA gradient.
+    grad_clip_norm: float = Field(default=0.0, ge=0.0, le=1e6)
 
 
 class OptimStepRequest(_Request):
@@ -121,7 +136,7 @@ class OptimStepRequest(_Request):
     model_id: Id
     seq_id: SeqId
     adam_params: AdamParams | None = None
-    optimizer_params: dict[str, Any] | None = None
+    optimizer_params: FiniteJson | None = None
 
 
 class SaveWeightsRequest(_Request):
@@ -154,7 +169,7 @@ class LoadWeightsRequest(_Request):
     session_id: Id | None = None
     model_seq_id: int | None = Field(default=None, ge=0, lt=1_000_000)
     base_model: str | None = Field(default=None, max_length=200, pattern=ID_PATTERN)
-    user_metadata: dict[str, Any] | None = None
+    user_metadata: FiniteJson | None = None
     optimizer_config: OptimizerConfig | None = None
     weights_access_token: str | None = None
 
@@ -168,7 +183,7 @@ class CreateSamplingSessionRequest(_Request):
 
 class EncodedTextChunk(_Request):
     type: Literal["encoded_text"] = "encoded_text"
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class OtherChunk(_Request):
@@ -195,27 +210,31 @@ StopText = Annotated[str, Field(min_length=1, max_length=1000, pattern=r"^[^\x00
 
 class SamplingParams(_Request):
     max_tokens: int | None = Field(default=None, ge=1, lt=2**31)
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
-    stop: StopText | list[StopText] | list[int] | None = None
-    temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
+    seed: TinkerSeed | None = None
+    stop: StopText | list[StopText] | list[TokenId] | None = None
+    # 0 samples greedily; past 100 the distribution is uniform to float precision.
+    temperature: float = Field(default=1.0, ge=0.0, le=100.0)
     top_k: int = Field(default=-1, ge=-1, lt=2**31)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
 class SampleRequest(_Request):
     sampling_session_id: Id | None = None
-    seq_id: int | None = None
-    num_samples: int = Field(default=1, ge=1)
+    # A sampler's request counter: a clone of a SamplingClient counts from clone_id * 10**9,
+    # with clone ids up to 10**9, so up to 10**18 (int64; Mint does not store it).
+    seq_id: int | None = Field(default=None, ge=0, lt=2**63)
+    num_samples: int = Field(default=1, ge=1, le=MAX_SAMPLES)
     prompt: ModelInput
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     base_model: str | None = None
     model_path: str | None = None
     prompt_logprobs: bool | None = None
-    topk_prompt_logprobs: int = 0
-    topk_sample_logprobs: int = 0
-    target_prompt_logprobs: dict[str, Any] | None = None
-    prompt_alt_tokens_k: int = 0
-    prompt_logprobs_last_n: int | None = None
+    topk_prompt_logprobs: int = Field(default=0, ge=0, le=MAX_TOP_K_LOGPROBS)
+    topk_sample_logprobs: int = Field(default=0, ge=0, le=MAX_TOP_K_LOGPROBS)
+    target_prompt_logprobs: FiniteJson | None = None
+    prompt_alt_tokens_k: int = Field(default=0, ge=0, le=MAX_TOP_K_LOGPROBS)
+    # Checked against the prompt's length by the service.
+    prompt_logprobs_last_n: int | None = Field(default=None, ge=1, lt=2**31)
     record_stability_info: bool | None = None
 
 
@@ -691,8 +710,15 @@ def _decode_tensor(buffer: memoryview, name: str, budget: _Budget) -> WireTensor
         raise InvalidRequest(
             f"loss_fn_inputs[{name!r}] has dtype code {dtype}; send float32 or int64", param="loss_fn_inputs"
         )
+    count = _count(formats[dtype], dense)
+    if shape and (min(shape) < 0 or math.prod(shape) != count):
+        raise InvalidRequest(
+            f"loss_fn_inputs[{name!r}] has shape {shape[:8]} but {count} values; the shape's dimensions "
+            "must be non-negative and multiply to the number of values",
+            param="loss_fn_inputs",
+        )
     values = budget.unpack(formats[dtype], dense)
-    return WireTensor(dtype=dtype, shape=tuple(shape) or (len(values),), values=values)
+    return WireTensor(dtype=dtype, shape=tuple(shape) or (count,), values=values)
 
 
 def _decode_datum(buffer: memoryview, budget: _Budget) -> WireDatum:
@@ -782,6 +808,8 @@ def _decode_forward_backward(body: memoryview, budget: _Budget) -> ForwardBackwa
             _check_config_size(config_v2)
     if not model_id:
         raise _bad("model_id is missing")
+    if not 1 <= seq_id < 2**31:  # int32 on the wire; the model's creation took 0
+        raise InvalidRequest(f"seq_id must be 1 to {2**31 - 1}, got {seq_id}", param="seq_id")
     # Newer clients write both maps; v2 wins where it is set, as the protocol says.
     return ForwardBackwardProto(
         model_id=model_id,

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from mint.chat.rows import validate_chat_row, validate_preference_row, validate_prompt_row
 from mint.errors import InvalidRequest, NotFound, PayloadTooLarge
+from mint.schemas.common import loads_finite
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, get_owned, insert_or_first, owned_by, paginate
 from mint.storage.tables import DATASET_KINDS, Dataset, new_id
@@ -97,9 +98,12 @@ def _rows(spool: BinaryIO, max_row_bytes: int) -> Iterator[tuple[int, Any | None
         if not raw.strip():
             continue
         try:
-            yield number, json.loads(raw), None
+            # NaN and Infinity are not JSON: a row holding one is refused like any other bad line.
+            yield number, loads_finite(raw), None
         except json.JSONDecodeError as exc:
             yield number, None, f"not valid JSON ({exc.msg} at column {exc.colno}); write one JSON object per line"
+        except ValueError as exc:
+            yield number, None, f"not valid JSON ({exc}); write one JSON object per line"
 
 
 def validate_rows(spool: BinaryIO, kind: str | None, max_row_bytes: int) -> tuple[str, int, list[str]]:

@@ -70,7 +70,6 @@ INSPECT_EVERY_S = 10.0
 RESEND_AFTER_S = 30.0
 # Requests and results up to this size live in the row; larger ones in the object store.
 INLINE_PAYLOAD_BYTES = 64 * 1024
-MAX_SAMPLES = 256
 TERMINAL = ("succeeded", "failed", "cancelled")
 WAITING = ("pending", "running")
 PROTOBUF_OPERATIONS = frozenset({"forward_backward", "sample"})
@@ -746,8 +745,6 @@ def submit_sample(
     for name, value in unsupported.items():
         if value:
             raise InvalidRequest(f"{name} is not available on this server; leave it unset", param=name)
-    if not 1 <= body.num_samples <= MAX_SAMPLES:
-        raise InvalidRequest(f"num_samples must be 1 to {MAX_SAMPLES}", param="num_samples")
     prompt = body.prompt.tokens()
     if not prompt:
         raise InvalidRequest("the prompt is empty", param="prompt")

@@ -49,7 +49,7 @@ PolicyType = Literal["embedding", "rules", "router_adapter", "vote"]
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 Utterance = Annotated[str, Field(min_length=1, max_length=2_000)]

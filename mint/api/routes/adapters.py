@@ -12,7 +12,7 @@ from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from mint.api.downloads import TAR_MEDIA_TYPE, binary_response, stream_object
 from mint.api.pagination import After, Limit, id_path, page_of
 from mint.schemas.adapters import AdapterPublic, AdapterVersionPublic
-from mint.schemas.common import Page
+from mint.schemas.common import MAX_VERSION, Page
 from mint.services import adapters
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Adapter, AdapterVersion
@@ -20,7 +20,7 @@ from mint.storage.tables import Adapter, AdapterVersion
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 
 AdapterId = Annotated[str, id_path("The adapter's id, e.g. `adapter_...`.")]
-Version = Annotated[int, Path(ge=1, le=1_000_000, description="The version number, from 1.")]
+Version = Annotated[int, Path(ge=1, le=MAX_VERSION, description="The version number, from 1.")]
 
 
 def _public(adapter: Adapter, version: AdapterVersion) -> AdapterVersionPublic:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep, SettingsDep
 from mint.api.pagination import After, Limit, id_path, page_from, page_of
 from mint.evals.compare import DEFAULT_RESAMPLES, DEFAULT_SEED
-from mint.schemas.common import ID_PATTERN, Page
+from mint.schemas.common import ID_PATTERN, MAX_SEED, Page
 from mint.schemas.datasets import DatasetPublic
 from mint.schemas.evals import (
     ComparisonPublic,
@@ -71,7 +71,7 @@ def compare_eval_runs(
     a: Annotated[str, Query(max_length=100, pattern=ID_PATTERN, description="The baseline run.")],
     b: Annotated[str, Query(max_length=100, pattern=ID_PATTERN, description="The run compared with it.")],
     resamples: Annotated[int, Query(ge=100, le=100_000, description="Bootstrap resamples.")] = DEFAULT_RESAMPLES,
-    seed: Annotated[int, Query(ge=0, description="Bootstrap seed.")] = DEFAULT_SEED,
+    seed: Annotated[int, Query(ge=0, le=MAX_SEED, description="Bootstrap seed.")] = DEFAULT_SEED,
 ) -> ComparisonPublic:
     """B against A on one benchmark version: fixed, broken, still passing and still failing tasks,
     the accuracy difference with a paired bootstrap interval, and efficiency differences."""
