@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_MAX_ATTEMPTS = 5
+MAX_QUOTA = 100_000  # the largest per-organization quota a setting or an operator may give
 
 EngineKind = Literal["auto", "torch", "vllm"]  # the engine of a serving node (mint.serving.engines)
 
@@ -120,6 +121,18 @@ class Settings(BaseSettings):
     database_pool_timeout_s: float = Field(default=30.0, gt=0)
     # Requests a serving node keeps waiting for a batch; beyond them it answers 429 (Retry-After).
     serving_max_waiting: int = Field(default=256, ge=1)
+
+    # Per-organization quotas: the platform default of each, used where the organization's row
+    # sets none (`mint admin orgs quota ORG ...` sets them). A create over quota is answered 429.
+    quota_tinker_sessions: int = Field(
+        default=16, ge=0, le=MAX_QUOTA, description="Live Tinker sessions (ServiceClients) per organization."
+    )
+    quota_jobs: int = Field(
+        default=32, ge=0, le=MAX_QUOTA, description="Queued and running fine-tuning jobs per organization."
+    )
+    quota_eval_runs: int = Field(
+        default=32, ge=0, le=MAX_QUOTA, description="Queued and running eval runs per organization."
+    )
 
 
 @lru_cache(maxsize=1)
