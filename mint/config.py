@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_MAX_ATTEMPTS = 5
+MAX_QUOTA = 100_000  # the largest per-organization quota a setting or an operator may give
 
 # A shared node credential shorter than this is refused at start-up: it could be guessed.
 MIN_NODE_TOKEN_CHARS = 32
@@ -172,12 +173,13 @@ class Settings(BaseSettings):
         return self.broker_url or f"sqla+sqlite:///{self.home / 'broker.db'}"
 
     @property
+    def redis_broker(self) -> str | None:
+        """The broker's URL when the deployment runs on Redis (results and rate limits follow it)."""
+        return self.broker if self.broker.startswith(("redis://", "rediss://")) else None
+
+    @property
     def result_backend(self) -> str:
-        if self.result_backend_url:
-            return self.result_backend_url
-        if self.broker.startswith(("redis://", "rediss://")):
-            return self.broker
-        return f"db+sqlite:///{self.home / 'results.db'}"
+        return self.result_backend_url or self.redis_broker or f"db+sqlite:///{self.home / 'results.db'}"
 
     @property
     def object_store(self) -> str:
@@ -210,6 +212,48 @@ class Settings(BaseSettings):
     database_pool_timeout_s: float = Field(default=30.0, gt=0)
     # Requests a serving node keeps waiting for a batch; beyond them it answers 429 (Retry-After).
     serving_max_waiting: int = Field(default=256, ge=1)
+
+    # Per-organization quotas: the platform default of each, used where the organization's row
+    # sets none (`mint admin orgs quota ORG ...` sets them). A create over quota is answered 429.
+    quota_tinker_sessions: int = Field(
+        default=16, ge=0, le=MAX_QUOTA, description="Live Tinker sessions (ServiceClients) per organization."
+    )
+    quota_jobs: int = Field(
+        default=32, ge=0, le=MAX_QUOTA, description="Queued and running fine-tuning jobs per organization."
+    )
+    quota_eval_runs: int = Field(
+        default=32, ge=0, le=MAX_QUOTA, description="Queued and running eval runs per organization."
+    )
+
+    # Per-key rate limit, in the `limits` library's notation ("600/minute", "20/second;1200/minute");
+    # empty disables it. Counted in a moving window on `rate_limit_storage` (Redis when the broker
+    # is Redis, so every API replica shares the count; this process's memory otherwise).
+    rate_limit: str = Field(default="1200/minute", description="Requests per API key; empty: no limit.")
+    rate_limit_storage_url: str | None = Field(
+        default=None, description="A `limits` storage URI (redis://..., memory://); follows the broker if unset."
+    )
+
+    @field_validator("rate_limit", mode="after")
+    @classmethod
+    def _parse_rate(cls, value: str) -> str:
+        from limits import parse_many
+
+        value = value.strip()
+        if value:
+            try:
+                rates = parse_many(value)
+            except ValueError:
+                rates = []
+            if not rates or any(rate.amount < 1 for rate in rates):
+                raise ValueError(
+                    f"MINT_RATE_LIMIT={value!r} is not a rate: write e.g. '600/minute' or '20/second;1200/minute' "
+                    "(at least 1 request), or leave it empty for no limit"
+                )
+        return value
+
+    @property
+    def rate_limit_storage(self) -> str:
+        return self.rate_limit_storage_url or self.redis_broker or "memory://"
 
 
 @lru_cache(maxsize=1)

@@ -105,6 +105,14 @@ def _rebuild_rate_limited(cls: type[RateLimited], message: str, param: str | Non
     return cls(message, param=param, retry_after_s=retry_after_s)
 
 
+class QuotaExceeded(RateLimited):
+    """The organization is at one of its quotas (live Tinker sessions, jobs, eval runs): a 429
+    whose message names the quota, the count and how an operator raises it. Retrying helps
+    once some of that work ends."""
+
+    type = "quota_exceeded_error"
+
+
 class ServiceUnavailable(MintError):
     """A backing service (database, broker, object store) cannot be reached."""
 

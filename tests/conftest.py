@@ -158,7 +158,10 @@ def settings(
 ) -> Iterator[Settings]:
     """Process settings for the whole session, exported as MINT_* for subprocesses."""
     home: Path = tmp_path_factory.mktemp("mint-home")
-    env = {"MINT_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    # No per-key rate limit: the OpenAPI fuzz alone sends about 1,800 requests with one key in
+    # 20 s, which would meet 429s instead of the routes under test. tests/test_rate_limits.py
+    # gives its own apps a limit.
+    env = {"MINT_HOME": str(home), "HF_HUB_OFFLINE": "1", "MINT_RATE_LIMIT": ""}
     database: PostgresDatabase | None = None
     if backend == "services":
         import redis

@@ -28,6 +28,7 @@ GLOBAL_ROUTES = {
 # Routes about the caller itself; checked to answer with the caller's own organization.
 SELF_ROUTES = {
     "/v1/organization",
+    "/v1/organization/quotas",
     "/v1/usage",
     "/v1/audit_log",
     "/v1/api_keys",

@@ -18,6 +18,7 @@ from mint.errors import ConfigurationError, PermissionDenied
 from mint.services.auth import authenticate
 from mint.services.dispatch import Dispatch
 from mint.services.principal import Principal
+from mint.services.quotas import QuotaDefaults
 from mint.storage.db import session_scope
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -32,6 +33,14 @@ def get_app_settings(request: Request) -> Settings:
 
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+
+
+def get_quota_defaults(settings: SettingsDep) -> QuotaDefaults:
+    """The platform's quotas, for organizations that have none of their own."""
+    return QuotaDefaults.of(settings)
+
+
+QuotasDep = Annotated[QuotaDefaults, Depends(get_quota_defaults)]
 
 
 def get_db(settings: SettingsDep) -> Iterator[Session]:

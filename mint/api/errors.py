@@ -29,6 +29,7 @@ STATUS_BY_ERROR: dict[type[errors.MintError], int] = {
     errors.Conflict: 409,
     errors.Gone: 410,
     errors.PayloadTooLarge: 413,
+    errors.QuotaExceeded: 429,
     errors.RateLimited: 429,
     errors.ServiceUnavailable: 503,
     errors.ConfigurationError: 500,

@@ -22,7 +22,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep, SettingsDep
+from mint.api.deps import CurrentPrincipal, DispatchDep, QuotasDep, SessionDep, SettingsDep
 from mint.api.downloads import TAR_MEDIA_TYPE, binary_response, stream_object
 from mint.api.errors import error_response
 from mint.api.pagination import id_path
@@ -81,10 +81,11 @@ def telemetry(body: wire.TelemetryRequest, _: CurrentPrincipal) -> wire.Telemetr
 
 @router.post("/create_session", response_model=wire.CreateSessionResponse)
 def create_session(
-    body: wire.CreateSessionRequest, session: SessionDep, principal: CurrentPrincipal
+    body: wire.CreateSessionRequest, session: SessionDep, quotas: QuotasDep, principal: CurrentPrincipal
 ) -> wire.CreateSessionResponse:
-    """Start a Tinker session (one per `ServiceClient`)."""
-    row = tinker.create_session(session, principal.organization_id, body)
+    """Start a Tinker session (one per `ServiceClient`); an organization at its quota of live
+    sessions gets a 429."""
+    row = tinker.create_session(session, principal.organization_id, body, quotas=quotas)
     return wire.CreateSessionResponse(session_id=row.id)
 
 

@@ -107,6 +107,64 @@ def orgs_list(as_json: JsonOpt = False) -> None:
     emit(rows, ["id", "name", "created_at"], as_json=as_json, title="organizations")
 
 
+QUOTA_COLUMNS = ["kind", "used", "limit", "source"]
+QUOTA_HELP = "{what}: a number from 0, or `default` for the platform's ({setting})."
+
+
+def _quota_option(flag: str, what: str, setting: str) -> Any:
+    return typer.Option(flag, metavar="N|default", help=QUOTA_HELP.format(what=what, setting=setting))
+
+
+TinkerSessionsOpt = Annotated[
+    str | None, _quota_option("--tinker-sessions", "Live Tinker sessions", "MINT_QUOTA_TINKER_SESSIONS")
+]
+JobsOpt = Annotated[str | None, _quota_option("--jobs", "Fine-tuning jobs queued or running", "MINT_QUOTA_JOBS")]
+EvalRunsOpt = Annotated[str | None, _quota_option("--eval-runs", "Eval runs queued or running", "MINT_QUOTA_EVAL_RUNS")]
+
+
+def _quota_value(option: str, value: str) -> int | None:
+    """An option of `orgs quota`: a number, or `default` (None: the platform default)."""
+    value = value.strip().lower()
+    if value == "default":
+        return None
+    if not value.isdigit():
+        raise InvalidRequest(f"{option} takes a number from 0 or `default`, not {value!r}.", param=option)
+    return int(value)
+
+
+@orgs.command("quota")
+def orgs_quota(
+    org: Annotated[str, typer.Argument(help="Organization name or id.")],
+    tinker_sessions: TinkerSessionsOpt = None,
+    jobs: JobsOpt = None,
+    eval_runs: EvalRunsOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show an organization's quotas and what is in use; with options, set them first (audited).
+
+    Live Tinker sessions, fine-tuning jobs queued or running, eval runs queued or running: a
+    create beyond a quota is answered 429.
+    """
+    from mint.schemas.auth import QuotaKind
+    from mint.services.quotas import QuotaDefaults, quotas_of, set_quotas
+
+    given: dict[QuotaKind, str | None] = {"tinker_sessions": tinker_sessions, "jobs": jobs, "eval_runs": eval_runs}
+    changes = {
+        kind: _quota_value("--" + kind.replace("_", "-"), value) for kind, value in given.items() if value is not None
+    }
+    settings = get_settings()
+    with session_scope(settings.database) as session:
+        organization = auth.find_organization(session, org)
+        if changes:
+            set_quotas(session, operator(organization.id), organization, changes)
+        lines = quotas_of(session, organization, QuotaDefaults.of(settings))
+    rows = [{**line.model_dump(), "source": "default" if line.is_default else "set"} for line in lines]
+    if as_json:
+        emit_one({"organization_id": organization.id, "organization": organization.name, "data": rows}, as_json=True)
+        return
+    emit(rows, QUOTA_COLUMNS, as_json=False, title=f"quotas of {organization.name}")
+
+
 @keys.command("create")
 def keys_create(
     org: OrgOpt,

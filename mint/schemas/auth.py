@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from mint.schemas.common import Label, RequestModel, WireModel
 
@@ -57,3 +57,23 @@ class AuditEntryPublic(WireModel):
     resource_id: str
     data: dict[str, object]
     created_at: datetime
+
+
+QuotaKind = Literal["tinker_sessions", "jobs", "eval_runs"]
+
+
+class QuotaPublic(BaseModel):
+    """One quota of an organization and how much of it is in use."""
+
+    kind: QuotaKind = Field(description="tinker_sessions | jobs | eval_runs.")
+    description: str = Field(description="What the quota counts.")
+    limit: int = Field(description="How many the organization may have at once; a create beyond it gets a 429.")
+    used: int = Field(description="How many it has now.")
+    is_default: bool = Field(description="True when the limit is the platform default (MINT_QUOTA_*).")
+
+
+class QuotasPublic(BaseModel):
+    """The quotas of an organization (operators set them with `mint admin orgs quota`)."""
+
+    organization_id: str
+    data: list[QuotaPublic]

@@ -94,6 +94,11 @@ class RateLimitError(MintAPIError, errors.RateLimited):
     """429: too many requests for this key (raised once the retries are spent)."""
 
 
+class QuotaExceededError(RateLimitError, errors.QuotaExceeded):
+    """429: the organization is at a quota (live Tinker sessions, jobs, eval runs); the message
+    names it and how an operator raises it (raised once the retries are spent)."""
+
+
 class InternalServerError(MintAPIError):
     """5xx: the server failed (raised once the retries are spent); its log has the details."""
 
@@ -151,6 +156,7 @@ TYPE_ERRORS: dict[str, type[MintAPIError]] = {
     "conflict_error": ConflictError,
     "payload_too_large_error": PayloadTooLargeError,
     "rate_limit_error": RateLimitError,
+    "quota_exceeded_error": QuotaExceededError,
     "service_unavailable_error": ServiceUnavailableError,
 }
 
@@ -170,6 +176,9 @@ def error_from_body(status_code: int | None, body: Any, fallback_text: str = "")
         param = detail.get("param")
         kind = detail.get("type")
         cls = error_class_for(status_code) if status_code is not None else TYPE_ERRORS.get(str(kind), MintAPIError)
+        refined = TYPE_ERRORS.get(str(kind))
+        if refined is not None and issubclass(refined, cls):  # e.g. a 429 that is a quota, not a rate
+            cls = refined
         return cls(
             message,
             param=str(param) if param is not None else None,

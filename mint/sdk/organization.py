@@ -14,6 +14,7 @@ from mint.schemas.auth import (
     ApiKeyPublic,
     AuditEntryPublic,
     OrganizationPublic,
+    QuotasPublic,
     Role,
 )
 from mint.schemas.common import Page
@@ -29,6 +30,10 @@ def get_organization() -> Call[OrganizationPublic]:
 def get_usage(since: datetime | None, until: datetime | None) -> Call[UsageSummary]:
     params = {"since": since.isoformat() if since else None, "until": until.isoformat() if until else None}
     return Call("GET", "/v1/usage", parse_model(UsageSummary), params)
+
+
+def get_quotas() -> Call[QuotasPublic]:
+    return Call("GET", "/v1/organization/quotas", parse_model(QuotasPublic))
 
 
 def list_audit(limit: int) -> PageCall:
@@ -55,7 +60,7 @@ def revoke_key(key_id: str) -> Call[ApiKeyPublic]:
 
 
 class Organization:
-    """`/v1/organization`, `/v1/usage` and `/v1/audit_log`."""
+    """`/v1/organization` (and its quotas), `/v1/usage` and `/v1/audit_log`."""
 
     def __init__(self, http: SyncHTTP) -> None:
         self._http = http
@@ -67,6 +72,10 @@ class Organization:
     def usage(self, *, since: datetime | None = None, until: datetime | None = None) -> UsageSummary:
         """Tokens trained, sampled and served, by kind and base model."""
         return self._http.send(get_usage(since, until))
+
+    def quotas(self) -> QuotasPublic:
+        """The organization's quotas (live Tinker sessions, jobs, eval runs) and how much of each is in use."""
+        return self._http.send(get_quotas())
 
     def audit_log(self, *, limit: int = 20) -> SyncPager[AuditEntryPublic]:
         """Changes to keys, deployments and other audited resources, newest first (admin keys)."""
@@ -105,6 +114,9 @@ class AsyncOrganization:
 
     async def usage(self, *, since: datetime | None = None, until: datetime | None = None) -> UsageSummary:
         return await self._http.send(get_usage(since, until))
+
+    async def quotas(self) -> QuotasPublic:
+        return await self._http.send(get_quotas())
 
     def audit_log(self, *, limit: int = 20) -> AsyncPager[AuditEntryPublic]:
         return AsyncPager(self._http, list_audit(limit))

@@ -44,6 +44,7 @@ from mint.services.datasets import create_dataset_from_rows
 from mint.services.dispatch import Dispatch
 from mint.services.leases import gave_up
 from mint.services.principal import Principal
+from mint.services.quotas import QuotaDefaults, hold
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import Benchmark, BenchmarkVersion, Dataset, EvalRun, Trajectory, new_id, utcnow
@@ -58,8 +59,12 @@ FINISHED = ("succeeded", "failed", "cancelled")
 # ---- creating and reading runs ---------------------------------------------------------------
 
 
-def create_eval_run(session: Session, principal: Principal, body: EvalRunCreate, *, send: Dispatch) -> EvalRun:
-    """Check the request, lock the benchmark version, record the run (queued) and send it to its base's workers."""
+def create_eval_run(
+    session: Session, principal: Principal, body: EvalRunCreate, *, send: Dispatch, quotas: QuotaDefaults
+) -> EvalRun:
+    """Check the request, lock the benchmark version, record the run (queued) and send it to its
+    base's workers. An organization at its eval runs quota is refused (QuotaExceeded), and
+    nothing is recorded or locked."""
     benchmark = benchmarks.get_benchmark(session, principal.organization_id, body.benchmark_id)
     model = adapters.resolve_model_ref(session, principal.organization_id, body.model)
     # Locked first, then read: the split and content recorded are the locked version's. Any
@@ -73,6 +78,7 @@ def create_eval_run(session: Session, principal: Principal, body: EvalRunCreate,
             param="split",
         )
     task_count = version.splits[body.split] if body.split is not None else version.task_count
+    hold(session, principal.organization_id, "eval_runs", quotas)
     run = EvalRun(
         id=new_id("eval"),
         organization_id=principal.organization_id,

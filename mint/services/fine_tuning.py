@@ -34,6 +34,7 @@ from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
 from mint.services.dispatch import Dispatch
 from mint.services.leases import gave_up
 from mint.services.principal import Principal
+from mint.services.quotas import QuotaDefaults, hold
 from mint.storage.queries import PageResult, get_owned, insert_or_first, owned_by, paginate
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Checkpoint, JobEvent, TrainingJob, new_id, utcnow
 from mint.trainer.types import LoraOptions
@@ -157,9 +158,11 @@ def create_job(
     body: FineTuningJobCreate,
     *,
     send: Dispatch,
+    quotas: QuotaDefaults,
     idempotency_key: str | None = None,
 ) -> TrainingJob:
-    """Check the request and its files, record the job (queued) and send it to its base's queue."""
+    """Check the request and its files, record the job (queued) and send it to its base's queue.
+    An organization at its jobs quota is refused (QuotaExceeded) and nothing is recorded."""
     request_hash = _request_hash(body)
     if idempotency_key is not None:
         existing = _existing(session, principal.organization_id, idempotency_key, request_hash)
@@ -202,6 +205,7 @@ def create_job(
         "metadata": body.metadata or {},
     }
     job.total_steps = plan.steps
+    hold(session, principal.organization_id, "jobs", quotas)
 
     def retried_meanwhile() -> TrainingJob | None:
         if idempotency_key is None:

@@ -45,6 +45,7 @@ from mint.config import Settings
 from mint.errors import Gone, InvalidRequest, NotFound
 from mint.schemas import tinker as wire
 from mint.services.dispatch import Dispatch
+from mint.services.quotas import QuotaDefaults, hold
 from mint.services.tinker_checkpoints import newest_checkpoint, owned_checkpoint, owned_model, str_dict
 from mint.services.workers import base_is_served, live_worker
 from mint.storage.db import session_scope
@@ -133,7 +134,11 @@ def fail_waiting(session: Session, model_id: str, message: str, category: str = 
 # ---- sessions -------------------------------------------------------------------------------
 
 
-def create_session(session: Session, organization_id: str, body: wire.CreateSessionRequest) -> TinkerSession:
+def create_session(
+    session: Session, organization_id: str, body: wire.CreateSessionRequest, *, quotas: QuotaDefaults
+) -> TinkerSession:
+    """Record a live session; an organization at its tinker_sessions quota is refused (QuotaExceeded)."""
+    hold(session, organization_id, "tinker_sessions", quotas)
     row = TinkerSession(
         id=f"tks_{secrets.token_hex(8)}",
         organization_id=organization_id,

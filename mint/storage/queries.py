@@ -28,7 +28,8 @@ def insert_or_first(session: Session, row: RowT, first: Callable[[], RowT | None
     A check-then-insert (an `Idempotency-Key`, a content hash) races with its twin: both find
     nothing, both insert, and the unique constraint refuses the second. That loser rolls back
     and answers with the winner's row, looked up by `first`, instead of an IntegrityError.
-    The rollback drops the whole transaction, so the insert must be its first write."""
+    The rollback drops the whole transaction, so nothing but locks (a quota's hold) may come
+    before the insert."""
     try:
         session.add(row)
         session.flush()

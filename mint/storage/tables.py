@@ -108,6 +108,10 @@ class Organization(Base):
     id: Mapped[str] = _id()
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = _created()
+    # Quotas set by an operator (`mint admin orgs quota`); None: the platform default (MINT_QUOTA_*).
+    quota_tinker_sessions: Mapped[int | None] = mapped_column(Integer)
+    quota_jobs: Mapped[int | None] = mapped_column(Integer)
+    quota_eval_runs: Mapped[int | None] = mapped_column(Integer)
 
 
 class ApiKey(Base):

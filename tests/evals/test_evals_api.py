@@ -528,13 +528,16 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
     from mint.schemas.evals import EvalRunCreate
     from mint.services import eval_runner, evals
     from mint.services.auth import operator
+    from mint.services.quotas import QuotaDefaults
     from mint.storage.tables import Trajectory
 
     owner, benchmark = worker_runs["owner"], worker_runs["benchmark"]
     body = EvalRunCreate(benchmark_id=benchmark["id"], model=BASE, version=1, max_tokens=4, max_steps=1)
     with session_scope(prepared.database) as db:
         # No queue message: this process plays the worker.
-        run_id = evals.create_eval_run(db, operator(owner.organization_id), body, send=lambda *a, **k: None).id
+        run_id = evals.create_eval_run(
+            db, operator(owner.organization_id), body, send=lambda *a, **k: None, quotas=QuotaDefaults.of(prepared)
+        ).id
 
     class WorkerDies(BaseException):
         """The process ends mid-run (not an error the run could record)."""

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep, SettingsDep
+from mint.api.deps import CurrentPrincipal, DispatchDep, QuotasDep, SessionDep, SettingsDep
 from mint.api.pagination import After, Limit, id_path, page_from, page_of
 from mint.evals.compare import DEFAULT_RESAMPLES, DEFAULT_SEED
 from mint.schemas.common import ID_PATTERN, MAX_SEED, Page
@@ -37,13 +37,14 @@ def _view(session: SessionDep, run: EvalRun) -> EvalRunPublic:
 
 @router.post("/v1/evals", response_model=EvalRunPublic, status_code=201)
 def create_eval_run(
-    body: EvalRunCreate, session: SessionDep, dispatch: DispatchDep, principal: CurrentPrincipal
+    body: EvalRunCreate, session: SessionDep, dispatch: DispatchDep, quotas: QuotasDep, principal: CurrentPrincipal
 ) -> EvalRunPublic:
     """Evaluate a model (a base or `adapter@version`) on a benchmark version (the newest if not given).
 
     The run is queued for the workers that hold the model's base; its first use locks the version.
+    An organization at its eval runs quota gets a 429.
     """
-    run = evals.create_eval_run(session, principal, body, send=dispatch)
+    run = evals.create_eval_run(session, principal, body, send=dispatch, quotas=quotas)
     return _view(session, run)
 
 

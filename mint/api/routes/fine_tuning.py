@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 
-from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep
+from mint.api.deps import CurrentPrincipal, DispatchDep, QuotasDep, SessionDep
 from mint.api.pagination import After, Limit, id_path, page_from
 from mint.schemas.common import ID_PATTERN, Page
 from mint.schemas.fine_tuning import (
@@ -50,11 +50,15 @@ def create_job(
     body: FineTuningJobCreate,
     session: SessionDep,
     dispatch: DispatchDep,
+    quotas: QuotasDep,
     principal: CurrentPrincipal,
     idempotency_key: IdempotencyKey = None,
 ) -> FineTuningJob:
-    """Start a supervised, DPO or reinforcement job on a base model's training workers."""
-    job = fine_tuning.create_job(session, principal, body, send=dispatch, idempotency_key=idempotency_key)
+    """Start a supervised, DPO or reinforcement job on a base model's training workers. An
+    organization at its jobs quota gets a 429."""
+    job = fine_tuning.create_job(
+        session, principal, body, send=dispatch, quotas=quotas, idempotency_key=idempotency_key
+    )
     return _view(session, job)
 
 

@@ -6,12 +6,13 @@ from datetime import datetime
 
 from fastapi import APIRouter
 
-from mint.api.deps import CurrentPrincipal, SessionDep
+from mint.api.deps import CurrentPrincipal, QuotasDep, SessionDep
 from mint.api.pagination import After, Limit, page_of
-from mint.schemas.auth import AuditEntryPublic, OrganizationPublic
+from mint.schemas.auth import AuditEntryPublic, OrganizationPublic, QuotasPublic
 from mint.schemas.common import Page
 from mint.schemas.usage import UsageLine, UsageSummary
 from mint.services import audit, auth
+from mint.services.quotas import quotas_of
 from mint.services.usage import usage_summary
 from mint.storage.tables import Organization
 
@@ -22,6 +23,14 @@ router = APIRouter(prefix="/v1", tags=["organization"])
 def get_organization(session: SessionDep, principal: CurrentPrincipal) -> Organization:
     """The organization that owns the calling key."""
     return auth.get_organization(session, principal.organization_id)
+
+
+@router.get("/organization/quotas", response_model=QuotasPublic)
+def get_quotas(session: SessionDep, quotas: QuotasDep, principal: CurrentPrincipal) -> QuotasPublic:
+    """This organization's quotas (live Tinker sessions, jobs, eval runs) and how much of each is
+    in use. Operators set them with `mint admin orgs quota`."""
+    organization = auth.get_organization(session, principal.organization_id)
+    return QuotasPublic(organization_id=organization.id, data=quotas_of(session, organization, quotas))
 
 
 @router.get("/audit_log", response_model=Page[AuditEntryPublic])
