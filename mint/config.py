@@ -91,6 +91,9 @@ class Settings(BaseSettings):
         le=7 * 24 * 3600,
         description="Seconds without a heartbeat before a Tinker session expires.",
     )
+    # RL jobs stop with `no_reward_signal` after this many steps in a row in which no group of
+    # samples had reward signal (a job's `max_steps_without_signal` overrides it).
+    rl_max_steps_without_signal: int = Field(default=5, ge=1, le=1_000_000)
 
     # Serving nodes: "auto" runs vLLM where a CUDA GPU and vLLM are (in this venv, or in the one
     # whose interpreter `vllm_python` names), Mint's torch engine elsewhere.

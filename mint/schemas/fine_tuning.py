@@ -61,6 +61,11 @@ class ReinforcementHyperparameters(SupervisedHyperparameters):
     max_tokens: int = Field(default=32, ge=1, le=4096, description="Longest sampled completion.")
     temperature: float = Field(default=1.0, gt=0, le=2.0)
     kl_beta: float = Field(default=0.0, ge=0, le=MAX_BETA, description="KL penalty towards the base.")
+    max_steps_without_signal: Annotated[int, Field(ge=1, le=MAX_STEPS)] | Auto = Field(
+        default="auto",
+        description="Steps in a row in which no group of samples has reward signal (all got the same reward) "
+        "before the job stops with `no_reward_signal` (`auto`: the platform's MINT_RL_MAX_STEPS_WITHOUT_SIGNAL).",
+    )
 
 
 class SupervisedMethod(_Strict):

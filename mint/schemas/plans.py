@@ -78,6 +78,13 @@ class RlPlan(_Plan):
     temperature: float = Field(gt=0, le=2.0, description="Sampling temperature.")
     kl_beta: float = Field(ge=0, le=MAX_BETA, description="KL penalty towards the base (0: none).")
     grader: GraderSpecIn = Field(description="Scores each sample; its options are checked by the grader registry.")
+    max_steps_without_signal: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_STEPS,
+        description="Steps in a row in which no group has reward signal before the job stops with "
+        "`no_reward_signal`; none: the worker's MINT_RL_MAX_STEPS_WITHOUT_SIGNAL.",
+    )
 
 
 TrainingPlan = Annotated[SftPlan | DpoPlan | RlPlan, Field(discriminator="method")]

@@ -120,6 +120,7 @@ def resolve_plan(body: FineTuningJobCreate, method: Method, rows: int) -> Traini
             "max_tokens": rl.max_tokens,
             "temperature": rl.temperature,
             "kl_beta": rl.kl_beta,
+            "max_steps_without_signal": _resolve(rl.max_steps_without_signal, None),
             "grader": GraderSpec.model_validate(method.reinforcement.grader).model_dump(),
         }
     return parse_plan(plan)
@@ -297,12 +298,16 @@ def list_checkpoints(session: Session, job: TrainingJob) -> list[Checkpoint]:
     )
 
 
+# The RL plan's own knobs, shown with the job's hyperparameters (null: the platform's default).
+RL_HYPERPARAMETERS = ("group_size", "max_tokens", "temperature", "kl_beta", "max_steps_without_signal")
+
+
 def job_view(job: TrainingJob, fine_tuned_model: str | None) -> dict[str, Any]:
     """The job in OpenAI's shape (see `mint.schemas.fine_tuning.FineTuningJob`)."""
     plan = job.spec.get("plan", {})
     hyperparameters = {key: plan[key] for key in ("batch_size", "learning_rate_multiplier", "n_epochs") if key in plan}
     method_type = TYPE_OF_METHOD[job.method]
-    extra = {key: plan[key] for key in ("beta",) if key in plan}
+    extra = {key: plan[key] for key in ("beta", *RL_HYPERPARAMETERS) if key in plan}
     method: dict[str, Any] = {"type": method_type, method_type: {"hyperparameters": hyperparameters | extra}}
     if job.method == "rl":
         method[method_type]["grader"] = plan.get("grader")

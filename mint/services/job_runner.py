@@ -295,6 +295,7 @@ class JobRun:
             start_step=self.context.start_step,
             on_step=on_step,
             grader_for=GraderSpec.model_validate,
+            rl_max_steps_without_signal=self.settings.rl_max_steps_without_signal,
         )
         return METHODS.run(self.context.plan, inputs)
 
@@ -362,7 +363,7 @@ class JobRun:
             emit_event(session, job.id, f"Job cancelled after step {job.completed_steps}")
 
 
-SHOWN = ("loss", "reward", "accuracy", "tokens_per_second")
+SHOWN = ("loss", "reward", "reward_std", "groups_with_signal", "kl", "accuracy", "tokens_per_second")
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:

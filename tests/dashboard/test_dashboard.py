@@ -377,3 +377,54 @@ def test_the_dashboard_walks_the_whole_loop(
 
     print("\nscreenshots:\n" + "\n".join(f"  {path}" for path in shots))
     assert problems == []
+
+
+def test_a_reinforcement_jobs_page_shows_its_reward_and_signal(
+    live_server: LiveServer, tenant: Tenant, workers: Workers, browser: Any
+) -> None:
+    """An RL job's page draws its mean reward per step and the latest step's signal: the
+    reward's spread, the share of groups with signal, KL, entropy and clip fraction."""
+    from playwright.sync_api import expect
+
+    api = Api(live_server.url, tenant)
+    prompts = "".join(
+        json.dumps({"messages": [{"role": "user", "content": f"Say something {i}."}], "reference": "x"}) + "\n"
+        for i in range(4)
+    )
+    steps = 2
+    job = api.post(
+        "/v1/fine_tuning/jobs",
+        {
+            "model": BASE,
+            "training_file": api.upload("prompts.jsonl", prompts)["id"],
+            "steps": steps,
+            "method": {
+                "type": "reinforcement",
+                "reinforcement": {
+                    # About one sample in ten of the tiny base starts with a capital: groups with signal.
+                    "grader": {"type": "regex", "config": {"pattern": "^[A-Z]", "mode": "search"}},
+                    "hyperparameters": {"batch_size": 2, "group_size": 8, "max_tokens": 2},
+                },
+            },
+        },
+        status=200,
+    )
+    workers.start("dashboard-rl")
+    api.finished(f"/v1/fine_tuning/jobs/{job['id']}")
+    reported = [e["data"] for e in api.get(f"/v1/fine_tuning/jobs/{job['id']}/events", limit=100)["data"]]
+    newest = next(data for data in reported if "reward" in data)
+
+    page = browser.new_page()
+    page.goto(f"{live_server.url}/ui/")
+    page.get_by_label("API key").fill(tenant.keys["viewer"])
+    page.get_by_role("button", name="Sign in").click()
+    page.goto(f"{live_server.url}/ui/#/jobs/{job['id']}")
+    expect(page.locator("#job-status")).to_have_text("succeeded")
+    expect(page.locator("#reward-curve svg")).to_have_attribute("data-points", str(steps))
+    signal = page.locator("#rl-signal")
+    expect(signal).to_contain_text(f"Step{steps}")
+    expect(page.locator("#groups-with-signal")).to_have_text(f"{100 * newest['groups_with_signal']:.0f}%")
+    for label in ("Reward", "KL to the base", "Entropy", "Clip fraction", "Tokens sampled"):
+        expect(signal).to_contain_text(label)
+    page.close()
+    api.http.close()

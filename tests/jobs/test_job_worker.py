@@ -122,6 +122,47 @@ def test_dpo_and_rl_jobs_succeed(client: TestClient, tenant: Tenant, workers: Wo
         assert job["fine_tuned_model"].endswith("@1")
         steps = [e for e in _events(client, tenant, job["id"]) if e["type"] == "metrics"]
         assert len(steps) == job["total_steps"] and all(metric in e["data"] for e in steps)
+    rl_steps = [e["data"] for e in _events(client, tenant, rl["id"]) if e["type"] == "metrics"]
+    for data in rl_steps:
+        assert {"reward_std", "groups_with_signal", "samples_with_signal", "entropy", "tokens"} <= set(data), data
+
+
+def test_an_rl_job_without_reward_signal_stops_and_says_what_to_do(
+    client: TestClient, tenant: Tenant, workers: Workers
+) -> None:
+    """The tiny base never writes a prompt's reference exactly: every group's rewards are all 0.
+    The job stops after `max_steps_without_signal` such steps instead of succeeding unchanged."""
+    workers.start("no-signal")
+    prompts = upload(client, tenant, prompt_rows(4))
+    created = client.post(
+        "/v1/fine_tuning/jobs",
+        headers=tenant.headers("developer"),
+        json={
+            "model": BASE,
+            "training_file": prompts["id"],
+            "steps": 50,
+            "method": {
+                "type": "reinforcement",
+                "reinforcement": {
+                    "grader": {"type": "exact"},
+                    "hyperparameters": {
+                        "batch_size": 2,
+                        "group_size": 2,
+                        "max_tokens": 2,
+                        "max_steps_without_signal": 2,
+                    },
+                },
+            },
+        },
+    ).json()
+    assert created["method"]["reinforcement"]["hyperparameters"]["max_steps_without_signal"] == 2
+    job = _finished(client, tenant, created["id"])
+    assert job["status"] == "failed" and job["fine_tuned_model"] is None, job
+    assert job["error"]["code"] == "no_reward_signal", job["error"]
+    assert job["error"]["message"].startswith("no reward signal for 2 steps in a row"), job["error"]
+    steps = [e["data"] for e in _events(client, tenant, job["id"]) if e["type"] == "metrics"]
+    assert [data["step"] for data in steps] == [1, 2]
+    assert all(data["groups_with_signal"] == 0 and data["reward"] == 0 for data in steps)
 
 
 def test_cancel_stops_a_running_job_within_one_step(client: TestClient, tenant: Tenant, workers: Workers) -> None:

@@ -23,7 +23,16 @@ from mint.trainer.full import FullParameterTrainer
 from mint.trainer.methods import METHODS, MethodRegistry
 from mint.trainer.recipes.common import RecipeInputs, StepReport
 from mint.trainer.recipes.dpo import DpoConfig, preference_accuracy, run_dpo, run_dpo_plan
-from mint.trainer.recipes.rl import RlConfig, RlPrompt, _with_kl_penalty, completion_datum, group_advantages, run_rl
+from mint.trainer.recipes.rl import (
+    NoRewardSignal,
+    RlConfig,
+    RlPrompt,
+    _kl_to_base,
+    clip_fraction,
+    completion_datum,
+    group_advantages,
+    run_rl,
+)
 from mint.trainer.recipes.sft import SftConfig, run_sft, run_sft_plan
 from mint.trainer.session import ResidentBase, TrainingSession
 from mint.trainer.types import LoraOptions, SampledSequence, SamplingParams
@@ -128,7 +137,7 @@ def test_kl_penalty_lowers_the_advantage_of_tokens_the_base_finds_unlikely(resid
     # Pretend the policy gave its tokens higher logprobs than the base does.
     boosted = SampledSequence(tokens=sample.tokens, logprobs=[lp + 1.0 for lp in sample.logprobs], stop_reason="length")
     datum = completion_datum(prompt, boosted, advantage=1.0)
-    (penalised,), kl = _with_kl_penalty([datum], resident, kl_beta=0.5)
+    (penalised,), kl = _kl_to_base([datum], resident, kl_beta=0.5)
     assert kl == pytest.approx(1.0, abs=1e-3)
     completion = penalised.loss_fn_inputs["advantages"][len(prompt) - 1 :]
     assert completion == pytest.approx([0.5] * len(sample.tokens), abs=1e-3)
@@ -150,6 +159,67 @@ def test_rl_raises_mean_reward(open_session: Callable[..., TrainingSession], res
     rewards = [report.metrics["reward"] for report in reports]
     first, late = rewards[0], sum(rewards[-5:]) / 5
     assert late > first + 0.1, rewards
+
+
+def test_each_rl_step_reports_what_shows_whether_it_can_learn(
+    open_session: Callable[..., TrainingSession], resident: ResidentBase
+) -> None:
+    grader = GraderSpec(type="regex", config={"pattern": "^[A-Z]", "mode": "search"})
+    tasks: list[Task] = load_builtin("format", "train", 8, seed=0)
+    prompts = [RlPrompt(render_prompt(resident.tokenizer, task.messages), None, grader) for task in tasks]
+    reports = run_rl(
+        open_session(LoraOptions(seed=0)),
+        prompts,
+        RlConfig(steps=2, prompts_per_step=4, group_size=8, max_tokens=3, learning_rate=5e-3),
+        decode=lambda tokens: resident.tokenizer.decode(tokens, skip_special_tokens=True),
+        reference=resident,
+    )
+    for report in reports:
+        metrics = report.metrics
+        assert {"reward", "reward_std", "groups_with_signal", "kl", "entropy", "clip_fraction", "tokens"} <= set(
+            metrics
+        ), metrics
+        assert 0 < metrics["groups_with_signal"] <= 1 and metrics["reward_std"] > 0
+        assert metrics["tokens"] == 4 * 8 * 3  # prompts x group x max_tokens: the tiny base never stops early
+        assert metrics["entropy"] > 0 and 0 <= metrics["clip_fraction"] <= 1
+    # The first step samples from the very weights it trains: on-policy, no ratio leaves the band.
+    assert reports[0].metrics["clip_fraction"] == 0.0
+    assert abs(reports[0].metrics["kl"]) < 1e-4  # a fresh adapter (B = 0) is the base
+
+
+def test_clip_fraction_counts_tokens_whose_ratio_left_the_band() -> None:
+    sample = SampledSequence(tokens=[5, 6, 7, 8], logprobs=[-1.0, -1.0, -1.0, -1.0], stop_reason="length")
+    datum = completion_datum([1, 2], sample, advantage=1.0)
+    # Positions: one prompt position, then the four sampled tokens; ratios 1, e^0.1, e^0.5, e^-0.5.
+    trained = [[0.0, -1.0, -0.9, -0.5, -1.5]]
+    assert clip_fraction([datum], trained) == pytest.approx(0.5)
+
+
+def test_rl_without_reward_signal_stops_and_says_what_to_do(
+    open_session: Callable[..., TrainingSession], resident: ResidentBase
+) -> None:
+    """A grader the tiny base never satisfies: every group's rewards are all 0, so there is no
+    signal; after `max_steps_without_signal` such steps the run stops, each step reported."""
+    grader = GraderSpec(type="exact", config={})
+    tasks: list[Task] = load_builtin("format", "train", 8, seed=0)
+    prompts = [
+        RlPrompt(render_prompt(resident.tokenizer, task.messages), "no sample says this", grader) for task in tasks
+    ]
+    seen: list[StepReport] = []
+    with pytest.raises(NoRewardSignal) as stopped:
+        run_rl(
+            open_session(LoraOptions(seed=0)),
+            prompts,
+            RlConfig(steps=20, prompts_per_step=2, group_size=4, max_tokens=2, max_steps_without_signal=3),
+            decode=lambda tokens: resident.tokenizer.decode(tokens, skip_special_tokens=True),
+            on_step=seen.append,
+        )
+    assert [report.step for report in seen] == [1, 2, 3]
+    assert all(r.metrics["groups_with_signal"] == 0 and r.metrics["reward"] == 0 for r in seen)
+    message = stopped.value.message
+    assert stopped.value.type == "no_reward_signal"
+    assert message.startswith("no reward signal for 3 steps in a row: every sample scored 0"), message
+    assert "Warm-start" in message and "partial credit" in message and "group_size or temperature" in message
 
 
 def test_the_method_registry_is_closed_and_covers_every_plan() -> None:

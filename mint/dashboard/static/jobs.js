@@ -1,10 +1,12 @@
 // Fine-tuning jobs: the list, and a job's page with its loss curve drawn from the `metrics`
-// events (`/v1/fine_tuning/jobs/{id}/events`), its events and its checkpoints. While the job
-// is not finished the page asks for new events every few seconds and redraws the curve.
+// events (`/v1/fine_tuning/jobs/{id}/events`), its events and its checkpoints. A reinforcement
+// job's page also draws its mean reward and shows its latest step's signal: the reward's spread,
+// the share of groups with signal, KL to the base, entropy and clip fraction. While the job
+// is not finished the page asks for new events every few seconds and redraws.
 
 import { all, get } from "./api.js";
 import { lineChart } from "./charts.js";
-import { code, facts, fill, h, heading, link, number, section, status, table, when } from "./dom.js";
+import { code, facts, fill, h, heading, link, number, percent, section, status, table, when } from "./dom.js";
 import { showError } from "./ui.js";
 
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
@@ -81,14 +83,33 @@ function jobFacts(job) {
   ]);
 }
 
-function lossPoints(events) {
-  return (
-    events
-      .filter((event) => event.type === "metrics" && typeof event.data.loss === "number")
-      .map((event) => [event.data.step, event.data.loss])
-      .sort((x, y) => x[0] - y[0])
-      // A resumed job may report a step twice; its latest report stands.
-      .filter((point, index, points) => index === points.length - 1 || points[index + 1][0] !== point[0])
+// [step, value] of one metric, in step order; a resumed job may report a step twice and its
+// latest report stands.
+function metricPoints(events, name) {
+  return events
+    .filter((event) => event.type === "metrics" && typeof event.data[name] === "number")
+    .map((event) => [event.data.step, event.data[name]])
+    .sort((x, y) => x[0] - y[0])
+    .filter((point, index, points) => index === points.length - 1 || points[index + 1][0] !== point[0]);
+}
+
+// What shows whether RL can learn, at the newest step reported.
+function signalFacts(events) {
+  const latest = events.find((event) => event.type === "metrics" && typeof event.data.reward === "number");
+  if (!latest) return h("p", { class: "poll-note" }, "The first step's signal appears when it ends.");
+  const data = latest.data;
+  return h(
+    "div",
+    { id: "rl-signal" },
+    facts([
+      ["Step", number(data.step)],
+      ["Reward", `${number(data.reward, 3)} ± ${number(data.reward_std, 3)}`],
+      ["Groups with signal", h("span", { id: "groups-with-signal" }, percent(data.groups_with_signal, 0))],
+      ["KL to the base", number(data.kl, 4)],
+      ["Entropy", number(data.entropy, 3)],
+      ["Clip fraction", percent(data.clip_fraction, 0)],
+      ["Tokens sampled", number(data.tokens)],
+    ]),
   );
 }
 
@@ -112,6 +133,9 @@ export async function renderJob(jobId, { signal }) {
   const checkpoints = h("div", {});
   const details = h("div", {}, jobFacts(job));
   const curve = h("figure", { class: "chart-figure", id: "loss-curve" });
+  const rewardCurve = h("figure", { class: "chart-figure", id: "reward-curve" });
+  const signalLine = h("div", {});
+  const reinforcement = job.method?.type === "reinforcement";
   const note = h("p", { class: "poll-note", id: "poll-note" });
   const log = h("div", {}, eventsTable(events));
   const errorLine = h("div", {});
@@ -133,7 +157,7 @@ export async function renderJob(jobId, { signal }) {
   }
 
   function draw() {
-    const points = lossPoints(events);
+    const points = metricPoints(events, "loss");
     curve.replaceChildren(
       lineChart({ title: `Training loss of ${job.id}`, xLabel: "step", yLabel: "loss", points }),
       h(
@@ -144,6 +168,20 @@ export async function renderJob(jobId, { signal }) {
           : "The curve appears with the first optimizer step.",
       ),
     );
+    if (reinforcement) {
+      const rewards = metricPoints(events, "reward");
+      rewardCurve.replaceChildren(
+        lineChart({ title: `Mean reward of ${job.id}`, xLabel: "step", yLabel: "reward", points: rewards }),
+        h(
+          "figcaption",
+          {},
+          rewards.length
+            ? `Mean reward of the samples at each of ${rewards.length} steps.`
+            : "The curve appears with the first optimizer step.",
+        ),
+      );
+      signalLine.replaceChildren(signalFacts(events));
+    }
     details.replaceChildren(jobFacts(job));
     log.replaceChildren(eventsTable(events));
     fill(
@@ -185,6 +223,7 @@ export async function renderJob(jobId, { signal }) {
     errorLine,
     details,
     section("Loss curve", curve),
+    ...(reinforcement ? [section("Reward and signal", rewardCurve, signalLine)] : []),
     section("Checkpoints", checkpoints),
     section("Events", log),
   ];

@@ -88,6 +88,9 @@ def _no_graders(spec: dict[str, Any]) -> Grader:
     raise InvalidRequest("this job's method has no grader registry to build a reward from", param="grader")
 
 
+DEFAULT_RL_MAX_STEPS_WITHOUT_SIGNAL = 5
+
+
 @dataclass(frozen=True)
 class RecipeInputs:
     """What a job gives the runner of its method (`mint.trainer.methods`), besides the plan:
@@ -95,7 +98,7 @@ class RecipeInputs:
     KL penalty of RL), the training file's rows, the job's seed, the step to start from (that
     of the checkpoint a resumed job loaded), and, for methods with rewards, the grader of a
     plan's grader spec (the benchmarks' closed registry, given by the caller so that the
-    trainer never imports evals)."""
+    trainer never imports evals), and the worker's default patience of RL without signal."""
 
     training: TrainingSession
     tokenizer: PreTrainedTokenizerBase
@@ -105,6 +108,8 @@ class RecipeInputs:
     start_step: int = 0
     on_step: OnStep | None = None
     grader_for: Callable[[dict[str, Any]], Grader] = _no_graders
+    # RL stops after this many steps in a row without reward signal, unless the plan says otherwise.
+    rl_max_steps_without_signal: int = DEFAULT_RL_MAX_STEPS_WITHOUT_SIGNAL
 
 
 def render_rows(rows: Sequence[Mapping[str, Any]], render: Callable[[Mapping[str, Any]], Rendered]) -> list[Rendered]:

@@ -12,19 +12,28 @@ score benchmarks), and give every token of a completion the advantage
 signal and is left out. With `kl_beta > 0`, each token's advantage is lowered by
 kl_beta * (logp_sample - logp_base), which keeps the policy near the base. A fine-tuning job
 runs it from its `RlPlan` through `run_rl_plan`.
+
+Every step reports what shows whether RL can learn: the reward's mean and spread, the share of
+groups with signal, KL to the base, the sampler's entropy, the share of tokens whose importance
+ratio left the clip band, and the tokens sampled. RL without signal does not learn: after
+`max_steps_without_signal` steps in a row where no group had signal, the run stops with
+`NoRewardSignal`, which says what to change, instead of "succeeding" with an unchanged adapter.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mint.chat.render import render_prompt
+from mint.errors import MintError
 from mint.schemas.plans import RlPlan
 from mint.trainer.data import batch_plan, mean_over_tokens
 from mint.trainer.recipes.common import (
+    DEFAULT_RL_MAX_STEPS_WITHOUT_SIGNAL,
     Grader,
     OnStep,
     RecipeInputs,
@@ -37,6 +46,15 @@ from mint.trainer.recipes.common import (
 from mint.trainer.types import AdamParams, Datum, SampledSequence, SamplingParams
 
 ADVANTAGE_EPS = 1e-6
+# A token's importance ratio exp(logp_train - logp_sample) outside [1 - CLIP_BAND, 1 + CLIP_BAND]
+# counts in `clip_fraction` (PPO's default band): how far the sampler and the trainer disagree.
+CLIP_BAND = 0.2
+
+
+class NoRewardSignal(MintError):
+    """An RL run whose groups carried no reward signal for too many steps in a row."""
+
+    type = "no_reward_signal"
 
 
 @dataclass(frozen=True)
@@ -60,6 +78,7 @@ class RlConfig:
     kl_beta: float = 0.0
     grad_clip_norm: float = 1.0
     seed: int = 0
+    max_steps_without_signal: int = DEFAULT_RL_MAX_STEPS_WITHOUT_SIGNAL
 
 
 class Policy(Trainer, Scorer, Protocol):
@@ -91,8 +110,10 @@ def completion_datum(prompt_tokens: Sequence[int], sample: SampledSequence, adva
     )
 
 
-def _with_kl_penalty(data: list[Datum], reference: Scorer, kl_beta: float) -> tuple[list[Datum], float]:
-    """Lower each sampled token's advantage by kl_beta * (logp_sample - logp_base)."""
+def _kl_to_base(data: list[Datum], reference: Scorer, kl_beta: float) -> tuple[list[Datum], float]:
+    """The mean of logp_sample - logp_base over the sampled tokens with signal (an estimate of
+    KL(policy || base)); with `kl_beta > 0`, each such token's advantage is also lowered by
+    kl_beta * (logp_sample - logp_base)."""
     base = reference.forward(data).logprobs
     penalised, kl_total, counted = [], 0.0, 0
     for datum, base_T in zip(data, base, strict=True):
@@ -106,7 +127,37 @@ def _with_kl_penalty(data: list[Datum], reference: Scorer, kl_beta: float) -> tu
         penalised.append(
             Datum(model_input=datum.model_input, loss_fn_inputs={**datum.loss_fn_inputs, "advantages": advantages_T})
         )
-    return penalised, kl_total / max(counted, 1)
+    return (penalised if kl_beta > 0 else data), kl_total / max(counted, 1)
+
+
+def clip_fraction(data: Sequence[Datum], trained_logprobs: Sequence[Sequence[float]]) -> float:
+    """The share of tokens with signal whose ratio exp(logp_train - logp_sample) is outside
+    [1 - CLIP_BAND, 1 + CLIP_BAND]: near 0 on-policy; growing when sampler and trainer drift."""
+    outside, counted = 0, 0
+    for datum, trained_T in zip(data, trained_logprobs, strict=True):
+        sampled_T = datum.loss_fn_inputs["logprobs"]
+        for t, advantage in enumerate(datum.loss_fn_inputs["advantages"]):
+            if advantage != 0:
+                ratio = math.exp(trained_T[t] - sampled_T[t])
+                outside += not (1 - CLIP_BAND <= ratio <= 1 + CLIP_BAND)
+                counted += 1
+    return outside / counted if counted else 0.0
+
+
+def no_signal_message(steps: int, group_size: int, mean_reward: float) -> str:
+    """What happened and what to do, for a run stopped by `NoRewardSignal`."""
+    if mean_reward <= 0:
+        seen = "every sample scored 0: the model never earns a reward from this grader"
+    elif mean_reward >= 1:
+        seen = "every sample scored full marks: there is nothing left to learn"
+    else:
+        seen = f"all {group_size} samples of each prompt scored the same (mean reward {mean_reward:.3g})"
+    return (
+        f"no reward signal for {steps} steps in a row: {seen}, so RL had nothing to learn from and stopped. "
+        "Warm-start from an adapter trained by SFT on the same task (e.g. on mined failures), use a grader "
+        "that gives partial credit, or raise group_size or temperature; max_steps_without_signal sets how "
+        "many such steps a job allows"
+    )
 
 
 def run_rl(
@@ -119,14 +170,18 @@ def run_rl(
     start_step: int = 0,
     on_step: OnStep | None = None,
 ) -> list[StepReport]:
-    """Train from `start_step` to `config.steps`; `reference` (the base) is needed for `kl_beta > 0`."""
+    """Train from `start_step` to `config.steps`; `reference` (the base) is needed for `kl_beta > 0`
+    and gives the `kl` metric whenever it is passed. Raises `NoRewardSignal` after
+    `config.max_steps_without_signal` steps in a row without signal (each reported first)."""
     if config.kl_beta > 0 and reference is None:
         raise ValueError("kl_beta > 0 needs a reference scorer (the base model)")
     plan = batch_plan(len(prompts), batch_size=config.prompts_per_step, steps=config.steps, seed=config.seed)
     reports = []
+    steps_without_signal = 0
     for step in range(start_step, config.steps):
         data: list[Datum] = []
         rewards: list[float] = []
+        groups_with_signal, sampled_tokens, sampled_logprob_sum = 0, 0, 0.0
         for slot, index in enumerate(plan[step]):
             prompt = prompts[index]
             params = SamplingParams(
@@ -137,22 +192,38 @@ def run_rl(
             samples = policy.sample(prompt.prompt_tokens, params, num_samples=config.group_size)
             rewards_G = [prompt.grader.reward(decode(sample.tokens), prompt.reference) for sample in samples]
             rewards += rewards_G
-            for sample, advantage in zip(samples, group_advantages(rewards_G), strict=True):
+            advantages_G = group_advantages(rewards_G)
+            groups_with_signal += any(advantages_G)
+            for sample, advantage in zip(samples, advantages_G, strict=True):
+                sampled_tokens += len(sample.tokens)
+                sampled_logprob_sum += sum(sample.logprobs)
                 if advantage != 0:
                     data.append(completion_datum(prompt.prompt_tokens, sample, advantage))
-        metrics = {"reward": statistics.fmean(rewards), "samples_with_signal": float(len(data))}
+        metrics = {
+            "reward": statistics.fmean(rewards),
+            "reward_std": statistics.pstdev(rewards),
+            "groups_with_signal": groups_with_signal / len(plan[step]),
+            "samples_with_signal": float(len(data)),
+            "tokens": float(sampled_tokens),
+            # The sampled tokens' mean negative logprob: a one-sample estimate of the policy's entropy.
+            "entropy": -sampled_logprob_sum / max(sampled_tokens, 1),
+        }
         lr = config.learning_rate
         if data:
-            if config.kl_beta > 0 and reference is not None:
-                data, metrics["kl"] = _with_kl_penalty(data, reference, config.kl_beta)
+            if reference is not None:
+                data, metrics["kl"] = _kl_to_base(data, reference, config.kl_beta)
             result = policy.forward_backward(mean_over_tokens(data, "advantages"), config.loss_fn)
             metrics["loss"] = result.metrics["loss:sum"]
+            metrics["clip_fraction"] = clip_fraction(data, result.logprobs)
         optim = policy.optim_step(AdamParams(learning_rate=lr, grad_clip_norm=config.grad_clip_norm))
         metrics["grad_norm"] = optim["grad_norm:mean"]
         report = StepReport(step=step + 1, learning_rate=lr, metrics=metrics)
         reports.append(report)
         if not keep_going(on_step, report):
             break
+        steps_without_signal = 0 if data else steps_without_signal + 1
+        if steps_without_signal >= config.max_steps_without_signal:
+            raise NoRewardSignal(no_signal_message(steps_without_signal, config.group_size, metrics["reward"]))
     return reports
 
 
@@ -177,13 +248,14 @@ def run_rl_plan(plan: RlPlan, inputs: RecipeInputs) -> list[StepReport]:
         learning_rate=plan.learning_rate,
         kl_beta=plan.kl_beta,
         seed=inputs.seed,
+        max_steps_without_signal=plan.max_steps_without_signal or inputs.rl_max_steps_without_signal,
     )
     return run_rl(
         inputs.training,
         prompts,
         config,
         decode=tokenizer.decode,
-        reference=inputs.reference if plan.kl_beta > 0 else None,
+        reference=inputs.reference,
         start_step=inputs.start_step,
         on_step=inputs.on_step,
     )
