@@ -194,6 +194,10 @@ class TrajectoryPublic(WireModel):
     tokens_out: int
     latency_ms: float
     error: str | None
+    grade: dict[str, Any] | None = Field(
+        default=None,
+        description="How the grader reached its score: its detail, a composite's parts, a judge's prompt and reply.",
+    )
     created_at: Timestamp
 
 

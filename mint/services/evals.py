@@ -42,6 +42,7 @@ from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
 from mint.services import adapters, benchmarks
 from mint.services.datasets import create_dataset_from_rows
 from mint.services.dispatch import Dispatch
+from mint.services.judges import resolve_judges
 from mint.services.leases import gave_up
 from mint.services.principal import Principal
 from mint.storage.objects import ObjectStore
@@ -58,8 +59,14 @@ FINISHED = ("succeeded", "failed", "cancelled")
 # ---- creating and reading runs ---------------------------------------------------------------
 
 
-def create_eval_run(session: Session, principal: Principal, body: EvalRunCreate, *, send: Dispatch) -> EvalRun:
-    """Check the request, lock the benchmark version, record the run (queued) and send it to its base's workers."""
+def create_eval_run(
+    session: Session, principal: Principal, body: EvalRunCreate, *, send: Dispatch, store: ObjectStore
+) -> EvalRun:
+    """Check the request, lock the benchmark version, record the run (queued) and send it to its base's workers.
+
+    The models the version's judge graders name are resolved in the organization and pinned
+    in the run's config (`mint.services.judges`); one that is not there is a 400.
+    """
     benchmark = benchmarks.get_benchmark(session, principal.organization_id, body.benchmark_id)
     model = adapters.resolve_model_ref(session, principal.organization_id, body.model)
     # Locked first, then read: the split and content recorded are the locked version's. Any
@@ -73,6 +80,7 @@ def create_eval_run(session: Session, principal: Principal, body: EvalRunCreate,
             param="split",
         )
     task_count = version.splits[body.split] if body.split is not None else version.task_count
+    judges = resolve_judges(session, principal.organization_id, store, version)
     run = EvalRun(
         id=new_id("eval"),
         organization_id=principal.organization_id,
@@ -93,6 +101,7 @@ def create_eval_run(session: Session, principal: Principal, body: EvalRunCreate,
             "temperature": body.temperature,
             "seed": body.seed,
             "max_steps": body.max_steps,
+            **({"judges": judges} if judges else {}),
         },
     )
     mark_queued(run)
