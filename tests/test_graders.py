@@ -40,13 +40,15 @@ def score(kind: str, output: Any, reference: Any, **config: Any) -> float:
 
 
 def test_the_registry_is_the_documented_closed_set() -> None:
-    assert grader_types() == ["exact", "json_match", "judge", "normalized", "numeric", "python", "regex", "tool_call"]
+    assert grader_types() == [
+        "composite", "exact", "json_match", "judge", "normalized", "numeric", "python", "regex", "tool_call",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("data", "param", "says"),
     [
-        ({"type": "fuzzy"}, "type", "use one of: exact, json_match"),
+        ({"type": "fuzzy"}, "type", "use one of: composite, exact, json_match"),
         ("exact", None, "grader: Input should be a valid dictionary"),
         ({"type": "exact", "config": []}, "config", "grader config: Input should be a valid dictionary"),
         ({"type": "exact", "options": {}}, "options", "is not an option here; the options are: type, config"),
@@ -454,7 +456,7 @@ class FakeJudge:
         self.reply = reply
         self.prompts: list[str] = []
 
-    def __call__(self, prompt: str) -> str:
+    def __call__(self, prompt: str, model: str | None) -> str:
         self.prompts.append(prompt)
         return self.reply
 
@@ -482,3 +484,196 @@ def test_judge_needs_an_injected_model() -> None:
         grade(spec("judge", rubric=RUBRIC, model="judge-deployment"), "x", None)
     with pytest.raises(InvalidRequest, match="config.rubric"):
         spec("judge", rubric="")
+
+
+# ---- partial credit --------------------------------------------------------------------------
+
+
+def test_json_partial_credit_is_by_leaf_field() -> None:
+    reference = {"name": "Ada", "address": {"city": "London", "zip": "N1", "geo": {"lat": 51.5, "lon": -0.1}}}
+    # 5 leaves: name, address.city, address.zip, address.geo.lat, address.geo.lon; 3 right.
+    output = {"name": "Ada", "address": {"city": "London", "zip": "E2", "geo": {"lat": 51.5, "lon": 0.0}}}
+    result = grade(spec("json_match"), json.dumps(output), reference)
+    assert (result.score, result.passed) == (0.6, False)
+    assert "3 of 5 fields match" in result.detail and "address.geo.lon, address.zip" in result.detail
+    # An extra leaf counts against an equal match (3 of 6), not a subset one (3 of 5).
+    extra = {**output, "phone": "1"}
+    assert score("json_match", json.dumps(extra), reference) == 0.5
+    assert score("json_match", json.dumps(extra), reference, mode="subset") == 0.6
+    # A list is one leaf; an object where a leaf was expected misses that leaf.
+    assert score("json_match", '{"tags": [1, 2], "n": {"x": 1}}', {"tags": [2, 1], "n": 1}) == 0.0
+    assert score("json_match", '{"tags": [1, 2], "n": 2}', {"tags": [1, 2], "n": 1}) == 0.5
+    # Off: all or nothing, and passing still means every field.
+    assert score("json_match", json.dumps(output), reference, partial_credit=False) == 0.0
+    assert grade(spec("json_match"), json.dumps(reference), reference).passed
+
+
+def test_json_partial_credit_walks_deep_objects() -> None:
+    deep: Any = 1
+    for _ in range(200):
+        deep = {"k": deep}
+    assert score("json_match", json.dumps({"a": deep, "b": 2}), {"a": deep, "b": 3}) == 0.5
+
+
+def test_tool_call_partial_credit_by_name_and_argument_leaves() -> None:
+    reference = {"name": "book", "arguments": {"city": "Paris", "dates": {"from": "05-01", "to": "05-04"}, "n": 2}}
+    # name right (0.5) + 3 of 4 argument leaves (0.5 * 0.75) = 0.875
+    got = {"name": "book", "arguments": {"city": "Paris", "dates": {"from": "05-01", "to": "05-05"}, "n": 2}}
+    result = grade(spec("tool_call"), json.dumps(got), reference)
+    assert (result.score, result.passed) == (0.875, False)
+    # The name is required: the right arguments under another name score nothing.
+    assert score("tool_call", json.dumps({**reference, "name": "reserve"}), reference) == 0.0
+    assert score("tool_call", json.dumps(got), reference, name_weight=0.0) == 0.75
+    assert score("tool_call", json.dumps(got), reference, partial_credit=False) == 0.0
+    assert grade(spec("tool_call", partial_credit=False), json.dumps(reference), reference).passed
+
+
+def test_numeric_partial_band() -> None:
+    band = {"abs_tol": 1.0, "partial_band": 5.0}
+    inside = grade(spec("numeric", **band), "100.5", 100)
+    assert (inside.score, inside.passed) == (1.0, True)
+    # 3 away: (5 - 3) / (5 - 1) = 0.5, not passed.
+    half = grade(spec("numeric", **band), "The answer is 103", 100)
+    assert (half.score, half.passed) == (0.5, False) and "partial band" in half.detail
+    assert score("numeric", "96", 100, **band) == 0.25
+    assert score("numeric", "105", 100, **band) == 0.0
+    assert score("numeric", "1000", 100, **band) == 0.0
+    # Relative band: 10% of the reference, tolerance 0 (the defaults are ~0): 80 is 20 off in a band of 100.
+    assert score("numeric", "1080", 1000, partial_rel_band=0.1) == pytest.approx(0.2)
+    # Without a band the grader is as it always was: 1 or 0.
+    assert score("numeric", "101", 100) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"partial_band": 0}, "greater than 0"),
+        ({"partial_band": 0.5, "abs_tol": 1.0}, "must be larger than abs_tol"),
+        ({"partial_rel_band": 0.01, "rel_tol": 0.05}, "must be larger than rel_tol"),
+        ({"partial_band": float("inf")}, "finite"),
+        ({"rel_tol": 2}, "less than or equal to 1"),
+    ],
+)
+def test_numeric_band_bounds(config: dict[str, Any], says: str) -> None:
+    with pytest.raises(InvalidRequest) as raised:
+        spec("numeric", **config)
+    assert says in raised.value.message
+
+
+# ---- composite -------------------------------------------------------------------------------
+
+FORMAT_AND_ANSWER = {
+    "parts": [
+        {"weight": 1, "grader": {"type": "regex", "config": {"pattern": r"ANSWER: \d+", "mode": "search"}}},
+        {"weight": 3, "grader": {"type": "numeric"}},
+    ]
+}
+
+
+def test_composite_is_the_weighted_mean_of_its_parts() -> None:
+    both = grade(spec("composite", **FORMAT_AND_ANSWER), "so ANSWER: 42", 42)
+    assert (both.score, both.passed) == (1.0, True)
+    format_only = grade(spec("composite", **FORMAT_AND_ANSWER), "so ANSWER: 41", 42)
+    assert (format_only.score, format_only.passed) == (0.25, False)
+    assert [(part.type, part.weight, part.grade.passed) for part in format_only.parts] == [
+        ("regex", 0.25, True),
+        ("numeric", 0.75, False),
+    ]
+    assert format_only.detail == "regex 1.00 x 0.25; numeric 0.00 x 0.75"
+    answer_only = grade(spec("composite", **FORMAT_AND_ANSWER), "42", 42)
+    assert (answer_only.score, answer_only.passed) == (0.75, False)
+    # With a threshold, passing is the weighted score reaching it.
+    lenient = spec("composite", **FORMAT_AND_ANSWER, pass_threshold=0.7)
+    assert grade(lenient, "42", 42).passed and not grade(lenient, "so ANSWER: 41", 42).passed
+    # The record a trajectory keeps lists the parts.
+    record = format_only.record()
+    assert [part["grade"]["score"] for part in record["parts"]] == [1.0, 0.0]
+
+
+def test_composite_parts_keep_their_partial_credit_and_nest() -> None:
+    inner = {"type": "composite", "config": {"parts": [{"weight": 1, "grader": {"type": "json_match"}}]}}
+    nested = spec(
+        "composite",
+        parts=[
+            {"weight": 1, "grader": inner},
+            {
+                "weight": 1,
+                "grader": {"type": "json_match", "config": {"mode": "schema", "json_schema": {"type": "object"}}},
+            },
+        ],
+    )
+    # json_match: 1 of 2 fields (0.5); schema: valid (1.0); mean 0.75.
+    assert grade(nested, '{"a": 1, "b": 3}', {"a": 1, "b": 2}).score == 0.75
+    assert nested.kinds() == {"composite", "json_match"}
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"parts": []}, "at least 1 item"),
+        ({"parts": [{"weight": 0, "grader": {"type": "exact"}}]}, "greater than 0"),
+        ({"parts": [{"weight": 1, "grader": {"type": "regex"}}]}, "parts[0].grader.config.pattern: is required"),
+        ({"parts": [{"weight": 1, "grader": {"type": "fuzzy"}}]}, "parts[0].grader: unknown grader type 'fuzzy'"),
+        (
+            {"parts": [{"weight": 1, "grader": {"type": "exact", "penalties": {"step": 0.1}}}]},
+            "penalties belong on the composite itself",
+        ),
+        ({"parts": [{"weight": 1, "grader": {"type": "exact"}}] * 9}, "at most 8 items"),
+    ],
+)
+def test_composite_bad_configs_name_the_part(config: dict[str, Any], says: str) -> None:
+    with pytest.raises(InvalidRequest) as raised:
+        spec("composite", **config)
+    assert says in raised.value.message
+
+
+def test_composite_nesting_is_bounded() -> None:
+    config: dict[str, Any] = {"parts": [{"weight": 1, "grader": {"type": "exact"}}]}
+    for _ in range(2):
+        config = {"parts": [{"weight": 1, "grader": {"type": "composite", "config": config}}]}
+    assert grade(spec("composite", **config), "x", "x").passed  # three deep: allowed
+    deeper = {"parts": [{"weight": 1, "grader": {"type": "composite", "config": config}}]}
+    with pytest.raises(InvalidRequest, match="nest at most 3 deep"):
+        spec("composite", **deeper)
+    for _ in range(5000):  # refused before it is parsed, so depth is no risk
+        deeper = {"parts": [{"weight": 1, "grader": {"type": "composite", "config": deeper}}]}
+    with pytest.raises(InvalidRequest, match="nest at most 3 deep"):
+        spec("composite", **deeper)
+
+
+# ---- penalties -------------------------------------------------------------------------------
+
+
+def test_penalties_shape_the_reward_not_the_grade() -> None:
+    costly = GraderSpec(type="exact", penalties={"step": 0.1, "token": 0.001, "free_tokens": 100})
+    # 3 steps (2 beyond the free one) and 350 tokens (250 beyond the free 100): 1 - 0.2 - 0.25.
+    assert costly.reward("4", "4", steps=3, tokens=350) == pytest.approx(0.55)
+    assert costly.reward("4", "4") == 1.0  # one step, no tokens: nothing to pay
+    assert grade(costly, "4", "4").score == 1.0  # benchmarks see the grade, never the penalty
+    # Floored at 0 by default: a wrong answer is not made worse (or better) by its length.
+    assert costly.reward("5", "4", steps=3, tokens=350) == 0.0
+    assert costly.reward("4", "4", steps=20, tokens=0) == 0.0
+    negative = GraderSpec(type="exact", penalties={"step": 0.1, "allow_negative": True})
+    assert negative.reward("5", "4", steps=4) == pytest.approx(-0.3)
+    assert negative.reward("4", "4", steps=4) == pytest.approx(0.7)
+
+
+def test_penalties_are_validated_and_absent_ones_leave_the_spec_as_it_was() -> None:
+    for bad, field in (({"step": -1}, "step"), ({"token": 0.5}, "token"), ({"steps": 1}, "steps")):
+        with pytest.raises(InvalidRequest) as raised:
+            GraderSpec.model_validate({"type": "exact", "penalties": bad})
+        assert raised.value.param == f"penalties.{field}"
+    # No `penalties` key when unset: stored benchmark content and plans keep their bytes.
+    assert spec("exact").model_dump() == {"type": "exact", "config": {}}
+    with_penalties = GraderSpec(type="exact", penalties={"token": 0.001})
+    assert GraderSpec.model_validate(with_penalties.model_dump()) == with_penalties
+
+
+def test_rl_rewards_refuse_the_judge_anywhere_in_the_spec() -> None:
+    judged = {
+        "type": "composite",
+        "config": {"parts": [{"weight": 1, "grader": {"type": "judge", "config": {"rubric": "r"}}}]},
+    }
+    with pytest.raises(InvalidRequest, match="cannot score RL samples"):
+        graders.reward_spec(judged)
+    assert graders.reward_spec({"type": "composite", "config": FORMAT_AND_ANSWER}).type == "composite"

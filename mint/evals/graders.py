@@ -1,8 +1,8 @@
 """Graders: score a model's output against a reference, for benchmarks and as RL rewards.
 
 The registry is closed: a grader is named by `GraderSpec.type`, one of `exact`,
-`normalized`, `regex`, `json_match`, `numeric`, `tool_call`, `python` and `judge`, and its
-`config` is validated once, when the spec is built. Nothing a request sends is run as code:
+`normalized`, `regex`, `json_match`, `numeric`, `tool_call`, `python`, `judge` and
+`composite`, and its `config` is validated once, when the spec is built. Nothing a request sends is run as code:
 a `python` grader names a function registered in Mint's code with `@register_python_grader`,
 a `regex` pattern is checked for the shapes that backtrack exponentially
 (`mint.evals.patterns`), and the `judge` grader only writes a prompt and reads a score: the
@@ -15,8 +15,23 @@ An output is what the model produced, in any of the forms the callers hold:
 - a trajectory: the messages the model and the environment added, in order. Text graders
   read the last assistant message; the `tool_call` grader reads every call in order.
 
-Every grader returns a `Grade` with a score in [0, 1] (partial credit where it means
-something, e.g. the right tool with the wrong arguments) and `passed`, which is stricter.
+Every grader returns a `Grade` with a score in [0, 1] and `passed`, which means full credit
+(so pass rates do not move when partial credit is added). Partial credit, where the answer
+has parts:
+- `json_match`: the fraction of the reference's leaf fields (nested objects are walked down
+  to their leaves; a list or a scalar is one leaf) that the output has with the same value;
+  in mode `equal` the output's extra leaves count against it too;
+- `tool_call`: per call, the right name is required (a wrong name scores 0), then
+  `name_weight` plus the rest in proportion to the argument leaves that match;
+- `numeric`: full credit within the tolerance, falling linearly to 0 at `partial_band`
+  (off unless configured);
+- `composite`: the weighted mean of its parts' scores (e.g. format plus correctness);
+- `judge`: the model's `SCORE: n` over `max_score`.
+`partial_credit: false` makes `json_match` and `tool_call` all-or-nothing.
+
+A spec's optional `penalties` (`mint.schemas.evals.RewardPenalties`) subtract a cost per step
+and per token from the score when it is used as an RL reward (`GraderSpec.reward`); grades,
+and so benchmark scores and pass rates, never include them.
 A reference or spec that cannot be graded is the benchmark's bug and raises `InvalidRequest`;
 an output that cannot be graded (not JSON, no number) is the model's failure and scores 0.
 """
@@ -38,8 +53,10 @@ from pydantic import (
     Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -48,32 +65,77 @@ from mint.chat.tool_calls import ToolCall, parse_tool_calls
 from mint.errors import ConfigurationError, InvalidRequest
 from mint.evals.json_schema import check_json_schema, json_equal, validate_json
 from mint.evals.patterns import MAX_PATTERN_CHARS, compile_pattern
+from mint.schemas.evals import RewardPenalties
 
 Output = str | Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
-JudgeFn = Callable[[str], str]
+# (prompt, the judge model the spec names or None) -> the model's reply.
+JudgeFn = Callable[[str, str | None], str]
 
 # Bounds that keep one grade cheap whatever the model wrote.
 MAX_REGEX_INPUT_CHARS = 20_000
 MAX_JSON_CHARS = 1_000_000
 MAX_NUMBER_CHARS = 1_000
 _NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+# A composite's parts, and how deep composites may nest (a composite of composites of ...).
+MAX_COMPOSITE_PARTS = 8
+MAX_COMPOSITE_DEPTH = 3
+
+
+class JudgeVerdict(BaseModel):
+    """What a judge model was asked and what it answered, kept with the grade.
+
+    `verdict` is the number read from the reply's last `SCORE: n` line, or None when the reply
+    had none (the grade is then 0 and says so).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str | None
+    prompt: str
+    reply: str
+    verdict: float | None
+    max_score: int
 
 
 class Grade(BaseModel):
-    """A score in [0, 1], whether the output passed, and a short human reason."""
+    """A score in [0, 1], whether the output passed (full credit), and a short human reason.
+
+    A composite grade lists its `parts`; a judge's grade keeps the `judge` prompt and reply.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     score: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
     passed: bool
     detail: str = ""
+    parts: tuple[GradePart, ...] = ()
+    judge: JudgeVerdict | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The grade as JSON for a trajectory: detail always, parts and judge where present."""
+        return self.model_dump(mode="json", exclude_defaults=True) | {"detail": self.detail}
+
+
+class GradePart(BaseModel):
+    """One part of a composite grade: its grader type, its normalised weight and its grade."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    weight: float
+    grade: Grade
+
+
+Grade.model_rebuild()
 
 
 @dataclass(frozen=True)
 class GradeContext:
-    """What a grader may use from its caller: `judge` sends a prompt to a deployed model and returns its reply.
+    """What a grader may use from its caller: `judge` sends a prompt to a model and returns its reply.
 
-    The evals service builds the judge from the spec's `config.model`; tests pass a local function.
+    An eval run builds the judge from the model its spec names (`config.model`: a base, an
+    `adapter@version` or a deployment of the run's organization), generating through the
+    same path as the run's own model; tests pass a local function.
     """
 
     judge: JudgeFn | None = None
@@ -198,6 +260,9 @@ class GraderSpec(BaseModel):
 
     type: str = Field(description="A grader from the closed registry: see grader_types().")
     config: dict[str, Any] = Field(default_factory=dict, description="That grader's options.")
+    penalties: RewardPenalties | None = Field(
+        default=None, description="Step and token costs subtracted from the score when it is a reward."
+    )
 
     _parsed: _Config = PrivateAttr()
 
@@ -221,14 +286,72 @@ class GraderSpec(BaseModel):
             raise InvalidRequest(message, param=path) from None
         return spec
 
+    @model_serializer(mode="wrap")
+    def _omit_unset_penalties(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Without penalties a spec serialises as it always has, so the canonical form (and the
+        # sha256) of existing benchmark versions and stored plans does not change.
+        data: dict[str, Any] = handler(self)
+        if data.get("penalties") is None:
+            data.pop("penalties", None)
+        return data
+
     @property
     def parsed_config(self) -> _Config:
         """The config as its grader's typed model."""
         return self._parsed
 
-    def reward(self, output: Output, reference: Any) -> float:
-        """The score `grade` gives `output`: the RL recipe's reward (`mint.trainer.recipes.rl.Grader`)."""
-        return grade(self, output, reference).score
+    def specs(self) -> list[GraderSpec]:
+        """This spec and, for a composite, every spec inside it (depth first)."""
+        found, stack = [], [self]
+        while stack:
+            spec = stack.pop()
+            found.append(spec)
+            if isinstance(spec.parsed_config, CompositeConfig):
+                stack += reversed(spec.parsed_config.specs)
+        return found
+
+    def kinds(self) -> set[str]:
+        """The grader types this spec uses, a composite's parts included."""
+        return {spec.type for spec in self.specs()}
+
+    def reward(
+        self,
+        output: Output,
+        reference: Any,
+        *,
+        steps: int = 1,
+        tokens: int = 0,
+        context: GradeContext | None = None,
+    ) -> float:
+        """The RL reward of `output` (`mint.trainer.recipes.common.Grader`): its grade's score less the
+        spec's penalties for `steps` (model turns) and `tokens` (generated)."""
+        return penalized(grade(self, output, reference, context=context).score, self.penalties, steps, tokens)
+
+
+def reward_spec(data: Any) -> GraderSpec:
+    """A grader spec for RL rewards: any spec but one that needs a judge model, which a training
+    worker has none of to ask (it would fail the job at its first step)."""
+    spec = GraderSpec.model_validate(data)
+    if "judge" in spec.kinds():
+        raise InvalidRequest(
+            "the judge grader cannot score RL samples: a training job has no judge model to ask. "
+            "Use judge graders in eval runs, and a reward made of the other graders (a composite of "
+            "them, for several criteria) for RL",
+            param="grader",
+        )
+    return spec
+
+
+def penalized(score: float, penalties: RewardPenalties | None, steps: int, tokens: int) -> float:
+    """`score` less the step and token costs of `penalties` (see `RewardPenalties`); floored at 0
+    unless they allow negative rewards."""
+    if penalties is None:
+        return score
+    cost = penalties.step * max(0, steps - penalties.free_steps) + penalties.token * max(
+        0, tokens - penalties.free_tokens
+    )
+    reward = score - cost
+    return reward if penalties.allow_negative else max(0.0, reward)
 
 
 def grade(spec: GraderSpec, output: Output, reference: Any, *, context: GradeContext | None = None) -> Grade:
@@ -349,6 +472,9 @@ class JsonMatchConfig(_Config):
     )
     json_schema: dict[str, Any] | None = Field(default=None, description="For mode=schema: a JSON-schema subset.")
     allow_code_fence: bool = Field(default=False, description="Accept output wrapped in a ```json fence.")
+    partial_credit: bool = Field(
+        default=True, description="Score the fraction of leaf fields that match (false: 1 or 0). Passing needs all."
+    )
 
     @model_validator(mode="after")
     def _schema_for_schema_mode(self) -> JsonMatchConfig:
@@ -391,6 +517,51 @@ def _subset(reference: Any, value: Any) -> bool:
     return json_equal(reference, value)
 
 
+Path = tuple[str, ...]
+
+
+def json_leaves(value: Any) -> dict[Path, Any]:
+    """Each leaf of a JSON value by its path of object keys: a non-empty object is walked into,
+    anything else (a scalar, a list, an empty object) is one leaf. Iterative, so depth is no risk."""
+    leaves: dict[Path, Any] = {}
+    stack: list[tuple[Path, Any]] = [((), value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, dict) and item:
+            stack += [((*path, str(key)), child) for key, child in item.items()]
+        else:
+            leaves[path] = item
+    return leaves
+
+
+def _at(value: Any, path: Path) -> tuple[bool, Any]:
+    """(found, the value at `path` of object keys in `value`)."""
+    for key in path:
+        if not (isinstance(value, dict) and key in value):
+            return False, None
+        value = value[key]
+    return True, value
+
+
+def leaf_match(reference: Any, value: Any, *, count_extra: bool) -> tuple[int, int, list[str]]:
+    """How many of the reference's leaves `value` has with the same value, out of how many, and
+    the dotted paths that differ. With `count_extra`, leaves only `value` has count as wrong."""
+    expected = json_leaves(reference)
+    wrong = []
+    for path, leaf in expected.items():
+        found, got = _at(value, path)
+        # An empty object in the reference asks only for an object there (as `_subset` does).
+        if not (found and (isinstance(got, dict) if leaf == {} and not count_extra else json_equal(leaf, got))):
+            wrong.append(path)
+    total = len(expected)
+    if count_extra:
+        extra = [path for path in json_leaves(value) if path not in expected]
+        wrong += extra
+        total += len(extra)
+    names = sorted(".".join(path) or "(the whole value)" for path in wrong)
+    return total - len(wrong), total, names
+
+
 @_grader("json_match", JsonMatchConfig)
 def _json_match(output: Output, reference: Any, config: JsonMatchConfig, context: GradeContext) -> Grade:
     try:
@@ -404,13 +575,11 @@ def _json_match(output: Output, reference: Any, config: JsonMatchConfig, context
     compare = _subset if config.mode == "subset" else json_equal
     if compare(reference, value):
         return _match(True, f"JSON {config.mode} match")
-    # Partial credit over an object's top-level keys, so a reward can tell close from far.
-    if isinstance(reference, dict) and isinstance(value, dict) and reference:
-        keys = set(reference) if config.mode == "subset" else set(reference) | set(value)
-        wrong = sorted(
-            key for key in keys if not (key in reference and key in value and compare(reference[key], value[key]))
-        )
-        return Grade(score=1.0 - len(wrong) / len(keys), passed=False, detail=f"keys that differ: {', '.join(wrong)}")
+    # Partial credit by leaf field, so a reward can tell close from far.
+    if config.partial_credit and isinstance(reference, dict) and isinstance(value, dict) and reference:
+        right, total, wrong = leaf_match(reference, value, count_extra=config.mode == "equal")
+        listed = ", ".join(wrong[:5]) + (f" and {len(wrong) - 5} more" if len(wrong) > 5 else "")
+        return Grade(score=right / total, passed=False, detail=f"{right} of {total} fields match; differ: {listed}")
     return _match(False, f"{_brief(json.dumps(value))} does not {config.mode}-match the reference")
 
 
@@ -423,11 +592,35 @@ _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)
 class NumericConfig(_Config):
     """The last number in the output must be within tolerance of the reference.
 
-    Within tolerance: |a - b| <= max(rel_tol * max(|a|, |b|), abs_tol).
+    Within tolerance: |a - b| <= max(rel_tol * max(|a|, |b|), abs_tol): full credit, passed.
+    With a partial band (`partial_band`, absolute, and/or `partial_rel_band`, a fraction of
+    |reference|; the wider wins), credit falls linearly from 1 at the tolerance to 0 at the
+    band's edge, and such an answer does not pass. Without one (the default), 1 or 0.
     """
 
-    rel_tol: float = Field(default=1e-9, ge=0.0, allow_inf_nan=False)
-    abs_tol: float = Field(default=1e-6, ge=0.0, allow_inf_nan=False)
+    rel_tol: float = Field(default=1e-9, ge=0.0, le=1.0, allow_inf_nan=False)
+    abs_tol: float = Field(default=1e-6, ge=0.0, le=1e12, allow_inf_nan=False)
+    partial_band: float | None = Field(
+        default=None, gt=0.0, le=1e12, allow_inf_nan=False, description="Distance at which credit reaches 0."
+    )
+    partial_rel_band: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="The same, as a fraction of |reference| (0.1: credit reaches 0 at 10% off).",
+    )
+
+    @model_validator(mode="after")
+    def _band_beyond_tolerance(self) -> NumericConfig:
+        if self.partial_band is not None and self.partial_band <= self.abs_tol:
+            raise ValueError(
+                f"partial_band ({self.partial_band}) must be larger than abs_tol ({self.abs_tol}): "
+                "credit falls from 1 at the tolerance to 0 at the band"
+            )
+        if self.partial_rel_band is not None and self.partial_rel_band <= self.rel_tol:
+            raise ValueError(f"partial_rel_band ({self.partial_rel_band}) must be larger than rel_tol ({self.rel_tol})")
+        return self
 
 
 def _decimal(text: str) -> Decimal | None:
@@ -472,8 +665,19 @@ def _numeric(output: Output, reference: Any, config: NumericConfig, context: Gra
     with localcontext() as decimal_context:
         decimal_context.prec, decimal_context.Emax, decimal_context.Emin = 60, MAX_EMAX, MIN_EMIN
         tolerance = max(Decimal(config.rel_tol) * max(abs(got), abs(expected)), Decimal(config.abs_tol))
-        close = abs(got - expected) <= tolerance
-    return _match(close, f"{last.group()} {'==' if close else '!='} {reference} within tolerance")
+        distance = abs(got - expected)
+        close = distance <= tolerance
+        band = max(Decimal(config.partial_band or 0), Decimal(config.partial_rel_band or 0) * abs(expected), tolerance)
+        credit = 0.0
+        if not close and distance < band:
+            credit = float((band - distance) / (band - tolerance))
+    if close:
+        return _match(True, f"{last.group()} == {reference} within tolerance")
+    if credit > 0:
+        return Grade(
+            score=min(credit, 1.0), passed=False, detail=f"{last.group()} is within the partial band of {reference}"
+        )
+    return _match(False, f"{last.group()} != {reference} within tolerance")
 
 
 # ---- tool_call -------------------------------------------------------------------------------
@@ -490,6 +694,7 @@ class ToolCallConfig(_Config):
     ordered: bool = Field(default=True, description="Compare the n-th call with the n-th reference call.")
     name_weight: float = Field(default=0.5, ge=0.0, le=1.0, description="Credit for the right tool name alone.")
     allow_extra_arguments: bool = Field(default=False, description="Ignore arguments the reference does not name.")
+    partial_credit: bool = Field(default=True, description="Credit right names and arguments (false: 1 or 0).")
 
 
 def _reference_calls(reference: Any) -> list[ToolCall]:
@@ -515,14 +720,11 @@ def _call_score(expected: ToolCall, got: ToolCall, config: ToolCallConfig) -> fl
         return 0.0
     if not isinstance(got.arguments, dict):
         return config.name_weight
-    keys = set(expected.arguments) if config.allow_extra_arguments else set(expected.arguments) | set(got.arguments)
-    if not keys:
+    if not expected.arguments and (config.allow_extra_arguments or not got.arguments):
         return 1.0
-    right = sum(
-        key in got.arguments and key in expected.arguments and json_equal(got.arguments[key], expected.arguments[key])
-        for key in keys
-    )
-    return config.name_weight + (1.0 - config.name_weight) * right / len(keys)
+    # Arguments by leaf: a nested object argument earns credit for each of its fields.
+    right, total, _ = leaf_match(expected.arguments, got.arguments, count_extra=not config.allow_extra_arguments)
+    return config.name_weight + (1.0 - config.name_weight) * right / total
 
 
 @_grader("tool_call", ToolCallConfig)
@@ -544,6 +746,8 @@ def _tool_call(output: Output, reference: Any, config: ToolCallConfig, context: 
     total = sum(scores) / max(len(expected), len(got))
     exact = sum(score == 1.0 for score in scores)
     passed = exact == len(expected) == len(got)
+    if not config.partial_credit:
+        total = float(passed)
     detail = f"{exact} of {len(expected)} expected calls exact; the output made {len(got)}"
     if not passed and got and expected and got[0].name != expected[0].name:
         detail += f" (first call {got[0].name!r}, expected {expected[0].name!r})"
@@ -612,14 +816,18 @@ def _python(output: Output, reference: Any, config: PythonConfig, context: Grade
 class JudgeConfig(_Config):
     """A model reads the rubric, the reference and the output and replies with `SCORE: <n>`.
 
-    `model` names the deployment the evals service asks; the grader only builds the prompt
-    and parses the reply (the call itself is `GradeContext.judge`).
+    `model` names the model that judges: a base, an `adapter@version` or a deployment of the
+    same organization (an eval run checks it exists when the run is created). The grader only
+    builds the prompt and parses the reply (the call itself is `GradeContext.judge`); both
+    are kept in the grade (`Grade.judge`), a reply without a score line included.
     """
 
     rubric: str = Field(min_length=1, max_length=8_000)
     max_score: int = Field(default=10, ge=1, le=100)
     pass_threshold: float = Field(default=0.7, ge=0.0, le=1.0, description="Passed when score / max_score >= this.")
-    model: str | None = Field(default=None, description="The deployment or model reference that judges.")
+    model: str | None = Field(
+        default=None, max_length=300, description="The base, adapter@version or deployment that judges."
+    )
 
 
 def judge_prompt(rubric: str, output: str, reference: Any, max_score: int) -> str:
@@ -647,9 +855,118 @@ def _judge(output: Output, reference: Any, config: JudgeConfig, context: GradeCo
             "the evals service builds fn from config.model",
             param="context.judge",
         )
-    reply = context.judge(judge_prompt(config.rubric, output_text(output), reference, config.max_score))
+    prompt = judge_prompt(config.rubric, output_text(output), reference, config.max_score)
+    reply = context.judge(prompt, config.model)
     found = _SCORE.findall(reply)
-    if not found:
-        return _match(False, f"the judge's reply has no 'SCORE: <n>' line: {_brief(reply)}")
-    score = min(float(found[-1]), config.max_score) / config.max_score
-    return Grade(score=score, passed=score >= config.pass_threshold, detail=f"judge: {found[-1]}/{config.max_score}")
+    verdict = float(found[-1]) if found else None
+    record = JudgeVerdict(model=config.model, prompt=prompt, reply=reply, verdict=verdict, max_score=config.max_score)
+    if verdict is None:
+        return Grade(
+            score=0.0,
+            passed=False,
+            detail=f"the judge's reply has no 'SCORE: <n>' line: {_brief(reply)}",
+            judge=record,
+        )
+    score = min(verdict, config.max_score) / config.max_score
+    return Grade(
+        score=score,
+        passed=score >= config.pass_threshold,
+        detail=f"judge: {found[-1]}/{config.max_score}",
+        judge=record,
+    )
+
+
+# ---- composite: a weighted mean of graders ---------------------------------------------------
+
+
+class CompositePart(_Config):
+    """One grader of a composite and its weight (weights are normalised to sum to 1)."""
+
+    weight: float = Field(gt=0.0, le=1000.0, allow_inf_nan=False)
+    grader: dict[str, Any] = Field(description="A grader spec, as at the top level (penalties excepted).")
+
+
+def _composite_depth(config: Any) -> int:
+    """How deeply composites nest from this config (1: no composite inside), counted before
+    parsing so that a deep structure is refused without recursing into it."""
+    depth, level = 1, [config]
+    while depth <= MAX_COMPOSITE_DEPTH:
+        inner = [
+            part["grader"].get("config")
+            for config in level
+            if isinstance(config, Mapping) and isinstance(config.get("parts"), list)
+            for part in config["parts"]
+            if isinstance(part, Mapping)
+            and isinstance(part.get("grader"), Mapping)
+            and part["grader"].get("type") == "composite"
+        ]
+        if not inner:
+            break
+        depth, level = depth + 1, inner
+    return depth
+
+
+class CompositeConfig(_Config):
+    """Several graders on the same output, e.g. format (regex, JSON schema) plus correctness.
+
+    score = sum(weight_i * score_i) / sum(weight_i). `passed`: every part passed when
+    `pass_threshold` is unset (the default, so full credit still means passed), else the
+    weighted score reaches `pass_threshold`. Composites nest up to MAX_COMPOSITE_DEPTH deep.
+    """
+
+    parts: list[CompositePart] = Field(min_length=1, max_length=MAX_COMPOSITE_PARTS)
+    pass_threshold: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Passed when the weighted score reaches this (unset: all parts)."
+    )
+
+    _specs: tuple[GraderSpec, ...] = PrivateAttr()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_too_deep(cls, data: Any) -> Any:
+        if _composite_depth(data) > MAX_COMPOSITE_DEPTH:
+            raise ValueError(f"composites nest at most {MAX_COMPOSITE_DEPTH} deep; flatten the inner parts")
+        return data
+
+    @model_validator(mode="after")
+    def _parse_parts(self) -> CompositeConfig:
+        specs = []
+        for index, part in enumerate(self.parts):
+            where = f"parts[{index}].grader"
+            try:
+                spec = GraderSpec.model_validate(part.grader)
+            except InvalidRequest as exc:
+                raise ValueError(
+                    f"{where}{'.' if exc.message.startswith('grader ') else ': '}{exc.message.removeprefix('grader ')}"
+                ) from None
+            if spec.penalties is not None:
+                raise ValueError(f"{where}: penalties belong on the composite itself, not on a part")
+            specs.append(spec)
+        self._specs = tuple(specs)
+        return self
+
+    @property
+    def specs(self) -> tuple[GraderSpec, ...]:
+        """The parts' graders, parsed."""
+        return self._specs
+
+    @property
+    def weights(self) -> list[float]:
+        """The parts' weights, normalised to sum to 1."""
+        total = sum(part.weight for part in self.parts)
+        return [part.weight / total for part in self.parts]
+
+
+@_grader("composite", CompositeConfig)
+def _composite(output: Output, reference: Any, config: CompositeConfig, context: GradeContext) -> Grade:
+    parts = tuple(
+        GradePart(type=spec.type, weight=weight, grade=grade(spec, output, reference, context=context))
+        for spec, weight in zip(config.specs, config.weights, strict=True)
+    )
+    score = min(1.0, sum(part.weight * part.grade.score for part in parts))
+    if config.pass_threshold is None:
+        passed = all(part.grade.passed for part in parts)
+    else:
+        passed = score >= config.pass_threshold
+    detail = "; ".join(f"{part.type} {part.grade.score:.2f} x {part.weight:.2f}" for part in parts)
+    return Grade(score=score, passed=passed, detail=detail, parts=parts)

@@ -93,9 +93,11 @@ def reference_continuation(task: BenchmarkTask) -> tuple[list[dict[str, Any]] | 
         if text is None or not text.strip():
             return None, "it has no solution and its reference is not an answer text"
         continuation = [{"role": "assistant", "content": text}]
-    if task.grader.type in _UNCHECKED_GRADERS:
-        if task.grader.type == "python" or not isinstance(task.reference, str):
-            return None, f"it has no solution, and a {task.grader.type} grader cannot vouch for the reference"
+    unchecked = task.grader.kinds() & _UNCHECKED_GRADERS  # a composite's parts included
+    if unchecked:
+        if "python" in unchecked or not isinstance(task.reference, str):
+            kind = "python" if "python" in unchecked else "judge"
+            return None, f"it has no solution, and a {kind} grader cannot vouch for the reference"
         return continuation, ""
     try:
         verdict = task.grade(continuation)

@@ -85,6 +85,8 @@ class TrajectoryRecord:
     `messages` holds the task's messages followed by what the model and the environment added
     (the first `prompt_length` are the task's). `error` is set when the task could not run to
     its end (generation failed, the step limit was hit while calling tools, the grader failed).
+    `grade` is how the grader reached its score (`Grade.record`: detail, a composite's parts,
+    a judge's prompt and reply); None when grading failed.
     """
 
     task_id: str
@@ -99,6 +101,7 @@ class TrajectoryRecord:
     latency_ms: float
     error: str | None
     detail: str
+    grade: dict[str, Any] | None = None
 
     @property
     def added(self) -> list[dict[str, Any]]:
@@ -165,10 +168,10 @@ def _record(episode: _Episode, max_steps: int, context: GradeContext | None) -> 
     error = episode.error
     if error is None and episode.pending_calls:
         error = f"stopped after {max_steps} steps while the model was still calling tools"
-    score, passed, detail = 0.0, False, ""
+    score, passed, detail, record = 0.0, False, "", None
     try:
         grade = task.grade(added, context=context)
-        score, passed, detail = grade.score, grade.passed, grade.detail
+        score, passed, detail, record = grade.score, grade.passed, grade.detail, grade.record()
     except InvalidRequest as exc:  # the benchmark's spec cannot be graded: the task's bug, not the model's
         error = f"grading failed: {exc.message}"
     except Exception as exc:  # a registered python grader that raised: recorded, the run goes on
@@ -186,6 +189,7 @@ def _record(episode: _Episode, max_steps: int, context: GradeContext | None) -> 
         latency_ms=episode.latency_ms,
         error=error,
         detail=detail,
+        grade=record,
     )
 
 

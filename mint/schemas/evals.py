@@ -45,11 +45,36 @@ class _Request(RequestModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class RewardPenalties(BaseModel):
+    """Costs for effort, subtracted from a grader's score when it is used as a reward.
+
+    reward = score - step * max(0, steps - free_steps) - token * max(0, tokens - free_tokens),
+    floored at 0 unless `allow_negative`. The floor is the default because a penalty should
+    rank answers of equal merit, cheapest first, not make one wrong answer better than another
+    for being shorter: below 0 the cheapest way to a higher reward is to fail quickly.
+    `allow_negative` keeps the full difference (group-normalised RL advantages do not care
+    about the sign), for a task where every extra step or token is itself the failure.
+    Benchmarks' scores and pass rates never include penalties: they shape rewards only.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    step: float = Field(default=0.0, ge=0.0, le=1.0, description="Subtracted per step beyond `free_steps`.")
+    token: float = Field(default=0.0, ge=0.0, le=0.01, description="Subtracted per token beyond `free_tokens`.")
+    free_steps: int = Field(default=1, ge=0, le=1000, description="Steps (model turns) that cost nothing.")
+    free_tokens: int = Field(default=0, ge=0, le=1_000_000, description="Generated tokens that cost nothing.")
+    allow_negative: bool = Field(default=False, description="Let the reward go below 0 (RL only).")
+
+
 class GraderSpecIn(_Request):
-    """A grader of Mint's closed registry: exact, normalized, regex, json_match, numeric, tool_call, python, judge."""
+    """A grader of Mint's closed registry: exact, normalized, regex, json_match, numeric, tool_call, python,
+    judge, composite; with optional reward `penalties` for steps and tokens."""
 
     type: str = Field(min_length=1, max_length=50, description="The grader, e.g. `numeric`.")
     config: FiniteJson = Field(default_factory=dict, description='Its options, e.g. `{"abs_tol": 0.01}`.')
+    penalties: RewardPenalties | None = Field(
+        default=None, description="Step and token costs subtracted from the score when it is an RL reward."
+    )
 
 
 class BenchmarkSource(_Request):
@@ -178,6 +203,10 @@ class TrajectoryPublic(WireModel):
     tokens_out: int
     latency_ms: float
     error: str | None
+    grade: dict[str, Any] | None = Field(
+        default=None,
+        description="How the grader reached its score: its detail, a composite's parts, a judge's prompt and reply.",
+    )
     created_at: Timestamp
 
 

@@ -78,7 +78,8 @@ class DpoMethod(_Strict):
 
 class ReinforcementMethod(_Strict):
     grader: FiniteJson = Field(
-        description='A grader of Mint\'s closed registry, e.g. `{"type": "numeric", "config": {"tolerance": 0}}`.'
+        description='A grader of Mint\'s closed registry, e.g. `{"type": "numeric", "config": {"abs_tol": 0.01}}`, '
+        "optionally with `penalties` for steps and tokens."
     )
     hyperparameters: ReinforcementHyperparameters = Field(default_factory=ReinforcementHyperparameters)
 

@@ -3,7 +3,8 @@
 Runs on the worker that keeps the run's base resident (`mint.worker.eval_tasks`); the API half
 (`mint.services.evals`) created the run and sent its id. The run's model answers through a
 live serving node of its base when there is one (batched on the node's engine), else on this
-worker's sampler. Trajectories are written a batch at a time and are unique per (run, task),
+worker's sampler; a judge grader's model is asked the same way (`_Judges`). Trajectories,
+each with its grade record, are written a batch at a time and are unique per (run, task),
 so a redelivered message skips the tasks already written; each status move is conditional
 on this worker still holding the run, so a cancel always wins.
 """
@@ -16,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,7 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.errors import Conflict, InvalidRequest, MintError, NoCapacity, NotFound, RateLimited
 from mint.evals.benchmark import BenchmarkTask, select_split
+from mint.evals.graders import GradeContext
 from mint.evals.runner import (
     Generate,
     GenerateRequest,
@@ -64,6 +67,8 @@ log = logging.getLogger(__name__)
 # Tasks run together in one batched step and written in one transaction: the most work a
 # redelivered message repeats, and how often a cancel is noticed.
 BATCH_TASKS = 16
+# The longest reply a judge model writes: a sentence or two and its `SCORE: n` line.
+JUDGE_MAX_TOKENS = 256
 
 LoadBase = Callable[[str], "ResidentBase"]
 
@@ -119,6 +124,7 @@ def _write(settings: Settings, run: EvalRun, records: Sequence[TrajectoryRecord]
                             tokens_out=record.tokens_out,
                             latency_ms=record.latency_ms,
                             error=record.error,
+                            grade=record.grade,
                         )
                     )
                 tokens = sum(record.tokens_in + record.tokens_out for record in fresh)
@@ -190,75 +196,131 @@ class NodeGenerate:
 
 
 class _Model:
-    """The run's model: through a live serving node of its base when there is one (batched on
-    the node's engine), else on this worker's resident base (the base itself, or the adapter
-    version opened as a session)."""
+    """A model of a base, maybe under an adapter version: through a live serving node of the
+    base when there is one (batched on the node's engine), else, when `local`, on this worker's
+    resident base (the base itself, or the adapter version opened as a session)."""
 
-    def __init__(self, settings: Settings, run: EvalRun, load_base: LoadBase) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        base_model: str,
+        adapter: AdapterOnNode | None,
+        load_base: LoadBase,
+        *,
+        max_tokens: int,
+        temperature: float,
+        local: bool = True,
+    ) -> None:
         self.settings = settings
-        self.run = run
+        self.base_model, self.adapter = base_model, adapter
         self.load_base = load_base
+        self.max_tokens, self.temperature, self.local = max_tokens, temperature, local
         self.base: Any = None
         self.session_id: str | None = None
         self.generator = "trainer-sampler"
 
-    def _node(self) -> tuple[NodeAddress, AdapterOnNode | None] | None:
-        base_model = str(self.run.config["base_model"])
+    def _node(self) -> NodeAddress | None:
         with session_scope(self.settings.database) as session:
-            adapter = None
-            if self.run.adapter_version_id is not None:
-                version = self._version(session)
-                adapter_row = session.get(Adapter, version.adapter_id)
-                assert adapter_row is not None
-                adapter = AdapterOnNode(
-                    ref=adapters.model_ref_of(adapter_row, version),
-                    sha256=version.sha256,
-                    object_key=version.object_key,
-                )
-            if not live_nodes(session, base_model):
+            if not live_nodes(session, self.base_model):
                 return None
-            affinity = adapter.sha256 if adapter else base_model
-            node = node_for(session, base_model, affinity, self.settings.shared_node_token)
+            affinity = self.adapter.sha256 if self.adapter else self.base_model
+            node = node_for(session, self.base_model, affinity, self.settings.shared_node_token)
         try:  # a node that stopped without unregistering is skipped, not waited for
             httpx.get(f"{node.url}/healthz", timeout=2.0).raise_for_status()
         except httpx.HTTPError:
             log.warning("serving node %s at %s does not answer; evaluating on this worker", node.id, node.url)
             return None
-        return node, adapter
-
-    def _version(self, session: Session) -> AdapterVersion:
-        version = session.get(AdapterVersion, self.run.adapter_version_id)
-        if version is None or version.status != "ready":
-            raise NotFound(f"adapter version {self.run.adapter_version_id} is no longer available")
-        return version
+        return node
 
     def __enter__(self) -> Generate:
-        config = self.run.config
         node = self._node()
         if node is not None:
             self.generator = "serving-node"
-            return NodeGenerate(
-                node[0], node[1], max_tokens=int(config["max_tokens"]), temperature=float(config["temperature"])
+            return NodeGenerate(node, self.adapter, max_tokens=self.max_tokens, temperature=self.temperature)
+        if not self.local:
+            raise InvalidRequest(
+                f"{self.adapter.ref if self.adapter else self.base_model!r} runs on base {self.base_model!r}, which "
+                f"has no live serving node, and this worker holds another base; start one with "
+                f"`mint serve --base {self.base_model}`"
             )
-        self.base = self.load_base(str(config["base_model"]))
-        if self.run.adapter_version_id is not None:
-            with session_scope(self.settings.database) as session:
-                key = self._version(session).object_key
-            archive = object_store_for(self.settings).get_bytes(key)
+        self.base = self.load_base(self.base_model)
+        if self.adapter is not None:
+            archive = object_store_for(self.settings).get_bytes(self.adapter.object_key)
             tinker_runner.release_idle_models(self.settings)  # slots of ended Tinker sessions first
             with tempfile.TemporaryDirectory(prefix="mint-eval-adapter-") as scratch:
                 folder = adapters.extract_adapter(archive, Path(scratch))
                 self.session_id = self.base.create_session_from_adapter(folder).session_id
         return SamplerGenerate(
-            self.base,
-            adapter_name=self.session_id,
-            max_tokens=int(config["max_tokens"]),
-            temperature=float(config["temperature"]),
+            self.base, adapter_name=self.session_id, max_tokens=self.max_tokens, temperature=self.temperature
         )
 
     def __exit__(self, *exc_info: object) -> None:
         if self.session_id is not None:
             self.base.close(self.session_id)
+
+
+def _run_model(settings: Settings, run: EvalRun, load_base: LoadBase) -> _Model:
+    """The run's own model: its base, under its adapter version if it has one (still ready)."""
+    adapter = None
+    if run.adapter_version_id is not None:
+        with session_scope(settings.database) as session:
+            version = session.get(AdapterVersion, run.adapter_version_id)
+            if version is None or version.status != "ready":
+                raise NotFound(f"adapter version {run.adapter_version_id} is no longer available")
+            adapter_row = session.get(Adapter, version.adapter_id)
+            assert adapter_row is not None
+            adapter = AdapterOnNode(
+                ref=adapters.model_ref_of(adapter_row, version), sha256=version.sha256, object_key=version.object_key
+            )
+    config = run.config
+    return _Model(
+        settings,
+        str(config["base_model"]),
+        adapter,
+        load_base,
+        max_tokens=int(config["max_tokens"]),
+        temperature=float(config["temperature"]),
+    )
+
+
+class _Judges:
+    """`GradeContext.judge` for a run: asks the judge model a grader names, as pinned in the run's
+    config when it was created (`mint.services.judges`), through the path that generates the
+    run's own answers (a serving node of the judge's base, else this worker's resident base
+    when it is the run's). Greedy, so a task's verdict does not depend on the batch it ran in.
+    Each judge is opened at its first use and closed with the run (`stack`)."""
+
+    def __init__(self, settings: Settings, run: EvalRun, load_base: LoadBase, stack: ExitStack) -> None:
+        self.settings, self.run, self.load_base, self.stack = settings, run, load_base, stack
+        self.pinned: dict[str, Any] = dict(run.config.get("judges") or {})
+        self.opened: dict[str, Generate] = {}
+
+    def __call__(self, prompt: str, model: str | None) -> str:
+        generate = self.opened.get(model or "")
+        if generate is None:
+            generate = self.opened[model or ""] = self._open(model)
+        (generation,) = generate([GenerateRequest(messages=[{"role": "user", "content": prompt}], seed=0)])
+        if generation.error is not None:
+            raise InvalidRequest(f"the judge model {model!r} could not answer: {generation.error}")
+        return generation.text
+
+    def _open(self, model: str | None) -> Generate:
+        pinned = self.pinned.get(model or "")
+        if pinned is None:
+            raise InvalidRequest(
+                f"the judge model {model!r} was not resolved when this run was created; create a new run"
+            )
+        adapter = AdapterOnNode.model_validate(pinned["adapter"]) if pinned["adapter"] is not None else None
+        judge = _Model(
+            self.settings,
+            str(pinned["base_model"]),
+            adapter,
+            self.load_base,
+            max_tokens=JUDGE_MAX_TOKENS,
+            temperature=0.0,
+            local=pinned["base_model"] == self.run.config["base_model"],
+        )
+        return self.stack.enter_context(judge)
 
 
 def _todo(settings: Settings, run: EvalRun) -> list[BenchmarkTask]:
@@ -347,8 +409,10 @@ def _execute(settings: Settings, run: EvalRun, load_base: LoadBase, batch_tasks:
         todo = _todo(settings, run)
         config = run.config
         ran, wall_s = 0, 0.0
-        model = _Model(settings, run, load_base)
-        with model as generate:
+        model = _run_model(settings, run, load_base)
+        with ExitStack() as stack:
+            generate = stack.enter_context(model)
+            context = GradeContext(judge=_Judges(settings, run, load_base, stack)) if config.get("judges") else None
             for start in range(0, len(todo), batch_tasks):
                 if not _still_held(settings, run.id, worker_id):
                     return "cancelled"
@@ -358,6 +422,7 @@ def _execute(settings: Settings, run: EvalRun, load_base: LoadBase, batch_tasks:
                     generate,
                     max_steps=int(config["max_steps"]),
                     seed=int(config["seed"]),
+                    context=context,
                 )
                 wall_s += time.perf_counter() - began
                 ran += len(_write(settings, run, records))

@@ -42,6 +42,7 @@ from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
 from mint.services import adapters, benchmarks
 from mint.services.datasets import create_dataset_from_rows
 from mint.services.dispatch import Dispatch
+from mint.services.judges import resolve_judges
 from mint.services.leases import gave_up
 from mint.services.principal import Principal
 from mint.services.quotas import QuotaDefaults, hold
@@ -60,11 +61,20 @@ FINISHED = ("succeeded", "failed", "cancelled")
 
 
 def create_eval_run(
-    session: Session, principal: Principal, body: EvalRunCreate, *, send: Dispatch, quotas: QuotaDefaults
+    session: Session,
+    principal: Principal,
+    body: EvalRunCreate,
+    *,
+    send: Dispatch,
+    quotas: QuotaDefaults,
+    store: ObjectStore,
 ) -> EvalRun:
-    """Check the request, lock the benchmark version, record the run (queued) and send it to its
-    base's workers. An organization at its eval runs quota is refused (QuotaExceeded), and
-    nothing is recorded or locked."""
+    """Check the request, lock the benchmark version, record the run (queued) and send it to its base's workers.
+
+    An organization at its eval runs quota is refused (QuotaExceeded), and nothing is recorded
+    or locked. The models the version's judge graders name are resolved in the organization and
+    pinned in the run's config (`mint.services.judges`); one that is not there is a 400.
+    """
     benchmark = benchmarks.get_benchmark(session, principal.organization_id, body.benchmark_id)
     model = adapters.resolve_model_ref(session, principal.organization_id, body.model)
     # Locked first, then read: the split and content recorded are the locked version's. Any
@@ -78,6 +88,7 @@ def create_eval_run(
             param="split",
         )
     task_count = version.splits[body.split] if body.split is not None else version.task_count
+    judges = resolve_judges(session, principal.organization_id, store, version)
     hold(session, principal.organization_id, "eval_runs", quotas)
     run = EvalRun(
         id=new_id("eval"),
@@ -99,6 +110,7 @@ def create_eval_run(
             "temperature": body.temperature,
             "seed": body.seed,
             "max_steps": body.max_steps,
+            **({"judges": judges} if judges else {}),
         },
     )
     mark_queued(run)

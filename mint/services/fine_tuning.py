@@ -25,7 +25,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest
-from mint.evals.graders import GraderSpec
+from mint.evals.graders import reward_spec
 from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.fine_tuning import FineTuningJobCreate, Method
 from mint.schemas.plans import TrainingPlan, parse_plan
@@ -121,7 +121,7 @@ def resolve_plan(body: FineTuningJobCreate, method: Method, rows: int) -> Traini
             "temperature": rl.temperature,
             "kl_beta": rl.kl_beta,
             "max_steps_without_signal": _resolve(rl.max_steps_without_signal, None),
-            "grader": GraderSpec.model_validate(method.reinforcement.grader).model_dump(),
+            "grader": reward_spec(method.reinforcement.grader).model_dump(),
         }
     return parse_plan(plan)
 

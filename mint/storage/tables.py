@@ -307,7 +307,7 @@ class EvalRun(Base):
 
 
 class Trajectory(Base):
-    """Everything one task did in one eval run: messages, tool calls, output and cost."""
+    """Everything one task did in one eval run: messages, tool calls, output, grade and cost."""
 
     __tablename__ = "trajectories"
     __table_args__ = (
@@ -327,6 +327,9 @@ class Trajectory(Base):
     tokens_out: Mapped[int] = mapped_column(Integer, default=0)
     latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
     error: Mapped[str | None] = mapped_column(Text)
+    # How the grader reached its score (`mint.evals.graders.Grade.record`): its detail, a
+    # composite's parts, a judge's prompt and reply. None for rows written before it was kept.
+    grade: Mapped[dict[str, Any] | None] = mapped_column()
     created_at: Mapped[datetime] = _created()
 
 

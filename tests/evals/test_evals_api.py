@@ -536,7 +536,12 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
     with session_scope(prepared.database) as db:
         # No queue message: this process plays the worker.
         run_id = evals.create_eval_run(
-            db, operator(owner.organization_id), body, send=lambda *a, **k: None, quotas=QuotaDefaults.of(prepared)
+            db,
+            operator(owner.organization_id),
+            body,
+            send=lambda *a, **k: None,
+            quotas=QuotaDefaults.of(prepared),
+            store=object_store_for(prepared),
         ).id
 
     class WorkerDies(BaseException):
@@ -585,3 +590,82 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
 
     assert eval_runner.execute_eval_run(prepared, run_id, lambda name: CountingBase()) == "succeeded"
     assert len(counted) == 4
+
+
+# ---- judge graders: a model of the organization judges -----------------------------------------
+
+RUBRIC = "Full marks if the answer is the right sum."
+
+
+def judged(task_id: str, model: str | None) -> dict[str, Any]:
+    config = {"rubric": RUBRIC, **({"model": model} if model is not None else {})}
+    format_and_judge = {
+        "type": "composite",
+        "config": {
+            "parts": [{"weight": 1, "grader": ANYTHING}, {"weight": 1, "grader": {"type": "judge", "config": config}}]
+        },
+    }
+    return task(task_id, "What is 2 + 3?", "5", grader=format_and_judge)
+
+
+def test_a_judge_model_must_be_a_model_of_the_organization(
+    client: TestClient, prepared: Settings, tenant: Tenant, other_tenant: Tenant, resident: Any, tmp_path: Path
+) -> None:
+    dev = tenant.headers("developer")
+    theirs = register_adapter(prepared, other_tenant, resident, tmp_path)  # another organization's adapter
+    cases = [
+        (
+            "no-such-model",
+            "the judge model 'no-such-model' (config.model of this benchmark's judge grader) cannot judge",
+        ),
+        (None, "a judge grader without config.model"),
+        (theirs, f"the judge model {theirs!r}"),
+    ]
+    for model, says in cases:
+        benchmark = create_benchmark(client, tenant, format="jsonl", content=jsonl([judged("j", model)])).json()
+        refused = client.post("/v1/evals", headers=dev, json={"benchmark_id": benchmark["id"], "model": BASE})
+        assert refused.status_code == 400, refused.text
+        assert says in refused.json()["error"]["message"] and refused.json()["error"]["param"] == "benchmark_id"
+    # Another organization's base name is a base of the platform, so it may judge; its runs are ours.
+    benchmark = create_benchmark(client, tenant, format="jsonl", content=jsonl([judged("j", BASE)])).json()
+    queued = client.post(
+        "/v1/evals", headers=dev, json={"benchmark_id": benchmark["id"], "model": IDLE_BASE, "max_tokens": 2}
+    )
+    assert queued.status_code == 201, queued.text
+    assert queued.json()["config"]["judges"] == {BASE: {"base_model": BASE, "adapter": None}}
+
+
+def test_a_judge_on_the_real_base_keeps_its_prompt_and_its_unparseable_reply(
+    client: TestClient, prepared: Settings, tenant: Tenant, resident: Any
+) -> None:
+    """The run's base judges its own answers through the worker's sampler. The untrained tiny
+    base does not write a `SCORE: n` line: the trajectory keeps the prompt, the reply (the
+    very text the base gives that prompt) and a verdict of None, and the judge part scores 0
+    while the format part still earns its half."""
+    from mint.evals.runner import GenerateRequest, SamplerGenerate
+    from mint.schemas.evals import EvalRunCreate
+    from mint.services import eval_runner, evals
+    from mint.services.auth import operator
+
+    rows = [judged("j1", BASE), judged("j2", BASE)]
+    benchmark = create_benchmark(client, tenant, format="jsonl", content=jsonl(rows)).json()
+    body = EvalRunCreate(benchmark_id=benchmark["id"], model=BASE, max_tokens=4, max_steps=1)
+    with session_scope(prepared.database) as db:  # no queue message: this process plays the worker
+        run_id = evals.create_eval_run(
+            db, operator(tenant.organization_id), body, send=lambda *a, **k: None, store=object_store_for(prepared)
+        ).id
+    assert eval_runner.execute_eval_run(prepared, run_id, lambda name: resident) == "succeeded"
+
+    trajectories = client.get(f"/v1/evals/{run_id}/trajectories", headers=tenant.headers("viewer")).json()["data"]
+    assert len(trajectories) == 2
+    ask = SamplerGenerate(resident, max_tokens=eval_runner.JUDGE_MAX_TOKENS, temperature=0.0)
+    for trajectory in trajectories:
+        assert trajectory["error"] is None and trajectory["score"] == 0.5 and not trajectory["passed"]
+        format_part, judge_part = trajectory["grade"]["parts"]
+        assert format_part["grade"]["passed"] and format_part["weight"] == 0.5
+        verdict = judge_part["grade"]["judge"]
+        assert verdict["model"] == BASE and verdict["verdict"] is None and verdict["max_score"] == 10
+        assert RUBRIC in verdict["prompt"] and f"<answer>\n{trajectory['output']}\n</answer>" in verdict["prompt"]
+        (again,) = ask([GenerateRequest(messages=[{"role": "user", "content": verdict["prompt"]}], seed=0)])
+        assert verdict["reply"] == again.text and again.text
+        assert "no 'SCORE: <n>' line" in judge_part["grade"]["detail"] and judge_part["grade"]["score"] == 0.0

@@ -192,3 +192,35 @@ def test_a_suffix_that_names_another_bases_adapter_is_refused_at_create(
             == 0
         )
     assert _create(client, tenant, {**body, "suffix": "own-name"}).status_code == 200
+
+
+def test_a_reinforcement_job_takes_a_composite_grader_with_penalties(client: TestClient, tenant: Tenant) -> None:
+    prompts = upload(client, tenant, prompt_rows(2))
+    format_and_answer = {
+        "type": "composite",
+        "config": {
+            "parts": [
+                {"weight": 1, "grader": {"type": "regex", "config": {"pattern": r"ANSWER: \d+", "mode": "search"}}},
+                {"weight": 3, "grader": {"type": "numeric", "config": {"abs_tol": 0.5, "partial_band": 5}}},
+            ]
+        },
+        "penalties": {"token": 0.001, "free_tokens": 16},
+    }
+
+    def create(grader: dict[str, Any]) -> Any:
+        method = {"type": "reinforcement", "reinforcement": {"grader": grader}}
+        return _create(client, tenant, {"model": IDLE_BASE, "training_file": prompts["id"], "method": method})
+
+    created = create(format_and_answer)
+    assert created.status_code == 200, created.text
+    stored = created.json()["method"]["reinforcement"]["grader"]
+    assert stored["type"] == "composite" and stored["penalties"]["token"] == 0.001
+    assert stored["config"]["parts"][1]["grader"]["config"]["partial_band"] == 5
+    judged = {
+        "type": "composite",
+        "config": {"parts": [{"weight": 1, "grader": {"type": "judge", "config": {"rubric": "r"}}}]},
+    }
+    refused = create(judged)
+    assert refused.status_code == 400 and "cannot score RL samples" in refused.text
+    too_costly = create({"type": "exact", "penalties": {"token": 1.0}})
+    assert too_costly.status_code == 400 and "penalties.token" in too_costly.text

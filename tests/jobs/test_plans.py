@@ -48,6 +48,21 @@ def test_the_union_discriminates_on_method_and_round_trips_through_json() -> Non
     assert plans[0].model_dump(mode="json")["n_epochs"] == 2 and isinstance(plans[0].n_epochs, int)
 
 
+def test_an_rl_plan_takes_a_composite_grader_with_penalties() -> None:
+    grader = {
+        "type": "composite",
+        "config": {"parts": [{"weight": 1, "grader": {"type": "exact"}}, {"weight": 2, "grader": {"type": "numeric"}}]},
+        "penalties": {"step": 0.05, "token": 0.001, "allow_negative": True},
+    }
+    plan = parse_plan({"method": "rl", **COMMON, **RL, "grader": grader})
+    assert isinstance(plan, RlPlan) and plan.grader.type == "composite"
+    assert plan.grader.penalties is not None and plan.grader.penalties.allow_negative
+    assert parse_plan(plan.model_dump(mode="json")) == plan
+    with pytest.raises(InvalidRequest) as refused:
+        parse_plan({"method": "rl", **COMMON, **RL, "grader": {**grader, "penalties": {"step": 2}}})
+    assert refused.value.param == "grader"
+
+
 def test_every_method_has_a_plan_a_dataset_kind_and_a_database_value() -> None:
     assert set(PLAN_TYPES) == set(JOB_METHODS) == set(KIND_OF_METHOD)
 

@@ -222,6 +222,45 @@ def test_rl_without_reward_signal_stops_and_says_what_to_do(
     assert "Warm-start" in message and "partial credit" in message and "group_size or temperature" in message
 
 
+class RecordingGrader:
+    """The job's grader (a real `GraderSpec`), remembering the steps and tokens each reward was given."""
+
+    def __init__(self, spec: GraderSpec) -> None:
+        self.spec = spec
+        self.seen: list[tuple[int, int, float]] = []
+
+    def reward(self, output: str, reference: object, *, steps: int = 1, tokens: int = 0) -> float:
+        reward = self.spec.reward(output, reference, steps=steps, tokens=tokens)
+        self.seen.append((steps, tokens, reward))
+        return reward
+
+
+def test_rl_rewards_pay_the_token_penalty_of_each_sample(
+    open_session: Callable[..., TrainingSession], resident: ResidentBase
+) -> None:
+    """Every sample passes the grader (any text matches), so its reward is 1 less 0.01 per token
+    beyond the first: the recipe hands the grader each sample's own token count."""
+    spec = GraderSpec(
+        type="regex",
+        config={"pattern": ".*", "dotall": True},
+        penalties={"token": 0.01, "free_tokens": 1},
+    )
+    grader = RecordingGrader(spec)
+    tasks: list[Task] = load_builtin("format", "train", 2, seed=0)
+    prompts = [RlPrompt(render_prompt(resident.tokenizer, task.messages), None, grader) for task in tasks]
+    (report,) = run_rl(
+        open_session(LoraOptions(seed=0)),
+        prompts,
+        RlConfig(steps=1, prompts_per_step=2, group_size=4, max_tokens=6),
+        decode=lambda tokens: resident.tokenizer.decode(tokens, skip_special_tokens=True),
+    )
+    assert len(grader.seen) == 8 and all(steps == 1 and 1 <= tokens <= 6 for steps, tokens, _ in grader.seen)
+    assert [reward for _, _, reward in grader.seen] == pytest.approx(
+        [1.0 - 0.01 * (tokens - 1) for _, tokens, _ in grader.seen]
+    )
+    assert report.metrics["reward"] == pytest.approx(sum(reward for *_, reward in grader.seen) / 8)
+
+
 def test_the_method_registry_is_closed_and_covers_every_plan() -> None:
     assert sorted(METHODS.names()) == sorted(PLAN_TYPES)
     assert all(METHODS.get(name).plan_type is PLAN_TYPES[name] for name in PLAN_TYPES)

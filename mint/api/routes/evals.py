@@ -37,14 +37,22 @@ def _view(session: SessionDep, run: EvalRun) -> EvalRunPublic:
 
 @router.post("/v1/evals", response_model=EvalRunPublic, status_code=201)
 def create_eval_run(
-    body: EvalRunCreate, session: SessionDep, dispatch: DispatchDep, quotas: QuotasDep, principal: CurrentPrincipal
+    body: EvalRunCreate,
+    session: SessionDep,
+    dispatch: DispatchDep,
+    quotas: QuotasDep,
+    settings: SettingsDep,
+    principal: CurrentPrincipal,
 ) -> EvalRunPublic:
     """Evaluate a model (a base or `adapter@version`) on a benchmark version (the newest if not given).
 
     The run is queued for the workers that hold the model's base; its first use locks the version.
-    An organization at its eval runs quota gets a 429.
+    An organization at its eval runs quota gets a 429. The models its judge graders name must be
+    models of this organization.
     """
-    run = evals.create_eval_run(session, principal, body, send=dispatch, quotas=quotas)
+    run = evals.create_eval_run(
+        session, principal, body, send=dispatch, quotas=quotas, store=object_store_for(settings)
+    )
     return _view(session, run)
 
 

@@ -75,13 +75,14 @@ def keep_going(on_step: OnStep | None, report: StepReport) -> bool:
 
 
 class Grader(Protocol):
-    """Scores a completion's text against a prompt's reference, in [0, 1].
+    """Scores a completion's text against a prompt's reference: in [0, 1], less the spec's
+    penalties for `steps` (model turns) and `tokens` (generated), if it has any.
 
     Jobs pass the benchmark graders' `mint.evals.graders.GraderSpec`, so RL rewards are the
     scores benchmarks give; the recipe depends only on this method, never on evals.
     """
 
-    def reward(self, output: str, reference: Any) -> float: ...
+    def reward(self, output: str, reference: Any, *, steps: int = 1, tokens: int = 0) -> float: ...
 
 
 def _no_graders(spec: dict[str, Any]) -> Grader:

@@ -190,7 +190,10 @@ def run_rl(
                 seed=config.seed * 1_000_003 + step * 1_009 + slot,
             )
             samples = policy.sample(prompt.prompt_tokens, params, num_samples=config.group_size)
-            rewards_G = [prompt.grader.reward(decode(sample.tokens), prompt.reference) for sample in samples]
+            rewards_G = [
+                prompt.grader.reward(decode(sample.tokens), prompt.reference, steps=1, tokens=len(sample.tokens))
+                for sample in samples
+            ]
             rewards += rewards_G
             advantages_G = group_advantages(rewards_G)
             groups_with_signal += any(advantages_G)
