@@ -646,13 +646,19 @@ def test_a_judge_on_the_real_base_keeps_its_prompt_and_its_unparseable_reply(
     from mint.schemas.evals import EvalRunCreate
     from mint.services import eval_runner, evals
     from mint.services.auth import operator
+    from mint.services.quotas import QuotaDefaults
 
     rows = [judged("j1", BASE), judged("j2", BASE)]
     benchmark = create_benchmark(client, tenant, format="jsonl", content=jsonl(rows)).json()
     body = EvalRunCreate(benchmark_id=benchmark["id"], model=BASE, max_tokens=4, max_steps=1)
     with session_scope(prepared.database) as db:  # no queue message: this process plays the worker
         run_id = evals.create_eval_run(
-            db, operator(tenant.organization_id), body, send=lambda *a, **k: None, store=object_store_for(prepared)
+            db,
+            operator(tenant.organization_id),
+            body,
+            send=lambda *a, **k: None,
+            quotas=QuotaDefaults.of(prepared),
+            store=object_store_for(prepared),
         ).id
     assert eval_runner.execute_eval_run(prepared, run_id, lambda name: resident) == "succeeded"
 
