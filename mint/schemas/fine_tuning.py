@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from mint.schemas.common import ID_PATTERN, WireModel
+from mint.schemas.losses import RlLossName
 
 Auto = Literal["auto"]
 MethodType = Literal["supervised", "dpo", "reinforcement"]
@@ -45,6 +46,16 @@ class ReinforcementHyperparameters(SupervisedHyperparameters):
     max_tokens: int = Field(default=32, ge=1, le=4096, description="Longest sampled completion.")
     temperature: float = Field(default=1.0, gt=0, le=2.0)
     kl_beta: float = Field(default=0.0, ge=0, description="KL penalty towards the base.")
+    loss_fn: RlLossName = Field(
+        default="importance_sampling",
+        description="The policy-gradient loss, by Tinker's name: importance_sampling, ppo, cispo, dro, gspo or "
+        "stable_reinforce (weighed against the logprobs of the distribution each token was drawn from).",
+    )
+    loss_fn_config: dict[str, float] = Field(
+        default_factory=dict,
+        description="The loss's options, e.g. clip_low_threshold / clip_high_threshold (ppo, cispo, gspo), "
+        "beta (dro), clip_high_threshold / kl_coeff (stable_reinforce).",
+    )
 
 
 def _check_positive(hyperparameters: BaseModel) -> None:

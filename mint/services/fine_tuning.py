@@ -119,6 +119,8 @@ def resolve_plan(body: FineTuningJobCreate, method: Method, rows: int) -> Traini
             "max_tokens": rl.max_tokens,
             "temperature": rl.temperature,
             "kl_beta": rl.kl_beta,
+            "loss_fn": rl.loss_fn,
+            "loss_fn_config": rl.loss_fn_config,
             "grader": GraderSpec.model_validate(method.reinforcement.grader).model_dump(),
         }
     return parse_plan(plan)

@@ -1,6 +1,7 @@
 """Reinforcement learning in the GRPO style: groups of samples per prompt, rewards from the
-closed grader registry, group-normalised advantages, an `importance_sampling` (or `ppo`) loss,
-and an optional KL penalty towards the base.
+closed grader registry, group-normalised advantages, a policy-gradient loss of the registry
+(`importance_sampling` by default; `ppo`, `cispo`, `dro`, `gspo`, `stable_reinforce`), and an
+optional KL penalty towards the base.
 
     run_rl(session, prompts, RlConfig(steps=10, group_size=8), decode=tokenizer.decode)
 
@@ -57,6 +58,7 @@ class RlConfig:
     temperature: float = 1.0
     learning_rate: float = 1e-4
     loss_fn: str = "importance_sampling"
+    loss_fn_config: dict[str, float] | None = None
     kl_beta: float = 0.0
     grad_clip_norm: float = 1.0
     seed: int = 0
@@ -78,17 +80,21 @@ def group_advantages(rewards_G: Sequence[float]) -> list[float]:
 
 
 def completion_datum(prompt_tokens: Sequence[int], sample: SampledSequence, advantage: float) -> Datum:
-    """prompt + completion as one datum; loss inputs are zero on the prompt's positions."""
+    """prompt + completion as one datum; loss inputs are zero on the prompt's positions.
+
+    `weights` mark the completion (dro's penalty covers only it); `sampler_logprobs`, when the
+    sampler recorded them, are what stable_reinforce weighs against."""
     tokens = [*prompt_tokens, *sample.tokens]
     prompt_positions = len(prompt_tokens) - 1
-    return Datum(
-        model_input=tokens[:-1],
-        loss_fn_inputs={
-            "target_tokens": tokens[1:],
-            "logprobs": [0.0] * prompt_positions + list(sample.logprobs),
-            "advantages": [0.0] * prompt_positions + [advantage] * len(sample.tokens),
-        },
-    )
+    inputs: dict[str, list[int] | list[float]] = {
+        "target_tokens": tokens[1:],
+        "logprobs": [0.0] * prompt_positions + list(sample.logprobs),
+        "advantages": [0.0] * prompt_positions + [advantage] * len(sample.tokens),
+        "weights": [0.0] * prompt_positions + [1.0] * len(sample.tokens),
+    }
+    if sample.sampler_logprobs is not None:
+        inputs["sampler_logprobs"] = [0.0] * prompt_positions + list(sample.sampler_logprobs)
+    return Datum(model_input=tokens[:-1], loss_fn_inputs=inputs)
 
 
 def _with_kl_penalty(data: list[Datum], reference: Scorer, kl_beta: float) -> tuple[list[Datum], float]:
@@ -145,7 +151,9 @@ def run_rl(
         if data:
             if config.kl_beta > 0 and reference is not None:
                 data, metrics["kl"] = _with_kl_penalty(data, reference, config.kl_beta)
-            result = policy.forward_backward(mean_over_tokens(data, "advantages"), config.loss_fn)
+            result = policy.forward_backward(
+                mean_over_tokens(data, "advantages"), config.loss_fn, config.loss_fn_config
+            )
             metrics["loss"] = result.metrics["loss:sum"]
         optim = policy.optim_step(AdamParams(learning_rate=lr, grad_clip_norm=config.grad_clip_norm))
         metrics["grad_norm"] = optim["grad_norm:mean"]
@@ -176,6 +184,8 @@ def run_rl_plan(plan: RlPlan, inputs: RecipeInputs) -> list[StepReport]:
         temperature=plan.temperature,
         learning_rate=plan.learning_rate,
         kl_beta=plan.kl_beta,
+        loss_fn=plan.loss_fn,
+        loss_fn_config=dict(plan.loss_fn_config),
         seed=inputs.seed,
     )
     return run_rl(
