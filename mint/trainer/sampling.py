@@ -100,9 +100,8 @@ def draw(
         drop_sorted_B_V = (cumulative_B_V - sorted_B_V.softmax(dim=-1)) >= params.top_p
         drop_B_V = torch.zeros_like(drop_sorted_B_V).scatter(-1, order_B_V, drop_sorted_B_V)
         scaled_B_V = scaled_B_V.masked_fill(drop_B_V, float("-inf"))
-    log_probs_B_V = scaled_B_V.log_softmax(dim=-1)
-    chosen_B = torch.multinomial(log_probs_B_V.exp(), num_samples=1, generator=generator).squeeze(-1)
-    return chosen_B, log_probs_B_V.gather(-1, chosen_B.unsqueeze(-1)).squeeze(-1)
+    chosen_B = torch.multinomial(scaled_B_V.softmax(dim=-1), num_samples=1, generator=generator).squeeze(-1)
+    return chosen_B, scaled_B_V.log_softmax(dim=-1).gather(-1, chosen_B.unsqueeze(-1)).squeeze(-1)
 
 
 def choose_tokens(logits_B_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
