@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from mint.schemas.common import ID_PATTERN, FiniteJson, RequestModel, WireModel
+from mint.schemas.losses import RlLossName
 from mint.schemas.plans import (
     MAX_BATCH_SIZE,
     MAX_BETA,
@@ -65,6 +66,17 @@ class ReinforcementHyperparameters(SupervisedHyperparameters):
         default="auto",
         description="Steps in a row in which no group of samples has reward signal (all got the same reward) "
         "before the job stops with `no_reward_signal` (`auto`: the platform's MINT_RL_MAX_STEPS_WITHOUT_SIGNAL).",
+    )
+    loss_fn: RlLossName = Field(
+        default="importance_sampling",
+        description="The policy-gradient loss, by Tinker's name: importance_sampling, ppo, cispo, dro, gspo or "
+        "stable_reinforce (weighed against the logprobs of the distribution each token was drawn from).",
+    )
+    loss_fn_config: dict[str, Annotated[float, Field(ge=-1e6, le=1e6)]] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="The loss's options, e.g. clip_low_threshold / clip_high_threshold (ppo, cispo, gspo), "
+        "beta (dro), clip_high_threshold / kl_coeff (stable_reinforce).",
     )
 
 

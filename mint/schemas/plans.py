@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
 
 from mint.errors import InvalidRequest
 from mint.schemas.evals import GraderSpecIn
+from mint.schemas.losses import RlLossName, check_loss_config
 
 # The same ceiling as a request's explicit `steps`; also keeps `total_steps` in a 32-bit column.
 MAX_STEPS = 1_000_000
@@ -85,6 +86,18 @@ class RlPlan(_Plan):
         description="Steps in a row in which no group has reward signal before the job stops with "
         "`no_reward_signal`; none: the worker's MINT_RL_MAX_STEPS_WITHOUT_SIGNAL.",
     )
+    loss_fn: RlLossName = Field(default="importance_sampling", description="The policy-gradient loss.")
+    loss_fn_config: dict[str, float] = Field(default_factory=dict, description="The loss's options over its defaults.")
+
+    @field_validator("loss_fn_config")
+    @classmethod
+    def _known_keys(cls, config: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        if "loss_fn" in info.data:
+            try:
+                check_loss_config(info.data["loss_fn"], config)
+            except InvalidRequest as exc:
+                raise ValueError(exc.message) from None
+        return config
 
 
 TrainingPlan = Annotated[SftPlan | DpoPlan | RlPlan, Field(discriminator="method")]

@@ -658,11 +658,25 @@ class WireTensor:
 
 
 @dataclass(frozen=True)
+class WireSpan:
+    """A decoded provenance run: `length` positions that are positions [offset, offset+length)
+    of the named sampled sequence's prompt (`kind` "prompt") or of its sampled tokens ("sampled")."""
+
+    kind: Literal["prompt", "sampled"]
+    sequence_id: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
 class WireDatum:
-    """A decoded `Datum`: its input tokens and loss inputs by name."""
+    """A decoded `Datum`: its input tokens, loss inputs by name, and provenance (the runs tiling
+    `model_input` and `target_tokens`; None when the datum has none)."""
 
     tokens: list[int]
     loss_fn_inputs: dict[str, WireTensor]
+    input_spans: list[WireSpan] | None = None
+    target_spans: list[WireSpan] | None = None
 
 
 @dataclass(frozen=True)
@@ -721,11 +735,29 @@ def _decode_tensor(buffer: memoryview, name: str, budget: _Budget) -> WireTensor
     return WireTensor(dtype=dtype, shape=tuple(shape) or (count,), values=values)
 
 
+def _decode_span(buffer: memoryview) -> WireSpan:
+    for number, wire, value in _fields(buffer):
+        if number in (1, 2) and wire == _LEN:  # oneof: prompt_tokens | sampled_tokens
+            sequence_id, offset, length = "", 0, 0
+            for span_number, span_wire, span_value in _fields(value):
+                if span_number == 1 and span_wire == _LEN:
+                    sequence_id = _text(span_value, "provenance sequence_id")
+                elif span_number == 2 and span_wire == _VARINT:
+                    offset = _signed64(span_value)
+                elif span_number == 3 and span_wire == _VARINT:
+                    length = _signed64(span_value)
+            if not sequence_id or offset < 0 or length < 0:
+                raise _bad("a provenance span needs a sequence_id, offset >= 0 and length >= 0")
+            return WireSpan("prompt" if number == 1 else "sampled", sequence_id, offset, length)
+    raise _bad("a provenance span is neither a prompt nor a sampled run")
+
+
 def _decode_datum(buffer: memoryview, budget: _Budget) -> WireDatum:
     index = budget.add_datum()
     tokens: list[int] = []
     token_count = 0
     inputs: dict[str, WireTensor] = {}
+    spans: dict[int, list[WireSpan]] = {}
     for number, wire, value in _fields(buffer):
         if number == 1 and wire == _LEN:  # Chunk
             for chunk_number, chunk_wire, chunk in _fields(value):
@@ -753,8 +785,9 @@ def _decode_datum(buffer: memoryview, budget: _Budget) -> WireDatum:
                     param="loss_fn_inputs",
                 )
             inputs[key] = _decode_tensor(tensor, key, budget)
-        # 3, 4: provenance spans, which only stable_reinforce reads; Mint ignores them.
-    return WireDatum(tokens=tokens, loss_fn_inputs=inputs)
+        elif number in (3, 4) and wire == _LEN:  # provenance: model_input_spans, loss_fn_input_spans
+            spans.setdefault(number, []).append(_decode_span(value))
+    return WireDatum(tokens=tokens, loss_fn_inputs=inputs, input_spans=spans.get(3), target_spans=spans.get(4))
 
 
 def decode_forward_backward_request(body: bytes, limits: BatchLimits) -> ForwardBackwardProto:

@@ -121,6 +121,8 @@ def resolve_plan(body: FineTuningJobCreate, method: Method, rows: int) -> Traini
             "temperature": rl.temperature,
             "kl_beta": rl.kl_beta,
             "max_steps_without_signal": _resolve(rl.max_steps_without_signal, None),
+            "loss_fn": rl.loss_fn,
+            "loss_fn_config": rl.loss_fn_config,
             "grader": reward_spec(method.reinforcement.grader).model_dump(),
         }
     return parse_plan(plan)

@@ -44,9 +44,11 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.errors import Gone, InvalidRequest, NotFound
 from mint.schemas import tinker as wire
+from mint.schemas.losses import NEEDS_PROVENANCE
 from mint.services.dispatch import Dispatch
 from mint.services.quotas import QuotaDefaults, hold
 from mint.services.tinker_checkpoints import newest_checkpoint, owned_checkpoint, owned_model, str_dict
+from mint.services.tinker_provenance import attach_stability_info
 from mint.services.workers import base_is_served, live_worker
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
@@ -527,6 +529,12 @@ def _submit(
 def _datum(index: int, datum: wire.WireDatum) -> dict[str, Any]:
     inputs: dict[str, list[Any]] = {}
     for name, tensor in datum.loss_fn_inputs.items():
+        if name == "sampler_logprobs":
+            raise InvalidRequest(
+                f"data[{index}].loss_fn_inputs['sampler_logprobs'] is the server's to fill, from what the sampler "
+                "recorded (record_stability_info); name the sampled sequences with Datum.with_provenance instead",
+                param="data",
+            )
         if len(tensor.shape) != 1:
             raise InvalidRequest(
                 f"data[{index}].loss_fn_inputs[{name!r}] has shape {list(tensor.shape)}; Mint's losses take one "
@@ -556,8 +564,14 @@ def submit_forward_backward(
         for key, value in request.loss_fn_config.items():
             if not isinstance(value, float) or not math.isfinite(value):
                 raise InvalidRequest(f"loss_fn_config[{key!r}] must be a finite number", param="loss_fn_config")
+        data = [_datum(index, datum) for index, datum in enumerate(request.data)]
+        if request.loss_fn in NEEDS_PROVENANCE:
+            store = object_store_for(settings)
+            data = attach_stability_info(
+                session, lambda inline, key: get_payload(store, inline, key), row, request.data, data
+            )
         return {
-            "data": [_datum(index, datum) for index, datum in enumerate(request.data)],
+            "data": data,
             "loss_fn": request.loss_fn,
             "loss_fn_config": request.loss_fn_config,
             "forward_only": request.forward_only,
@@ -745,7 +759,6 @@ def submit_sample(
         "topk_sample_logprobs": body.topk_sample_logprobs,
         "target_prompt_logprobs": body.target_prompt_logprobs,
         "prompt_alt_tokens_k": body.prompt_alt_tokens_k,
-        "record_stability_info": body.record_stability_info,
     }
     for name, value in unsupported.items():
         if value:
@@ -780,6 +793,7 @@ def submit_sample(
             "num_samples": body.num_samples,
             "prompt_logprobs": bool(body.prompt_logprobs),
             "prompt_logprobs_last_n": last_n,
+            "record_stability_info": bool(body.record_stability_info),
         },
     )
     session.add(future)

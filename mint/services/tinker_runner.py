@@ -606,7 +606,14 @@ def _sample(store: ObjectStore, resident: ResidentBase, key: str | None, payload
         last_n = payload.get("prompt_logprobs_last_n")
         if last_n:
             prompt_logprobs = [None] * (len(prompt) - last_n) + prompt_logprobs[-last_n:]
+    # With record_stability_info the result keeps each token's logprob under the distribution
+    # it was drawn from: the stability info that stable_reinforce reads, by sequence id, from
+    # this stored result (mint.services.tinker_provenance). The client never receives it.
+    record = {"sampler_logprobs"} if payload.get("record_stability_info") else set()
     return {
-        "sequences": [sequence.model_dump(mode="json") for sequence in sequences],
+        "sequences": [
+            sequence.model_dump(mode="json", include={"tokens", "logprobs", "stop_reason", *record})
+            for sequence in sequences
+        ],
         "prompt_logprobs": prompt_logprobs,
     }

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from mint.errors import InvalidRequest
+from mint.schemas.losses import LOSS_CONFIG_DEFAULTS, resolve_config
 
 LossInputs = Mapping[str, torch.Tensor]
 LossResult = tuple[torch.Tensor, dict[str, float]]
@@ -35,14 +36,7 @@ class Loss:
 
     def resolve_config(self, config: Mapping[str, float] | None) -> dict[str, float]:
         """Defaults overlaid with `config`; unknown keys are refused with the known ones listed."""
-        given = dict(config or {})
-        unknown = sorted(set(given) - set(self.defaults))
-        if unknown:
-            known = ", ".join(sorted(self.defaults)) or "(none)"
-            raise InvalidRequest(
-                f"loss {self.name!r} takes no config key {', '.join(unknown)}; known: {known}", param="loss_fn_config"
-            )
-        return {**self.defaults, **{key: float(value) for key, value in given.items()}}
+        return resolve_config(self.name, self.defaults, config)
 
 
 LOSSES: dict[str, Loss] = {}
@@ -102,32 +96,183 @@ def importance_sampling(
     return torch.stack(per_datum).sum(), {}
 
 
+def _clip_bounds(x: LossInputs, config: Mapping[str, float], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clip thresholds: the datum's `clip_low_threshold`/`clip_high_threshold` loss
+    inputs where given (Tinker's per-token thresholds), else the config's value at every position."""
+    low = x.get("clip_low_threshold")
+    high = x.get("clip_high_threshold")
+    low_T = torch.full_like(like, config["clip_low_threshold"]) if low is None else low
+    high_T = torch.full_like(like, config["clip_high_threshold"]) if high is None else high
+    return low_T, high_T
+
+
+def _check_band(name: str, low_T: torch.Tensor, high_T: torch.Tensor, *, around_one: bool) -> None:
+    """Refuse thresholds that make no band: low > high, a negative low, or (for the PPO family,
+    whose band must hold the on-policy ratio 1) a band that leaves 1 out."""
+    bad = (low_T < 0) | (low_T > high_T)
+    if around_one:
+        bad |= (low_T > 1) | (high_T < 1)
+    if bool(bad.any()):
+        position = int(bad.nonzero()[0, 0])
+        rule = "0 <= clip_low_threshold <= 1 <= clip_high_threshold" if around_one else "0 <= low <= high"
+        raise InvalidRequest(
+            f"{name} needs {rule}; got {float(low_T[position])} and {float(high_T[position])} at position {position}",
+            param="loss_fn_config",
+        )
+
+
+def _clip_fraction(clipped: float, counted: int) -> dict[str, float]:
+    return {"clip_fraction:mean": clipped / counted if counted else 0.0}
+
+
 def ppo(logprobs: Sequence[torch.Tensor], inputs: Sequence[LossInputs], config: Mapping[str, float]) -> LossResult:
     """PPO's clipped surrogate, with Tinker's thresholds on the ratio itself.
 
-        r = exp(logp - q),   L = - sum_i sum_t min(r * A, clip(r, low, high) * A)
+        r = exp(logp - q),   L = - sum_i sum_t min(r * A, clip(r, low_t, high_t) * A)
 
-    `clip_low_threshold` (default 0.8) and `clip_high_threshold` (1.2) bound the ratio. Where the
-    clipped term is the smaller one (r > high with A > 0, r < low with A < 0) the token's gradient is 0.
+    `clip_low_threshold` (default 0.8) and `clip_high_threshold` (1.2) bound the ratio, from the
+    config or per token from the loss inputs of the same names. Where the clipped term is the
+    smaller one (r > high with A > 0, r < low with A < 0) the token's gradient is 0.
+    Source: Schulman et al. 2017; tinker-docs "Loss Functions", ppo.
     """
-    low, high = config["clip_low_threshold"], config["clip_high_threshold"]
-    if not 0.0 <= low <= 1.0 <= high:
-        raise InvalidRequest(
-            f"ppo needs 0 <= clip_low_threshold <= 1 <= clip_high_threshold; got {low} and {high}",
-            param="loss_fn_config",
-        )
     per_datum: list[torch.Tensor] = []
     clipped, counted = 0.0, 0
     for lp, x in zip(logprobs, inputs, strict=True):
         advantages = x["advantages"]
+        low_T, high_T = _clip_bounds(x, config, lp)
+        _check_band("ppo", low_T, high_T, around_one=True)
         ratio = torch.exp(lp - x["logprobs"])
         unclipped_T = ratio * advantages
-        clipped_T = ratio.clamp(low, high) * advantages
+        clipped_T = torch.minimum(torch.maximum(ratio, low_T), high_T) * advantages
         per_datum.append(-torch.minimum(unclipped_T, clipped_T).sum())
         active = advantages != 0
         clipped += float(((clipped_T < unclipped_T) & active).sum())
         counted += int(active.sum())
-    return torch.stack(per_datum).sum(), {"clip_fraction:mean": clipped / counted if counted else 0.0}
+    return torch.stack(per_datum).sum(), _clip_fraction(clipped, counted)
+
+
+def cispo(logprobs: Sequence[torch.Tensor], inputs: Sequence[LossInputs], config: Mapping[str, float]) -> LossResult:
+    """CISPO: the clipped importance ratio, detached, as the coefficient of the policy gradient.
+
+        r = exp(logp - q),   L = - sum_i sum_t sg(clip(r, low_t, high_t)) * logp * A
+
+    Unlike PPO no token's gradient is ever zeroed; the clip only bounds its coefficient.
+    Defaults are Tinker's one-sided clip, `clip_low_threshold` 0 and `clip_high_threshold` 4
+    (config, or per token as loss inputs). Source: Chen et al. 2025 (MiniMax-M1);
+    tinker-docs "Loss Functions", cispo.
+    """
+    per_datum: list[torch.Tensor] = []
+    clipped, counted = 0.0, 0
+    for lp, x in zip(logprobs, inputs, strict=True):
+        advantages = x["advantages"]
+        low_T, high_T = _clip_bounds(x, config, lp)
+        _check_band("cispo", low_T, high_T, around_one=False)
+        ratio = torch.exp(lp.detach() - x["logprobs"])
+        coefficient = torch.minimum(torch.maximum(ratio, low_T), high_T)
+        per_datum.append(-(coefficient * lp * advantages).sum())
+        active = advantages != 0
+        clipped += float(((coefficient != ratio) & active).sum())
+        counted += int(active.sum())
+    return torch.stack(per_datum).sum(), _clip_fraction(clipped, counted)
+
+
+def dro(logprobs: Sequence[torch.Tensor], inputs: Sequence[LossInputs], config: Mapping[str, float]) -> LossResult:
+    """Direct reward optimisation: the policy gradient with a quadratic penalty on the log-ratio.
+
+        L = - sum_i sum_t ( logp * A - 1/2 * beta * w_t * (logp - q)^2 )
+
+    `beta` (default 0.05) weighs the penalty. As in Tinker, the penalty covers every position;
+    Mint also reads `weights` (default 1) as the penalty's per-position weight, so that prompt
+    positions, whose `logprobs` are padding, can be left out (w = 0). The advantages are the
+    client's soft (DRO) ones. Source: Richemond et al. 2024; Kimi Team 2025; tinker-docs
+    "Loss Functions", dro.
+    """
+    beta = config["beta"]
+    if beta < 0:
+        raise InvalidRequest(f"dro needs beta >= 0; got {beta}", param="loss_fn_config")
+    per_datum = [
+        -(lp * x["advantages"] - 0.5 * beta * _weights(x, lp) * (lp - x["logprobs"]) ** 2).sum()
+        for lp, x in zip(logprobs, inputs, strict=True)
+    ]
+    return torch.stack(per_datum).sum(), {}
+
+
+def gspo(logprobs: Sequence[torch.Tensor], inputs: Sequence[LossInputs], config: Mapping[str, float]) -> LossResult:
+    """GSPO-token: PPO's clipped surrogate on the sequence's importance ratio.
+
+        log s  = mean_{t in M} (logp_t - q_t)                (the geometric mean of the ratios)
+        s_t    = sg(s) * p_t / sg(p_t)                        (s's value, the token's own gradient)
+        L      = - sum_i sum_t min(s_t * A_t, clip(s_t, low_t, high_t) * A_t)
+
+    M is the positions where `sequence_ratio_mask` is nonzero; without the mask, those with a
+    nonzero advantage (the sampled tokens; the cookbook's generic RL loop sends no mask). A
+    datum with an empty M has s = 1. The band defaults to the GSPO paper's (1 - 3e-4,
+    1 + 4e-4), from the config or per token as loss inputs. Source: Zheng et al. 2025;
+    tinker-docs "Loss Functions", gspo.
+    """
+    per_datum: list[torch.Tensor] = []
+    clipped, counted = 0.0, 0
+    for lp, x in zip(logprobs, inputs, strict=True):
+        advantages = x["advantages"]
+        low_T, high_T = _clip_bounds(x, config, lp)
+        _check_band("gspo", low_T, high_T, around_one=True)
+        mask = x.get("sequence_ratio_mask")
+        in_ratio = (mask != 0) if mask is not None else (advantages != 0)
+        log_ratio_T = lp.detach() - x["logprobs"]
+        log_s = log_ratio_T[in_ratio].mean() if bool(in_ratio.any()) else lp.new_zeros(())
+        ratio = torch.exp(log_s + lp - lp.detach())
+        unclipped_T = ratio * advantages
+        clipped_T = torch.minimum(torch.maximum(ratio, low_T), high_T) * advantages
+        per_datum.append(-torch.minimum(unclipped_T, clipped_T).sum())
+        active = advantages != 0
+        clipped += float(((clipped_T < unclipped_T) & active).sum())
+        counted += int(active.sum())
+    return torch.stack(per_datum).sum(), _clip_fraction(clipped, counted)
+
+
+def stable_reinforce(
+    logprobs: Sequence[torch.Tensor], inputs: Sequence[LossInputs], config: Mapping[str, float]
+) -> LossResult:
+    """StableReinforce, as Mint defines it: REINFORCE with a truncated, detached importance
+    weight against what the sampler recorded, and an optional trust term towards the sampler.
+
+        mu_t = `sampler_logprobs`: the logprob of the sampled token under the distribution it
+               was actually drawn from (temperature, top-k and top-p applied), recorded by the
+               server when it sampled (`record_stability_info`), never sent by the client
+        r_t  = exp(logp_t - mu_t)
+        L    = - sum_i sum_t sg(min(r_t, c_t)) * A_t * logp_t
+               + kl_coeff * sum_i sum_{t: A_t != 0} 1/2 * (logp_t - mu_t)^2
+
+    `clip_high_threshold` c (default 2, per token as a loss input too) caps the weight, so a
+    token the sampler drew far more rarely than the learner would cannot blow the step up, and
+    no token's gradient is zeroed. `kl_coeff` (default 0) pulls the learner's logprobs of the
+    trained tokens back towards the sampler's. Tinker's StableReinforce (alpha) publishes its
+    interface (stability info recorded at sampling, named by provenance spans) but not its
+    formula; this is truncated importance sampling (Ionides 2008; Yao et al. 2025, "Your
+    efficient RL framework secretly brings you off-policy RL training") with DRO's quadratic
+    penalty (Richemond et al. 2024) as the trust term. Advantages belong on sampled tokens only.
+    """
+    kl_coeff = config["kl_coeff"]
+    if kl_coeff < 0:
+        raise InvalidRequest(f"stable_reinforce needs kl_coeff >= 0; got {kl_coeff}", param="loss_fn_config")
+    per_datum: list[torch.Tensor] = []
+    clipped, counted, squared = 0.0, 0, 0.0
+    for lp, x in zip(logprobs, inputs, strict=True):
+        advantages, sampler = x["advantages"], x["sampler_logprobs"]
+        high = x.get("clip_high_threshold")
+        cap_T = torch.full_like(lp, config["clip_high_threshold"]) if high is None else high
+        if bool((cap_T <= 0).any()):
+            raise InvalidRequest("stable_reinforce needs clip_high_threshold > 0", param="loss_fn_config")
+        ratio = torch.exp(lp.detach() - sampler)
+        weight = torch.minimum(ratio, cap_T)
+        active = advantages != 0
+        penalty_T = 0.5 * (lp - sampler) ** 2 * active
+        per_datum.append(-(weight * advantages * lp).sum() + kl_coeff * penalty_T.sum())
+        clipped += float(((ratio > cap_T) & active).sum())
+        counted += int(active.sum())
+        squared += float(penalty_T.detach().sum())
+    metrics = _clip_fraction(clipped, counted) | {"sampler_kl:mean": squared / counted if counted else 0.0}
+    return torch.stack(per_datum).sum(), metrics
 
 
 def dpo(logprobs: Sequence[torch.Tensor], inputs: Sequence[LossInputs], config: Mapping[str, float]) -> LossResult:
@@ -160,14 +305,17 @@ def dpo(logprobs: Sequence[torch.Tensor], inputs: Sequence[LossInputs], config: 
     }
 
 
-register_loss(Loss("cross_entropy", cross_entropy, frozenset({"target_tokens"})))
-register_loss(Loss("importance_sampling", importance_sampling, frozenset({"target_tokens", "logprobs", "advantages"})))
+_RL_INPUTS = frozenset({"target_tokens", "logprobs", "advantages"})
+for _name, _fn, _inputs in (
+    ("cross_entropy", cross_entropy, frozenset({"target_tokens"})),
+    ("importance_sampling", importance_sampling, _RL_INPUTS),
+    ("ppo", ppo, _RL_INPUTS),
+    ("cispo", cispo, _RL_INPUTS),
+    ("dro", dro, _RL_INPUTS),
+    ("gspo", gspo, _RL_INPUTS),
+    ("stable_reinforce", stable_reinforce, frozenset({"target_tokens", "advantages", "sampler_logprobs"})),
+):
+    register_loss(Loss(_name, _fn, _inputs, defaults=LOSS_CONFIG_DEFAULTS[_name]))
 register_loss(
-    Loss(
-        "ppo",
-        ppo,
-        frozenset({"target_tokens", "logprobs", "advantages"}),
-        defaults={"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
-    )
+    Loss("dpo", dpo, frozenset({"target_tokens"}), defaults=LOSS_CONFIG_DEFAULTS["dpo"], needs_reference=True)
 )
-register_loss(Loss("dpo", dpo, frozenset({"target_tokens"}), defaults={"beta": 0.1}, needs_reference=True))

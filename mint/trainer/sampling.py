@@ -7,7 +7,9 @@ done, which keeps the batch rectangular.
 
 Each chosen token's logprob is taken from the model's own distribution at temperature 1 with
 `packing.token_logprobs`, the function `forward` uses, so sampled logprobs equal the logprobs
-a later `forward` computes for the same tokens (up to float32 rounding).
+a later `forward` computes for the same tokens (up to float32 rounding). Each token's logprob
+under the distribution it was actually drawn from (temperature, top-k, top-p applied) is kept
+too, as `sampler_logprobs`: the stability info `stable_reinforce` weighs against.
 """
 
 from __future__ import annotations
@@ -78,11 +80,15 @@ def _generator(seed: int | None, device: torch.device) -> torch.Generator:
     return generator
 
 
-def choose_tokens(logits_B_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-    """Draw one token per row under temperature, top-k and top-p (nucleus); greedy at temperature 0."""
+def draw(
+    logits_B_V: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row under temperature, top-k and top-p (nucleus); greedy at
+    temperature 0. Returns the tokens and each one's logprob under the distribution it was
+    drawn from (0 when greedy): what `record_stability_info` records for `stable_reinforce`."""
     logits_B_V = logits_B_V.float()
     if params.temperature == 0.0:
-        return logits_B_V.argmax(dim=-1)
+        return logits_B_V.argmax(dim=-1), logits_B_V.new_zeros(logits_B_V.shape[0])
     scaled_B_V = logits_B_V / params.temperature
     if params.top_k != -1 and params.top_k < scaled_B_V.shape[-1]:
         kth_B_1 = scaled_B_V.topk(params.top_k, dim=-1).values[:, -1:]
@@ -94,8 +100,13 @@ def choose_tokens(logits_B_V: torch.Tensor, params: SamplingParams, generator: t
         drop_sorted_B_V = (cumulative_B_V - sorted_B_V.softmax(dim=-1)) >= params.top_p
         drop_B_V = torch.zeros_like(drop_sorted_B_V).scatter(-1, order_B_V, drop_sorted_B_V)
         scaled_B_V = scaled_B_V.masked_fill(drop_B_V, float("-inf"))
-    probs_B_V = scaled_B_V.softmax(dim=-1)
-    return torch.multinomial(probs_B_V, num_samples=1, generator=generator).squeeze(-1)
+    chosen_B = torch.multinomial(scaled_B_V.softmax(dim=-1), num_samples=1, generator=generator).squeeze(-1)
+    return chosen_B, scaled_B_V.log_softmax(dim=-1).gather(-1, chosen_B.unsqueeze(-1)).squeeze(-1)
+
+
+def choose_tokens(logits_B_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    """Draw one token per row under temperature, top-k and top-p (nucleus); greedy at temperature 0."""
+    return draw(logits_B_V, params, generator)[0]
 
 
 def generate(
@@ -121,16 +132,20 @@ def generate(
 
     tokens: list[list[int]] = [[] for _ in range(num_samples)]
     logprobs: list[list[float]] = [[] for _ in range(num_samples)]
+    sampler_logprobs: list[list[float]] = [[] for _ in range(num_samples)]
     done = [False] * num_samples
     stopped = [False] * num_samples
     for step in range(max_new_tokens):
-        next_B = choose_tokens(logits_B_V, params, generator)
+        next_B, drawn_logprobs_B = draw(logits_B_V, params, generator)
         next_logprobs_B = token_logprobs(logits_B_V, next_B)
-        for row, (token, logprob) in enumerate(zip(next_B.tolist(), next_logprobs_B.tolist(), strict=True)):
+        for row, (token, logprob, drawn) in enumerate(
+            zip(next_B.tolist(), next_logprobs_B.tolist(), drawn_logprobs_B.tolist(), strict=True)
+        ):
             if done[row]:
                 continue
             tokens[row].append(token)
             logprobs[row].append(logprob)
+            sampler_logprobs[row].append(drawn)
             if token in stop.token_ids or stop.matches_text(tokens[row], decode):
                 done[row] = stopped[row] = True
         if all(done) or step + 1 == max_new_tokens:
@@ -139,6 +154,13 @@ def generate(
         output = model(input_ids=next_B.unsqueeze(-1), position_ids=position_B_1, cache=cache, use_cache=True)
         logits_B_V = output.logits[:, -1]
     return [
-        SampledSequence(tokens=row_tokens, logprobs=row_logprobs, stop_reason="stop" if row_stopped else "length")
-        for row_tokens, row_logprobs, row_stopped in zip(tokens, logprobs, stopped, strict=True)
+        SampledSequence(
+            tokens=row_tokens,
+            logprobs=row_logprobs,
+            sampler_logprobs=row_drawn,
+            stop_reason="stop" if row_stopped else "length",
+        )
+        for row_tokens, row_logprobs, row_drawn, row_stopped in zip(
+            tokens, logprobs, sampler_logprobs, stopped, strict=True
+        )
     ]

@@ -15,6 +15,12 @@ as long as `model_input`:
 - `advantages` (float): the advantage of each sampled token (0 on prompts).
 - `ref_logprobs` (float): reference-model logprobs for `dpo`; computed by the session with the
   adapter disabled when absent.
+- `clip_low_threshold`, `clip_high_threshold` (float): per-token clip thresholds of `ppo`,
+  `cispo`, `gspo` (and the cap of `stable_reinforce`), in place of the config's.
+- `sequence_ratio_mask` (float): the positions `gspo` takes its sequence ratio over (nonzero).
+- `sampler_logprobs` (float): what the sampler recorded for `stable_reinforce`: each sampled
+  token's logprob under the distribution it was drawn from. The Tinker routes fill it from the
+  stability info named by a datum's provenance; a client cannot send it.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ LOSS_INPUT_KINDS: dict[str, Literal["tokens", "floats"]] = {
     "logprobs": "floats",
     "advantages": "floats",
     "ref_logprobs": "floats",
+    "clip_low_threshold": "floats",
+    "clip_high_threshold": "floats",
+    "sequence_ratio_mask": "floats",
+    "sampler_logprobs": "floats",
 }
 
 
@@ -161,17 +171,22 @@ class SampledSequence(_Frozen):
     """Generated tokens and their logprobs under the model's own (temperature 1) distribution.
 
     The token that stopped the sequence (a stop token id, or the token that completed a stop
-    string) is included.
+    string) is included. `sampler_logprobs` are each token's logprob under the distribution it
+    was actually drawn from (temperature, top-k, top-p applied; 0 when greedy): the stability
+    info `stable_reinforce` weighs against.
     """
 
     tokens: list[int]
     logprobs: list[float]
     stop_reason: StopReason
+    sampler_logprobs: list[float] | None = None
 
     @model_validator(mode="after")
     def _aligned(self) -> SampledSequence:
         if len(self.tokens) != len(self.logprobs):
             raise ValueError("tokens and logprobs must have the same length")
+        if self.sampler_logprobs is not None and len(self.sampler_logprobs) != len(self.tokens):
+            raise ValueError("tokens and sampler_logprobs must have the same length")
         return self
 
 

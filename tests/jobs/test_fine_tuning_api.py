@@ -81,6 +81,17 @@ def test_bad_requests_say_what_to_fix(client: TestClient, tenant: Tenant, other_
         },
     )
     assert bad_grader.status_code == 400 and "unknown grader type" in bad_grader.text
+    reinforcement = {"grader": {"type": "exact"}, "hyperparameters": {"loss_fn": "cispo", "loss_fn_config": {"x": 1}}}
+    bad_loss = _create(
+        client,
+        tenant,
+        {
+            "model": IDLE_BASE,
+            "training_file": prompts["id"],
+            "method": {"type": "reinforcement", "reinforcement": reinforcement},
+        },
+    )
+    assert bad_loss.status_code == 400 and "loss 'cispo' takes no config key x" in bad_loss.text, bad_loss.text
 
 
 def test_idempotency_key_returns_the_first_job(client: TestClient, tenant: Tenant) -> None:

@@ -89,30 +89,42 @@ def test_supervised_recipe_chat_sl(workdir: Path, live_server: LiveServer, alice
     assert f"tinker-{model_id.replace(':', '-')}" in adapters
 
 
-def test_rl_recipe_math_rl_arithmetic(workdir: Path, live_server: LiveServer) -> None:
+@pytest.mark.parametrize(
+    ("loss_fn", "steps"),
+    [
+        (None, 2),  # the recipe's default, stable_reinforce: samples record stability info, data carry provenance
+        ("importance_sampling", 1),
+        ("ppo", 1),
+        ("cispo", 1),
+        ("dro", 1),
+        ("gspo", 1),
+    ],
+)
+def test_rl_recipe_math_rl_arithmetic(workdir: Path, live_server: LiveServer, loss_fn: str | None, steps: int) -> None:
     from tinker_cookbook.recipes.math_rl import train
 
     log_path = workdir / "rl-log"
+    chosen = {"loss_fn": loss_fn} if loss_fn is not None else {}
     config = train.CLIConfig(
         log_path=str(log_path),
         model_name=BASE,
         env="arithmetic",
         renderer_name="role_colon",
-        loss_fn="importance_sampling",
         groups_per_batch=2,
         group_size=2,
         max_tokens=4,
         lora_rank=4,
         learning_rate=1e-3,
-        max_steps=2,
+        max_steps=steps,
         save_every=1,
         eval_every=0,
         base_url=live_server.url,
         behavior_if_log_dir_exists="delete",
+        **chosen,
     )
     asyncio.run(train.cli_main(config))
 
-    steps = metrics(log_path)
-    assert [row["step"] for row in steps if "env/all/reward/total" in row] == [0, 1]
-    assert all(row["env/all/ac_tokens_per_turn"] > 0 for row in steps if "env/all/reward/total" in row)
+    rows = metrics(log_path)
+    assert [row["step"] for row in rows if "env/all/reward/total" in row] == list(range(steps))
+    assert all(row["env/all/ac_tokens_per_turn"] > 0 for row in rows if "env/all/reward/total" in row)
     assert checkpoint_paths(log_path)[-1]["sampler_path"].endswith("/sampler_weights/final")

@@ -189,8 +189,8 @@ def test_errors_reach_the_client_as_sdk_errors(
     training = service.create_lora_training_client(base_model=BASE, rank=4).result()
     data = [datum(training.get_tokenizer(), TEXTS[0])]
 
-    with pytest.raises(tinker.RequestFailedError, match="unknown loss 'cispo'; known: cross_entropy"):
-        training.forward_backward(data, "cispo").result()
+    with pytest.raises(tinker.RequestFailedError, match="unknown loss 'reinforce'; known: cispo, cross_entropy"):
+        training.forward_backward(data, "reinforce").result()  # type: ignore[arg-type]
     misaligned = types.Datum(
         model_input=types.ModelInput.from_ints([1, 2, 3]), loss_fn_inputs={"target_tokens": [2, 3]}
     )

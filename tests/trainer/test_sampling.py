@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import torch
 
 from mint.errors import InvalidRequest
-from mint.trainer.sampling import StopRule
+from mint.trainer.sampling import StopRule, choose_tokens, draw
 from mint.trainer.session import ResidentBase, TrainingSession
 from mint.trainer.types import AdamParams, Datum, SampledSequence, SamplingParams
-
-pytestmark = pytest.mark.backend_free
 
 pytestmark = [pytest.mark.backend_free, pytest.mark.torch]
 
@@ -116,3 +115,32 @@ def test_bad_prompts_are_refused(trained: TrainingSession) -> None:
         trained.sample([10**9], SamplingParams(max_tokens=2))
     with pytest.raises(InvalidRequest):
         trained.sample(PROMPT, SamplingParams(max_tokens=2), num_samples=0)
+
+
+# ---- stability info: each token's logprob under the distribution it was drawn from ------------
+
+
+def test_draw_records_the_logprob_of_the_distribution_it_drew_from() -> None:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 50, generator=generator, dtype=torch.float32)
+    params = SamplingParams(temperature=0.7, top_k=5, seed=0)
+    chosen, recorded = draw(logits, params, torch.Generator().manual_seed(1))
+    # Written from the definition: scale by 1/T, keep the top k, renormalise.
+    scaled = logits / 0.7
+    kept = scaled.masked_fill(scaled < scaled.topk(5, dim=-1).values[:, -1:], float("-inf"))
+    expected = kept.log_softmax(dim=-1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(recorded, expected)
+    # Greedy draws are certain; choose_tokens draws exactly what draw does.
+    assert draw(logits, SamplingParams(temperature=0.0), generator)[1].eq(0).all()
+    assert choose_tokens(logits, params, torch.Generator().manual_seed(1)).equal(chosen)
+
+
+def test_sampler_logprobs_are_the_model_logprobs_at_temperature_one(trained: TrainingSession) -> None:
+    plain = trained.sample(PROMPT, SamplingParams(max_tokens=6, seed=3, stop=[]), num_samples=2)
+    for sequence in plain:
+        assert sequence.sampler_logprobs == pytest.approx(sequence.logprobs, abs=1e-5)
+    cooled = trained.sample(PROMPT, SamplingParams(max_tokens=6, seed=3, temperature=0.5, stop=[]), num_samples=2)
+    for sequence in cooled:
+        assert sequence.sampler_logprobs is not None
+        # Sharper than the model's own distribution: the drawn tokens were likelier under it.
+        assert sum(sequence.sampler_logprobs) > sum(sequence.logprobs)

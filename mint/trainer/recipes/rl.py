@@ -1,6 +1,7 @@
 """Reinforcement learning in the GRPO style: groups of samples per prompt, rewards from the
-closed grader registry, group-normalised advantages, an `importance_sampling` (or `ppo`) loss,
-and an optional KL penalty towards the base.
+closed grader registry, group-normalised advantages, a policy-gradient loss of the registry
+(`importance_sampling` by default; `ppo`, `cispo`, `dro`, `gspo`, `stable_reinforce`), and an
+optional KL penalty towards the base.
 
     run_rl(session, prompts, RlConfig(steps=10, group_size=8), decode=tokenizer.decode)
 
@@ -75,6 +76,7 @@ class RlConfig:
     temperature: float = 1.0
     learning_rate: float = 1e-4
     loss_fn: str = "importance_sampling"
+    loss_fn_config: dict[str, float] | None = None
     kl_beta: float = 0.0
     grad_clip_norm: float = 1.0
     seed: int = 0
@@ -97,17 +99,21 @@ def group_advantages(rewards_G: Sequence[float]) -> list[float]:
 
 
 def completion_datum(prompt_tokens: Sequence[int], sample: SampledSequence, advantage: float) -> Datum:
-    """prompt + completion as one datum; loss inputs are zero on the prompt's positions."""
+    """prompt + completion as one datum; loss inputs are zero on the prompt's positions.
+
+    `weights` mark the completion (dro's penalty covers only it); `sampler_logprobs`, when the
+    sampler recorded them, are what stable_reinforce weighs against."""
     tokens = [*prompt_tokens, *sample.tokens]
     prompt_positions = len(prompt_tokens) - 1
-    return Datum(
-        model_input=tokens[:-1],
-        loss_fn_inputs={
-            "target_tokens": tokens[1:],
-            "logprobs": [0.0] * prompt_positions + list(sample.logprobs),
-            "advantages": [0.0] * prompt_positions + [advantage] * len(sample.tokens),
-        },
-    )
+    inputs: dict[str, list[int] | list[float]] = {
+        "target_tokens": tokens[1:],
+        "logprobs": [0.0] * prompt_positions + list(sample.logprobs),
+        "advantages": [0.0] * prompt_positions + [advantage] * len(sample.tokens),
+        "weights": [0.0] * prompt_positions + [1.0] * len(sample.tokens),
+    }
+    if sample.sampler_logprobs is not None:
+        inputs["sampler_logprobs"] = [0.0] * prompt_positions + list(sample.sampler_logprobs)
+    return Datum(model_input=tokens[:-1], loss_fn_inputs=inputs)
 
 
 def _kl_to_base(data: list[Datum], reference: Scorer, kl_beta: float) -> tuple[list[Datum], float]:
@@ -215,7 +221,9 @@ def run_rl(
         if data:
             if reference is not None:
                 data, metrics["kl"] = _kl_to_base(data, reference, config.kl_beta)
-            result = policy.forward_backward(mean_over_tokens(data, "advantages"), config.loss_fn)
+            result = policy.forward_backward(
+                mean_over_tokens(data, "advantages"), config.loss_fn, config.loss_fn_config
+            )
             metrics["loss"] = result.metrics["loss:sum"]
             metrics["clip_fraction"] = clip_fraction(data, result.logprobs)
         optim = policy.optim_step(AdamParams(learning_rate=lr, grad_clip_norm=config.grad_clip_norm))
@@ -250,6 +258,8 @@ def run_rl_plan(plan: RlPlan, inputs: RecipeInputs) -> list[StepReport]:
         temperature=plan.temperature,
         learning_rate=plan.learning_rate,
         kl_beta=plan.kl_beta,
+        loss_fn=plan.loss_fn,
+        loss_fn_config=dict(plan.loss_fn_config),
         seed=inputs.seed,
         max_steps_without_signal=plan.max_steps_without_signal or inputs.rl_max_steps_without_signal,
     )
