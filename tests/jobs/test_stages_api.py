@@ -2,8 +2,8 @@
 what is refused and why, and what a job records and shows.
 
 Jobs here are on `tiny-qwen3-moe`, whose queue no worker of this suite consumes, so they stay
-queued. Adapter versions to start from are registered through the adapters service (their
-archive is never read before a worker runs the job)."""
+queued. Adapter versions to start from are registered through the adapters service, with random
+content that no worker reads."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from mint.config import Settings
 from mint.storage.db import session_scope
 from mint.storage.tables import TrainingJob
-from tests.conftest import Tenant
+from tests.conftest import Tenant, register_versions
 from tests.jobs.conftest import chat_rows, preference_rows, prompt_rows, upload
 
 IDLE_BASE = "tiny-qwen3-moe"
@@ -25,31 +25,12 @@ def _create(client: TestClient, tenant: Tenant, body: dict[str, Any]) -> Any:
     return client.post("/v1/fine_tuning/jobs", headers=tenant.headers("developer"), json=body)
 
 
-def _version(settings: Settings, tenant: Tenant, name: str, base: str, content: bytes) -> str:
-    """Register a version of adapter `name` on `base` (rank 4, alpha 8); returns `name@N`."""
-    from mint.services.adapters import register_version
-    from mint.storage.objects import object_store_for
-
-    with session_scope(settings.database) as session:
-        version = register_version(
-            session,
-            object_store_for(settings),
-            organization_id=tenant.organization_id,
-            name=name,
-            base_model=base,
-            archive=content,
-            lora={"rank": 4, "alpha": 8.0, "targets": ["q_proj"]},
-        )
-        session.commit()
-        return f"{name}@{version.version}"
-
-
 def test_warm_start_refusals_say_what_to_fix(
     client: TestClient, tenant: Tenant, other_tenant: Tenant, prepared: Settings
 ) -> None:
-    ours = _version(prepared, tenant, "warm-ours", IDLE_BASE, b"ours")
-    elsewhere = _version(prepared, tenant, "warm-glm", "tiny-glm-moe", b"glm")
-    theirs = _version(prepared, other_tenant, "warm-theirs", IDLE_BASE, b"theirs")
+    ours = register_versions(prepared, tenant, "warm-ours", 1, IDLE_BASE)[0]
+    elsewhere = register_versions(prepared, tenant, "warm-glm", 1, "tiny-glm-moe")[0]
+    theirs = register_versions(prepared, other_tenant, "warm-theirs", 1, IDLE_BASE)[0]
     chat = upload(client, tenant, chat_rows(4))
     body = {"model": IDLE_BASE, "training_file": chat["id"], "steps": 2}
     cases: list[tuple[dict[str, Any], int, str, str]] = [
@@ -58,7 +39,7 @@ def test_warm_start_refusals_say_what_to_fix(
         ({"from_adapter": IDLE_BASE}, 404, "from_adapter", f"no adapter named '{IDLE_BASE}'"),  # a base, not a version
         ({"from_adapter": "warm-ours@9"}, 404, "from_adapter", "has no ready version 9"),
         ({"from_adapter": elsewhere}, 409, "from_adapter", "was trained on base 'tiny-glm-moe'"),
-        ({"from_adapter": ours, "lora": {"rank": 8}}, 400, "lora", "trains that adapter as it is (rank 4"),
+        ({"from_adapter": ours, "lora": {"rank": 8}}, 400, "lora", "trains that adapter as it is (rank 2"),
         ({"from_adapter": ours, "lora": {"train_mlp": False}}, 400, "lora", "lora.train_mlp"),
     ]
     for extra, status, param, words in cases:
@@ -75,16 +56,15 @@ def test_warm_start_refusals_say_what_to_fix(
 def test_a_warm_started_job_takes_the_adapters_lora_and_shows_where_it_started(
     client: TestClient, tenant: Tenant, prepared: Settings
 ) -> None:
-    _version(prepared, tenant, "warm-src", IDLE_BASE, b"first")
-    newest = _version(prepared, tenant, "warm-src", IDLE_BASE, b"second")
+    newest = register_versions(prepared, tenant, "warm-src", 2, IDLE_BASE)[-1]
     chat = upload(client, tenant, chat_rows(4))
     body = {"model": IDLE_BASE, "training_file": chat["id"], "steps": 2, "from_adapter": "warm-src"}
     # The same rank and alpha as the adapter's are not a conflict.
-    response = _create(client, tenant, {**body, "lora": {"rank": 4, "alpha": 8.0}})
+    response = _create(client, tenant, {**body, "lora": {"rank": 2, "alpha": 4.0}})
     assert response.status_code == 200, response.text
     job = response.json()
     assert job["from_adapter"] == newest == "warm-src@2"  # `name` alone: its newest version, recorded
-    assert job["lora"]["rank"] == 4 and job["lora"]["alpha"] == 8.0 and job["stages"] is None
+    assert job["lora"]["rank"] == 2 and job["lora"]["alpha"] == 4.0 and job["stages"] is None
     with session_scope(prepared.database) as session:
         row = session.get(TrainingJob, job["id"])
         assert row is not None and row.spec["from_adapter"]["ref"] == "warm-src@2"
