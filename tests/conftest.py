@@ -233,6 +233,31 @@ def make_tenant(settings: Settings, name: str | None = None) -> Tenant:
     return Tenant(organization_id=org.id, name=name, keys=keys, key_ids=key_ids)
 
 
+def register_versions(
+    settings: Settings, tenant: Tenant, name: str, count: int, base: str = "tiny-glm-moe"
+) -> list[str]:
+    """Register `count` versions (random content, rank 2, alpha 4) of the tenant's adapter `name`
+    through the adapters service, without training; returns their `name@N` references."""
+    from mint.services.adapters import register_version
+    from mint.storage.db import session_scope
+    from mint.storage.objects import object_store_for
+
+    refs = []
+    with session_scope(settings.database) as session:
+        for _ in range(count):
+            version = register_version(
+                session,
+                object_store_for(settings),
+                organization_id=tenant.organization_id,
+                name=name,
+                base_model=base,
+                archive=secrets.token_bytes(128),
+                lora={"rank": 2, "alpha": 4.0},
+            )
+            refs.append(f"{name}@{version.version}")
+    return refs
+
+
 @pytest.fixture
 def tenant(prepared: Settings) -> Tenant:
     return make_tenant(prepared)

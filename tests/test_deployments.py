@@ -20,24 +20,9 @@ from mint.services.adapters import register_version, resolve_model_ref
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Benchmark, BenchmarkVersion, EvalRun, Trajectory, new_id
-from tests.conftest import Tenant
+from tests.conftest import Tenant, register_versions
 
-
-def _versions(settings: Settings, tenant: Tenant, name: str, count: int, base: str = "tiny-glm-moe") -> list[str]:
-    refs = []
-    with session_scope(settings.database) as session:
-        for _ in range(count):
-            version = register_version(
-                session,
-                object_store_for(settings),
-                organization_id=tenant.organization_id,
-                name=name,
-                base_model=base,
-                archive=secrets.token_bytes(128),
-                lora={"rank": 2, "alpha": 4.0},
-            )
-            refs.append(f"{name}@{version.version}")
-    return refs
+_versions = register_versions
 
 
 def _post(client: TestClient, tenant: Tenant, path: str, body: dict[str, Any]) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -13,6 +14,7 @@ from mint.cli.options import LimitOpt, Remote, WaitOpt, exit_unless_succeeded, f
 from mint.cli.output import console, human, wire
 from mint.schemas.fine_tuning import MethodType
 from mint.schemas.plans import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_STEPS
+from mint.sdk.errors import BadRequestError
 
 app = typer.Typer(help="Fine-tuning jobs: SFT, DPO, RL.", no_args_is_help=True)
 
@@ -29,6 +31,8 @@ def row_of(job: Any) -> dict[str, Any]:
             "method": job.method.get("type"),
             "steps": f"{job.completed_steps}/{job.total_steps}",
             "fine_tuned_model": job.fine_tuned_model,
+            "from_adapter": job.from_adapter,
+            "stages": _stages_line(job),
             "training_file": job.training_file,
             "error": job.error.message if job.error else None,
             "created_at": wire(job)["created_at"],
@@ -36,13 +40,46 @@ def row_of(job: Any) -> dict[str, Any]:
     )
 
 
+def _stages_line(job: Any) -> str | None:
+    """`sft succeeded (bot@1), rl running 3/8`: a chained job's stages on one line."""
+    if not job.stages:
+        return None
+    parts = []
+    for stage in job.stages:
+        done = (
+            f"({stage.fine_tuned_model})" if stage.fine_tuned_model else f"{stage.completed_steps}/{stage.total_steps}"
+        )
+        parts.append(f"{stage.method.get('type')} {stage.status} {done}")
+    return ", ".join(parts)
+
+
+def stages_file(path: Path | None) -> list[dict[str, Any]] | None:
+    """The stages of `--stages FILE`: a JSON list of stage objects (exit 6 unless it is one)."""
+    if path is None:
+        return None
+    try:
+        stages = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BadRequestError(f"--stages {path}: not a readable JSON file: {exc}", param="stages") from exc
+    if not isinstance(stages, list) or not all(isinstance(stage, dict) for stage in stages):
+        raise BadRequestError(
+            f'--stages {path}: expected a JSON list of stages, e.g. [{{"method": {{"type": "supervised"}}}}]',
+            param="stages",
+        )
+    return stages
+
+
 @app.command("create")
 @remote
 def create(
     api: Remote,
     model: Annotated[str, typer.Option("--model", help="The base model, e.g. tiny-glm-moe.")],
-    file: Annotated[str, typer.Option("--file", help="The training dataset's id.")],
-    method: Annotated[MethodType, typer.Option("--method", help="The training method.")] = "supervised",
+    file: Annotated[
+        str | None, typer.Option("--file", help="The training dataset's id (optional if every stage names one).")
+    ] = None,
+    method: Annotated[
+        MethodType | None, typer.Option("--method", help="The training method (default: supervised).")
+    ] = None,
     steps: Annotated[
         int | None, typer.Option("--steps", min=1, max=MAX_STEPS, help="Optimizer steps (instead of epochs).")
     ] = None,
@@ -59,9 +96,23 @@ def create(
     grader: Annotated[
         str | None, typer.Option("--grader", help="For reinforcement: a grader name or JSON {type, config}.")
     ] = None,
+    from_adapter: Annotated[
+        str | None,
+        typer.Option("--from-adapter", help="Warm start: continue training this adapter version, e.g. bot@3."),
+    ] = None,
+    stages: Annotated[
+        Path | None,
+        typer.Option(
+            "--stages",
+            help="A JSON file listing the job's stages, run in order (instead of --method), e.g. "
+            '[{"method": {"type": "supervised"}, "training_file": "ds_1"}, {"method": {"type": "reinforcement", '
+            '"reinforcement": {"grader": {"type": "exact"}}}, "training_file": "ds_2"}].',
+        ),
+    ] = None,
     wait: WaitOpt = False,
 ) -> None:
-    """Start a fine-tuning job; with --wait, until it has finished (exit 1 unless it succeeded)."""
+    """Start a fine-tuning job (or a chain of stages); with --wait, until it has finished (exit 1
+    unless it succeeded)."""
     hyperparameters = {
         name: value for name, value in (("batch_size", batch_size), ("n_epochs", epochs)) if value is not None
     }
@@ -77,6 +128,8 @@ def create(
             seed=seed,
             learning_rate=learning_rate,
             lora={"rank": rank} if rank else None,
+            from_adapter=from_adapter,
+            stages=stages_file(stages),
         )
         if wait:
             job = job.wait()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
+from pydantic import Field
+
 from mint.schemas.common import WireModel
 
 
@@ -32,6 +34,9 @@ class AdapterVersionPublic(WireModel):
     alpha: float
     targets: dict[str, Any]
     training_job_id: str | None
+    parent_version_id: str | None = Field(
+        default=None, description="The version this one was trained from (warm start or an earlier stage)."
+    )
     metrics: dict[str, Any]
     status: str
     created_at: datetime

@@ -3,7 +3,9 @@
 A request is OpenAI's `fine_tuning.jobs.create` body (`model`, `training_file`, `method`
 with `supervised` | `dpo` | `reinforcement` hyperparameters, `seed`, `suffix`, `metadata`)
 plus Mint's own fields: the LoRA adapter (`lora`), an exact number of optimizer `steps`, an
-absolute `learning_rate`, and `checkpoint_interval`. Times are Unix seconds, as OpenAI's.
+absolute `learning_rate`, `checkpoint_interval`, a warm start (`from_adapter`: an adapter
+version to continue training) and a chain of `stages` (each its own method, file and
+schedule, each stage's result an adapter version of its own). Times are Unix seconds, as OpenAI's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ Auto = Literal["auto"]
 MethodType = Literal["supervised", "dpo", "reinforcement"]
 JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled"]
 SUFFIX_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+# `adapter@version`, or `adapter` alone (its newest ready version).
+ADAPTER_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*(@[0-9]+)?$"
+# Stages of one chained job: each holds a worker for its whole run, and a chain longer than a
+# few stages is better run as separate jobs, each warm-started from the last.
+MAX_STAGES = 4
+StageStatus = Literal["pending", "queued", "running", "succeeded", "failed", "cancelled", "skipped"]
 
 
 # The bounds are the plan's (`mint.schemas.plans`), so a request the schema takes can only be
@@ -116,9 +124,28 @@ class LoraSpec(_Strict):
     target_parameters: list[str] | None = None
 
 
+class StageCreate(_Strict):
+    """One stage of a chained job: its method and, where they differ from the job's, its own
+    training file and schedule. A stage starts from the adapter the previous stage made."""
+
+    method: Method = Field(description="supervised | dpo | reinforcement, with its hyperparameters (and grader).")
+    training_file: str | None = Field(
+        default=None, max_length=100, pattern=ID_PATTERN, description="This stage's dataset (default: the job's)."
+    )
+    validation_file: str | None = Field(default=None, max_length=100, pattern=ID_PATTERN)
+    steps: int | None = Field(default=None, ge=1, le=MAX_STEPS, description="Optimizer steps (default: the job's).")
+    learning_rate: float | None = Field(default=None, gt=0, le=1.0, description="Overrides the multiplier.")
+    checkpoint_interval: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+
+
 class FineTuningJobCreate(_Strict):
     model: str = Field(max_length=100, pattern=ID_PATTERN, description="The base model, e.g. `tiny-glm-moe`.")
-    training_file: str = Field(max_length=100, pattern=ID_PATTERN, description="A dataset (file) id.")
+    training_file: str | None = Field(
+        default=None,
+        max_length=100,
+        pattern=ID_PATTERN,
+        description="A dataset (file) id; required unless every stage names its own.",
+    )
     validation_file: str | None = Field(default=None, max_length=100, pattern=ID_PATTERN)
     method: Method | None = Field(default=None, description="supervised (default) | dpo | reinforcement.")
     hyperparameters: SupervisedHyperparameters | None = Field(
@@ -140,6 +167,22 @@ class FineTuningJobCreate(_Strict):
     checkpoint_interval: int | None = Field(
         default=None, ge=1, le=MAX_STEPS, description="Steps between resumable checkpoints (`None`: about 5 per job)."
     )
+    from_adapter: str | None = Field(
+        default=None,
+        max_length=200,
+        pattern=ADAPTER_REF_PATTERN,
+        description="Warm start: continue training this adapter version (`name@3`; `name`: its newest) of "
+        "the same base, with its rank, alpha and targets. RL's KL penalty still pulls towards the base.",
+    )
+    stages: list[StageCreate] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_STAGES,
+        description="Instead of `method`: stages run in order in this one job (e.g. SFT, then RL on the same "
+        "prompts), each starting from the previous stage's adapter and registering its own version. A "
+        "stage's unset `training_file`, `validation_file`, `steps`, `learning_rate` and `checkpoint_interval` "
+        "take the job's.",
+    )
 
 
 class JobError(BaseModel):
@@ -150,6 +193,20 @@ class JobError(BaseModel):
 
 def _unix(moment: datetime | None) -> int | None:
     return None if moment is None else int(moment.timestamp())
+
+
+class JobStage(BaseModel):
+    """One stage of a chained job: what it trains, how far it got, and the version it made."""
+
+    stage: int = Field(description="1 for the first stage.")
+    method: dict[str, Any]
+    training_file: str
+    validation_file: str | None
+    status: StageStatus
+    total_steps: int
+    completed_steps: int
+    adapter_version_id: str | None
+    fine_tuned_model: str | None = Field(description="`adapter@version` this stage made, once it succeeded.")
 
 
 class FineTuningJob(WireModel):
@@ -183,6 +240,8 @@ class FineTuningJob(WireModel):
     steps_redone: int
     adapter_version_id: str | None
     started_at: datetime | None
+    from_adapter: str | None = Field(default=None, description="The adapter version this job started from.")
+    stages: list[JobStage] | None = Field(default=None, description="A chained job's stages, in order.")
 
     @field_serializer("created_at", "finished_at", "started_at")
     def _times(self, moment: datetime | None) -> int | None:

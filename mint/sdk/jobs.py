@@ -3,7 +3,9 @@ events, checkpoints, and `wait()` with a progress bar of steps, the latest loss 
 
 A job trains a LoRA adapter on a base by SFT (`supervised`), DPO (`dpo`) or RL
 (`reinforcement`, with a grader); when it succeeds, `fine_tuned_model` names the new adapter
-version (`suffix@N`), ready to evaluate or deploy. Creates carry an `Idempotency-Key`, so a
+version (`suffix@N`), ready to evaluate or deploy. `from_adapter="name@3"` continues training
+an existing version; `stages=[...]` chains methods in one job (SFT, then RL), each stage
+registering its own version. Creates carry an `Idempotency-Key`, so a
 create retried after a lost answer returns the first job instead of starting a second one.
 """
 
@@ -28,6 +30,7 @@ from mint.schemas.fine_tuning import (
     FineTuningJobEvent,
     LoraSpec,
     MethodType,
+    StageCreate,
 )
 from mint.sdk._http import AsyncHTTP, Call, SyncHTTP, parse_model, request_body
 from mint.sdk.errors import BadRequestError
@@ -149,7 +152,7 @@ def list_checkpoints(job_id: str) -> Call[Page[FineTuningJobCheckpoint]]:
 
 def create_fields(
     model: str,
-    training_file: str,
+    training_file: str | None,
     *,
     method: MethodType | dict[str, Any] | None,
     hyperparameters: dict[str, Any] | None,
@@ -220,7 +223,7 @@ class Jobs:
     def create(
         self,
         model: str,
-        training_file: str,
+        training_file: str | None = None,
         *,
         method: MethodType | dict[str, Any] | None = None,
         hyperparameters: dict[str, Any] | None = None,
@@ -233,6 +236,8 @@ class Jobs:
         checkpoint_interval: int | None = None,
         validation_file: str | None = None,
         metadata: dict[str, str] | None = None,
+        from_adapter: str | None = None,
+        stages: builtins.list[StageCreate | dict[str, Any]] | None = None,
         idempotency_key: str | None = None,
     ) -> Job:
         """Start a job on base `model` with dataset `training_file`; returns at once (status `queued`).
@@ -241,6 +246,18 @@ class Jobs:
         (batch_size, n_epochs, learning_rate_multiplier, beta, group_size, ...) and, for
         reinforcement, a `grader` by name or as `{"type", "config"}`. `steps` fixes the number
         of optimizer steps; `suffix` names the adapter (each job adds a version to it).
+
+        `from_adapter` (`"name@3"`, or `"name"` for its newest version) starts from that
+        adapter version instead of a fresh adapter (its rank, alpha and targets). `stages`, instead
+        of `method`, chains up to four stages, each `{"method": {...}, "training_file"?,
+        "steps"?, "learning_rate"?, ...}`; unset fields take the job's, and each stage starts
+        from the version the previous one registered:
+
+            client.jobs.create("tiny-glm-moe", suffix="agent", stages=[
+                {"method": {"type": "supervised"}, "training_file": mined.id, "steps": 20},
+                {"method": {"type": "reinforcement", "reinforcement": {"grader": {"type": "exact"}}},
+                 "training_file": prompts.id, "steps": 40},
+            ])
         """
         fields = create_fields(
             model,
@@ -256,6 +273,8 @@ class Jobs:
             checkpoint_interval=checkpoint_interval,
             validation_file=validation_file,
             metadata=metadata,
+            from_adapter=from_adapter,
+            stages=stages,
         )
         return self._bind(self._http.send(create_job(fields, idempotency_key, Job)))
 
@@ -337,7 +356,7 @@ class AsyncJobs:
     async def create(
         self,
         model: str,
-        training_file: str,
+        training_file: str | None = None,
         *,
         method: MethodType | dict[str, Any] | None = None,
         hyperparameters: dict[str, Any] | None = None,
@@ -350,6 +369,8 @@ class AsyncJobs:
         checkpoint_interval: int | None = None,
         validation_file: str | None = None,
         metadata: dict[str, str] | None = None,
+        from_adapter: str | None = None,
+        stages: builtins.list[StageCreate | dict[str, Any]] | None = None,
         idempotency_key: str | None = None,
     ) -> AsyncJob:
         fields = create_fields(
@@ -366,6 +387,8 @@ class AsyncJobs:
             checkpoint_interval=checkpoint_interval,
             validation_file=validation_file,
             metadata=metadata,
+            from_adapter=from_adapter,
+            stages=stages,
         )
         return self._bind(await self._http.send(create_job(fields, idempotency_key, AsyncJob)))
 

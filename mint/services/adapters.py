@@ -100,8 +100,10 @@ def register_version(
     lora: dict[str, Any],
     training_job_id: str | None = None,
     metrics: dict[str, Any] | None = None,
+    parent_version_id: str | None = None,
 ) -> AdapterVersion:
-    """Store an adapter archive (once per content) and record it as the adapter's next version."""
+    """Store an adapter archive (once per content) and record it as the adapter's next version,
+    with the version it was trained from (`parent_version_id`), if any."""
     sha256 = hashlib.sha256(archive).hexdigest()
     key = object_key_of(sha256)
     if not store.exists(key):
@@ -123,6 +125,7 @@ def register_version(
         alpha=float(lora.get("alpha", 0.0)),
         targets={"modules": lora.get("targets", [])},
         training_job_id=training_job_id,
+        parent_version_id=parent_version_id,
         metrics=metrics or {},
     )
     session.add(version)
@@ -159,6 +162,13 @@ def model_ref_of(adapter: Adapter, version: AdapterVersion) -> str:
     return f"{adapter.name}@{version.version}"
 
 
+def model_ref_of_id(session: Session, version_id: str) -> str:
+    """`adapter@version` of a version id (the id itself if the version is gone)."""
+    version = session.get(AdapterVersion, version_id)
+    adapter = session.get(Adapter, version.adapter_id) if version is not None else None
+    return model_ref_of(adapter, version) if adapter is not None and version is not None else version_id
+
+
 @dataclass(frozen=True)
 class ResolvedModel:
     """What a model reference names: a base, and the adapter version on it (None: the base itself)."""
@@ -170,22 +180,43 @@ class ResolvedModel:
 
 def resolve_model_ref(session: Session, organization_id: str, ref: str) -> ResolvedModel:
     """`base`, `adapter@version` or `adapter` (its newest ready version) -> ResolvedModel."""
-    name, _, version_text = ref.partition("@")
-    if not version_text:
+    if "@" not in ref:
         base = session.get(BaseModelRow, ref)
         if base is not None:
             if not base.enabled:
                 raise InvalidRequest(f"base model {ref!r} is disabled on this platform", param="model")
             return ResolvedModel(ref=ref, base_model=base.name, adapter_version=None)
+    adapter, row = resolve_version_ref(
+        session,
+        organization_id,
+        ref,
+        param="model",
+        unknown="no base model or adapter named {name!r}; list them at /v1/base_models and /v1/adapters",
+    )
+    return ResolvedModel(ref=model_ref_of(adapter, row), base_model=adapter.base_model, adapter_version=row)
+
+
+def resolve_version_ref(
+    session: Session,
+    organization_id: str,
+    ref: str,
+    *,
+    param: str,
+    unknown: str = "no adapter named {name!r} in this organization; list them at /v1/adapters",
+) -> tuple[Adapter, AdapterVersion]:
+    """The adapter and ready version that `adapter@version` (or `adapter`: its newest ready
+    version) names in the organization; NotFound (`unknown`, formatted with the name) or
+    InvalidRequest naming `param` otherwise."""
+    name, _, version_text = ref.partition("@")
     adapter = _adapter_named(session, organization_id, name)
     if adapter is None:
-        raise NotFound(f"no base model or adapter named {name!r}; list them at /v1/base_models and /v1/adapters")
+        raise NotFound(unknown.format(name=name), param=param)
     query = select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id, AdapterVersion.status == "ready")
     if version_text:
         if not version_text.isdigit():
-            raise InvalidRequest(f"{ref!r}: the version after '@' must be a number, e.g. {name}@1", param="model")
+            raise InvalidRequest(f"{ref!r}: the version after '@' must be a number, e.g. {name}@1", param=param)
         query = query.where(AdapterVersion.version == int(version_text))
     row = session.execute(query.order_by(AdapterVersion.version.desc()).limit(1)).scalar_one_or_none()
     if row is None:
-        raise NotFound(f"adapter {name!r} has no ready version {version_text or ''}".rstrip(), param="model")
-    return ResolvedModel(ref=model_ref_of(adapter, row), base_model=adapter.base_model, adapter_version=row)
+        raise NotFound(f"adapter {name!r} has no ready version {version_text or ''}".rstrip(), param=param)
+    return adapter, row

@@ -9,6 +9,14 @@ not there, and a message lost between the two is re-sent by the reconciler.
 
 `Idempotency-Key`: a create retried with the same key returns the first job; the same key
 with another body is a conflict.
+
+Warm starts and stages. `from_adapter` names an adapter version of the organization on the
+same base; the job trains that adapter further (its rank, alpha and targets; a `lora` that
+says otherwise is refused), and the version it makes records it as its parent. `stages` chain
+methods in one job: each stage is resolved into its own typed plan here (its file checked
+against its method), and runs from the previous stage's version, registering its own. The
+row keeps the first stage's method, plan and file in its usual columns, and every stage in
+`spec["stages"]`; progress counts the steps of all stages.
 """
 
 from __future__ import annotations
@@ -18,25 +26,37 @@ import json
 import logging
 import math
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from mint.errors import Conflict, InvalidRequest
+from mint.errors import Conflict, InvalidRequest, MintError
 from mint.evals.graders import reward_spec
 from mint.schemas.base_models import BaseModelSpec
-from mint.schemas.fine_tuning import FineTuningJobCreate, Method
+from mint.schemas.fine_tuning import FineTuningJobCreate, Method, StageCreate
 from mint.schemas.plans import TrainingPlan, parse_plan
-from mint.services.adapters import adapter_for_base, model_ref_of
+from mint.services.adapters import adapter_for_base, model_ref_of, model_ref_of_id, resolve_version_ref
 from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
 from mint.services.dispatch import Dispatch
 from mint.services.leases import gave_up
 from mint.services.principal import Principal
 from mint.services.quotas import QuotaDefaults, hold
 from mint.storage.queries import PageResult, get_owned, insert_or_first, owned_by, paginate
-from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Checkpoint, JobEvent, TrainingJob, new_id, utcnow
+from mint.storage.tables import (
+    Adapter,
+    AdapterVersion,
+    BaseModelRow,
+    Checkpoint,
+    Dataset,
+    JobEvent,
+    TrainingJob,
+    new_id,
+    utcnow,
+)
 from mint.trainer.types import LoraOptions
 
 log = logging.getLogger(__name__)
@@ -71,24 +91,60 @@ def _request_hash(body: FineTuningJobCreate) -> str:
     return hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
 
 
-def _method_of(body: FineTuningJobCreate) -> Method:
-    method = body.method or Method(type="supervised")
+def _checked(method: Method, param: str) -> Method:
     if method.type == "reinforcement" and method.reinforcement is None:
         raise InvalidRequest(
-            'method.reinforcement.grader is required for reinforcement jobs, e.g. {"type": "exact", "config": {}}',
-            param="method.reinforcement",
+            f"{param}.reinforcement.grader is required for reinforcement jobs, "
+            'e.g. {"type": "exact", "config": {}}',
+            param=f"{param}.reinforcement",
         )
+    return method
+
+
+def _method_of(body: FineTuningJobCreate) -> Method:
+    method = body.method or Method(type="supervised")
     if body.hyperparameters is not None and method.type == "supervised" and method.supervised is None:
         method = Method(type="supervised", supervised={"hyperparameters": body.hyperparameters})  # type: ignore[arg-type]
-    return method
+    return _checked(method, "method")
+
+
+# A stage's fields that, when unset, take the job's.
+INHERITED = ("training_file", "validation_file", "steps", "learning_rate", "checkpoint_interval")
+
+
+def stage_requests(body: FineTuningJobCreate) -> list[StageCreate]:
+    """The job's stages, each with the job's values where it gives none; a job without
+    `stages` is one stage of its `method`."""
+    inherited = {field: getattr(body, field) for field in INHERITED}
+    if body.stages is None:
+        return [StageCreate(method=_method_of(body), **inherited)]
+    if body.method is not None or body.hyperparameters is not None:
+        raise InvalidRequest(
+            "give either `method` (one stage) or `stages` (a chain), not both; put each stage's method in its stage",
+            param="stages",
+        )
+    stages = []
+    for index, stage in enumerate(body.stages):
+        _checked(stage.method, f"stages[{index}].method")
+        unset = {field: value for field, value in inherited.items() if getattr(stage, field) is None}
+        stages.append(stage.model_copy(update=unset))
+    return stages
 
 
 def _resolve(value: Any, default: Any) -> Any:
     return default if value == "auto" else value
 
 
-def resolve_plan(body: FineTuningJobCreate, method: Method, rows: int) -> TrainingPlan:
-    """The job's typed plan: `auto` values filled in, steps counted, every number checked.
+class Schedule(Protocol):
+    """The schedule fields a job or one of its stages gives."""
+
+    steps: int | None
+    learning_rate: float | None
+    checkpoint_interval: int | None
+
+
+def resolve_plan(body: Schedule, method: Method, rows: int) -> TrainingPlan:
+    """A stage's typed plan: `auto` values filled in, steps counted, every number checked.
 
     A plan the checks refuse (a non-finite or out-of-range value the request's fields led to,
     such as a NaN multiplier or more epochs than `MAX_STEPS` steps) is an `InvalidRequest`
@@ -155,6 +211,64 @@ def _existing(session: Session, organization_id: str, key: str, request_hash: st
     return job
 
 
+def _warm_start(session: Session, organization_id: str, body: FineTuningJobCreate, base: str) -> dict[str, Any]:
+    """The adapter version `from_adapter` names, checked: the organization's, ready, on the
+    job's base, and not contradicted by the request's `lora` (a warm start trains the
+    adapter it starts from, at its rank, alpha and targets)."""
+    assert body.from_adapter is not None
+    adapter, version = resolve_version_ref(session, organization_id, body.from_adapter, param="from_adapter")
+    ref = model_ref_of(adapter, version)
+    if version.base_model != base:
+        raise Conflict(
+            f"from_adapter {ref} was trained on base {version.base_model!r}, not {base!r}; a warm start continues "
+            f"on the adapter's own base (model: {version.base_model!r})",
+            param="from_adapter",
+        )
+    given = body.lora.model_dump(include=body.lora.model_fields_set)
+    same = {"rank": version.rank, "alpha": version.alpha}
+    clash = sorted(field for field, value in given.items() if field not in same or value != same[field])
+    if clash:
+        raise InvalidRequest(
+            f"lora.{clash[0]}: a job warm-started from {ref} trains that adapter as it is (rank {version.rank}, "
+            f"alpha {version.alpha:g}, its own targets); omit `lora`, or start from scratch without from_adapter",
+            param="lora",
+        )
+    return {"ref": ref, "adapter_version_id": version.id, "rank": version.rank, "alpha": version.alpha}
+
+
+@dataclass(frozen=True)
+class CheckedStage:
+    """A stage as create_job checked it: its method, files and plan."""
+
+    kind: str
+    training: Dataset
+    validation_file: str | None
+    plan: TrainingPlan
+
+
+def _check_stage(session: Session, organization_id: str, stage: StageCreate, index: int, chained: bool) -> CheckedStage:
+    """Resolve one stage into its plan, with its files checked against its method."""
+    prefix = f"stages[{index}]." if chained else ""
+    kind = METHOD_OF_TYPE[stage.method.type]
+    if stage.training_file is None:
+        raise InvalidRequest(
+            f"{prefix}training_file is required: give the stage's dataset, or the job's `training_file`",
+            param=f"{prefix}training_file",
+        )
+    training = get_dataset(session, organization_id, stage.training_file)
+    require_kind(training, KIND_OF_METHOD[kind], f"{prefix}training_file")
+    if stage.validation_file is not None:
+        validation = get_dataset(session, organization_id, stage.validation_file)
+        require_kind(validation, training.kind, f"{prefix}validation_file")
+    try:
+        plan = resolve_plan(stage, stage.method, training.row_count)
+    except MintError as exc:
+        if not chained:
+            raise
+        raise type(exc)(f"stages[{index}]: {exc.message}", param=f"{prefix}{exc.param or 'method'}") from None
+    return CheckedStage(kind=kind, training=training, validation_file=stage.validation_file, plan=plan)
+
+
 def create_job(
     session: Session,
     principal: Principal,
@@ -174,40 +288,45 @@ def create_job(
     base = _base_model(session, body.model)
     if body.suffix is not None:
         adapter_for_base(session, organization_id=principal.organization_id, name=body.suffix, base_model=base.name)
-    method = _method_of(body)
-    kind = METHOD_OF_TYPE[method.type]
+    requests = stage_requests(body)
+    chained = body.stages is not None
     seed = body.seed if body.seed is not None else int.from_bytes(uuid.uuid4().bytes[:3])
-    lora = _check_lora(body, seed)
+    warm = _warm_start(session, principal.organization_id, body, base.name) if body.from_adapter else None
+    lora = _check_lora(body, seed) if warm is None else {"rank": warm["rank"], "alpha": warm["alpha"], "seed": seed}
     BaseModelSpec.model_validate(base.spec)  # the registry entry the worker will load
+    stages = [
+        _check_stage(session, principal.organization_id, stage, index, chained) for index, stage in enumerate(requests)
+    ]
+    first = stages[0]
     job = TrainingJob(
         id=new_id("ftjob"),
         organization_id=principal.organization_id,
         base_model=base.name,
-        method=kind,
+        method=first.kind,
         status="validating_files",
-        training_dataset_id=body.training_file,
-        validation_dataset_id=body.validation_file,
+        training_dataset_id=first.training.id,
+        validation_dataset_id=first.validation_file,
         suffix=body.suffix,
         seed=seed,
         idempotency_key=idempotency_key,
     )
-    training = get_dataset(session, principal.organization_id, body.training_file)
-    require_kind(training, KIND_OF_METHOD[kind], "training_file")
-    if body.validation_file is not None:
-        require_kind(
-            get_dataset(session, principal.organization_id, body.validation_file), training.kind, "validation_file"
-        )
-    plan = resolve_plan(body, method, training.row_count)
-    stored_plan = plan.model_dump(mode="json")
+    stored_plans = [stage.plan.model_dump(mode="json") for stage in stages]
     job.spec = {
         "request": body.model_dump(mode="json", exclude_none=True),
         "request_sha256": request_hash,
-        "plan": stored_plan,
+        "plan": stored_plans[0],
         "lora": lora,
         "adapter_name": body.suffix or f"ft-{job.id.removeprefix('ftjob_')}",
         "metadata": body.metadata or {},
     }
-    job.total_steps = plan.steps
+    if warm is not None:
+        job.spec["from_adapter"] = {"ref": warm["ref"], "adapter_version_id": warm["adapter_version_id"]}
+    if chained:
+        job.spec["stages"] = [
+            {"plan": plan, "training_file": stage.training.id, "validation_file": stage.validation_file}
+            for stage, plan in zip(stages, stored_plans, strict=True)
+        ]
+    job.total_steps = sum(stage.plan.steps for stage in stages)
     hold(session, principal.organization_id, "jobs", quotas)
 
     def retried_meanwhile() -> TrainingJob | None:
@@ -215,11 +334,21 @@ def create_job(
             return None
         return _existing(session, principal.organization_id, idempotency_key, request_hash)
 
-    first = insert_or_first(session, job, retried_meanwhile)
-    if first is not job:  # the same request, retried while this one ran, was recorded first
-        return first
-    emit_event(session, job.id, f"Validating training file: {training.id} ({training.row_count} {training.kind} rows)")
-    emit_event(session, job.id, f"Files validated; {plan.steps} optimizer steps planned", data={"plan": stored_plan})
+    recorded = insert_or_first(session, job, retried_meanwhile)
+    if recorded is not job:  # the same request, retried while this one ran, was recorded first
+        return recorded
+    for number, stage in enumerate(stages, start=1):
+        training = stage.training
+        where = f"Stage {number}/{len(stages)} ({stage.kind}): v" if chained else "V"
+        emit_event(
+            session,
+            job.id,
+            f"{where}alidating training file: {training.id} ({training.row_count} {training.kind} rows)",
+        )
+    if warm is not None:
+        emit_event(session, job.id, f"Warm start from {warm['ref']}", data={"from_adapter": job.spec["from_adapter"]})
+    planned = {"plan": stored_plans[0]} if not chained else {"stages": stored_plans}
+    emit_event(session, job.id, f"Files validated; {job.total_steps} optimizer steps planned", data=planned)
     mark_queued(session, job, reason="Job enqueued")
     session.commit()
     send_job(job, send)
@@ -304,16 +433,61 @@ def list_checkpoints(session: Session, job: TrainingJob) -> list[Checkpoint]:
 RL_HYPERPARAMETERS = ("group_size", "max_tokens", "temperature", "kl_beta", "max_steps_without_signal")
 
 
-def job_view(job: TrainingJob, fine_tuned_model: str | None) -> dict[str, Any]:
-    """The job in OpenAI's shape (see `mint.schemas.fine_tuning.FineTuningJob`)."""
-    plan = job.spec.get("plan", {})
+def _method_view(kind: str, plan: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """OpenAI's `method` object of a plan, and the plan's common hyperparameters."""
     hyperparameters = {key: plan[key] for key in ("batch_size", "learning_rate_multiplier", "n_epochs") if key in plan}
-    method_type = TYPE_OF_METHOD[job.method]
+    method_type = TYPE_OF_METHOD[kind]
     extra = {key: plan[key] for key in ("beta", *RL_HYPERPARAMETERS) if key in plan}
     method: dict[str, Any] = {"type": method_type, method_type: {"hyperparameters": hyperparameters | extra}}
-    if job.method == "rl":
+    if kind == "rl":
         method[method_type]["grader"] = plan.get("grader")
+    return method, hyperparameters
+
+
+# A stage's version: (adapter version id, `adapter@version`), by stage number (from 1).
+StageVersions = Mapping[int, tuple[str, str]]
+
+
+def _stages_view(job: TrainingJob, versions: StageVersions) -> list[dict[str, Any]]:
+    """Each stage of a chained job with its status, progress and the version it made."""
+    views: list[dict[str, Any]] = []
+    offset, ended = 0, job.status in ("succeeded", "failed", "cancelled")
+    current = next((number for number in range(1, len(job.spec["stages"]) + 1) if number not in versions), None)
+    for number, stage in enumerate(job.spec["stages"], start=1):
+        plan = stage["plan"]
+        steps = int(plan["steps"])
+        if number in versions:
+            status = "succeeded"
+        elif number == current:
+            status = "queued" if job.status == "validating_files" else job.status
+        else:
+            status = "skipped" if ended else "pending"
+        version_id, ref = versions.get(number, (None, None))
+        views.append(
+            {
+                "stage": number,
+                "method": _method_view(plan["method"], plan)[0],
+                "training_file": stage["training_file"],
+                "validation_file": stage.get("validation_file"),
+                "status": status,
+                "total_steps": steps,
+                "completed_steps": min(steps, max(0, job.completed_steps - offset)),
+                "adapter_version_id": version_id,
+                "fine_tuned_model": ref,
+            }
+        )
+        offset += steps
+    return views
+
+
+def job_view(
+    job: TrainingJob, fine_tuned_model: str | None, stage_versions: StageVersions | None = None
+) -> dict[str, Any]:
+    """The job in OpenAI's shape (see `mint.schemas.fine_tuning.FineTuningJob`); a chained
+    job lists its stages, with the versions of those that succeeded (`stage_versions`)."""
+    method, hyperparameters = _method_view(job.method, job.spec.get("plan", {}))
     error = job.error
+    from_adapter = job.spec.get("from_adapter")
     return {
         "id": job.id,
         "created_at": job.created_at,
@@ -338,6 +512,8 @@ def job_view(job: TrainingJob, fine_tuned_model: str | None) -> dict[str, Any]:
         "attempts": job.attempts,
         "steps_redone": job.steps_redone,
         "adapter_version_id": job.result_adapter_version_id,
+        "from_adapter": from_adapter["ref"] if from_adapter else None,
+        "stages": _stages_view(job, stage_versions or {}) if "stages" in job.spec else None,
     }
 
 
@@ -345,9 +521,22 @@ def fine_tuned_model_of(session: Session, job: TrainingJob) -> str | None:
     """The model reference (`adapter@version`) a succeeded job produced."""
     if job.result_adapter_version_id is None:
         return None
-    version = session.get(AdapterVersion, job.result_adapter_version_id)
-    adapter = session.get(Adapter, version.adapter_id) if version is not None else None
-    return model_ref_of(adapter, version) if adapter is not None and version is not None else None
+    if session.get(AdapterVersion, job.result_adapter_version_id) is None:
+        return None
+    return model_ref_of_id(session, job.result_adapter_version_id)
+
+
+def stage_versions_of(session: Session, job: TrainingJob) -> dict[int, tuple[str, str]]:
+    """The versions a job's stages registered so far, by stage number (from 1); a job without
+    stages registers its one version as stage 1."""
+    rows = session.execute(
+        select(AdapterVersion, Adapter)
+        .join(Adapter, Adapter.id == AdapterVersion.adapter_id)
+        .where(AdapterVersion.training_job_id == job.id)
+    ).all()
+    return {
+        int(version.metrics.get("stage", 1)): (version.id, model_ref_of(adapter, version)) for version, adapter in rows
+    }
 
 
 def list_all_jobs(session: Session, *, status: str | None = None, limit: int = 50) -> list[TrainingJob]:

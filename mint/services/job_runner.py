@@ -18,6 +18,15 @@ The run is safe against any process dying at any moment:
   records its version and marks the job succeeded, so a crash in between redoes the
   finish, never half of it.
 
+**Warm starts and stages.** A job runs its stages in order (a job without `stages` is one
+stage). A stage opens its session from, in this order: its own newest checkpoint (a resumed
+stage), the version the previous stage registered, the job's `from_adapter` version (the
+first stage), or a fresh adapter. Each finished stage registers its own version, naming its
+parent, in the transaction that moves the job on, so a stage is either done (its version
+exists) or redone from its checkpoint: a worker dying in stage 2 resumes stage 2. Job steps
+(progress, events, checkpoints) count across stages; events of a chained job name the stage.
+A stage's optimizer starts fresh (another objective); RL's KL reference stays the base.
+
 The plan stored on the row is validated again into its typed plan (`mint.schemas.plans`)
 when the job is claimed: a plan that no longer validates (written by another version, or
 edited) fails the job with `invalid_plan` and the field at fault, once, instead of failing in
@@ -32,7 +41,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +67,7 @@ from mint.services.usage import record_usage
 from mint.storage.archives import pack_folder, unpack_folder
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
-from mint.storage.tables import Checkpoint, Dataset, JobEvent, TrainingJob, new_id, utcnow
+from mint.storage.tables import AdapterVersion, Checkpoint, Dataset, JobEvent, TrainingJob, new_id, utcnow
 from mint.trainer.recipes.common import StepReport
 
 if TYPE_CHECKING:
@@ -69,34 +78,83 @@ log = logging.getLogger(__name__)
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a job: its number (from 1), plan and training file, and the job steps
+    of the stages before it (its step `s` is the job's step `offset + s`)."""
+
+    number: int
+    plan: TrainingPlan
+    training_file: str
+    offset: int
+
+
+def stages_of(job: TrainingJob) -> list[Stage]:
+    """The job's stages from its row (one, of its method and plan, for a job without
+    `stages`); `InvalidRequest` if a stored plan is refused."""
+    stored = job.spec.get("stages") or [{"plan": job.spec.get("plan", {}), "training_file": job.training_dataset_id}]
+    stages, offset = [], 0
+    for number, entry in enumerate(stored, start=1):
+        try:
+            plan = stored_plan(entry["plan"].get("method", job.method), entry["plan"])
+        except InvalidRequest as exc:
+            if len(stored) == 1:
+                raise
+            raise InvalidRequest(f"stage {number}: {exc.message}", param=exc.param) from None
+        stages.append(Stage(number=number, plan=plan, training_file=entry["training_file"], offset=offset))
+        offset += plan.steps
+    return stages
+
+
 @dataclass
 class JobContext:
-    """What one attempt at a job knows: ids, the plan, and where it is in it."""
+    """What one attempt at a job knows: ids, the stages, and where it is in them."""
 
     job_id: str
     organization_id: str
     base_model: str
-    plan: TrainingPlan
+    stages: list[Stage]
     lora: dict[str, Any]
     adapter_name: str
     seed: int
     worker_id: str
-    start_step: int = 0
+    chained: bool = False
+    from_version_id: str | None = None
+    current: int = 0  # index of the stage being trained
+    start_step: int = 0  # the stage's step the session starts from
     tokens_at_start: int = 0
     trained_tokens: int = 0
+    stage_tokens_at_start: int = 0  # the job's trained tokens when the current stage began
+    # stage number -> (version id, the job's trained tokens then) of stages already done
+    done: dict[int, tuple[str, int]] = field(default_factory=dict)
+
+    @property
+    def stage(self) -> Stage:
+        return self.stages[self.current]
+
+    @property
+    def plan(self) -> TrainingPlan:
+        return self.stage.plan
+
+    @property
+    def total_steps(self) -> int:
+        return sum(stage.plan.steps for stage in self.stages)
 
     @classmethod
     def claimed(cls, job: TrainingJob, worker_id: str) -> JobContext:
-        """The context of a job this worker just claimed; `InvalidRequest` if its stored plan is refused."""
+        """The context of a job this worker just claimed; `InvalidRequest` if a stored plan is refused."""
+        warm = job.spec.get("from_adapter") or {}
         return cls(
             job_id=job.id,
             organization_id=job.organization_id,
             base_model=job.base_model,
-            plan=stored_plan(job.method, job.spec.get("plan", {})),
+            stages=stages_of(job),
             lora=dict(job.spec["lora"]),
             adapter_name=job.spec["adapter_name"],
             seed=job.seed,
             worker_id=worker_id,
+            chained="stages" in job.spec,
+            from_version_id=warm.get("adapter_version_id"),
         )
 
 
@@ -152,15 +210,26 @@ class JobRun:
     # ---- state ------------------------------------------------------------------------------
 
     def open_session(self) -> TrainingSession:
-        """The job's LoRA session: from its newest checkpoint, or fresh with the job's seed."""
+        """The current stage's LoRA session: from its newest checkpoint, else from the version it
+        starts from (the previous stage's, or the job's `from_adapter`), else fresh with the job's seed."""
         from mint.trainer.types import LoraOptions
 
         if self.session_id in {s.session_id for s in self.resident.sessions}:
             self.resident.close(self.session_id)  # left open by an attempt that failed in this process
+        stage, context = self.context.stage, self.context
+        parent, tokens_before = self.parent_of(stage)
+        context.stage_tokens_at_start = context.tokens_at_start = context.trained_tokens = tokens_before
+        context.start_step = 0
         with session_scope(self.settings.database) as session:
             newest = (
                 session.execute(
-                    select(Checkpoint).where(Checkpoint.job_id == self.context.job_id).order_by(Checkpoint.step.desc())
+                    select(Checkpoint)
+                    .where(
+                        Checkpoint.job_id == context.job_id,
+                        Checkpoint.step > stage.offset,
+                        Checkpoint.step <= stage.offset + stage.plan.steps,
+                    )
+                    .order_by(Checkpoint.step.desc())
                 )
                 .scalars()
                 .first()
@@ -168,35 +237,69 @@ class JobRun:
             snapshot = (
                 (newest.step, newest.object_key, int(newest.metrics.get("trained_tokens", 0))) if newest else None
             )
-        if snapshot is None:
-            options = LoraOptions.model_validate(self.context.lora)
-            return self.resident.create_session(options, session_id=self.session_id)
-        step, key, tokens = snapshot
-        with tempfile.TemporaryDirectory(prefix="mint-resume-") as scratch:
-            unpack_folder(self.store.get_bytes(key), Path(scratch))
-            training = self.resident.create_session_from_state(Path(scratch), session_id=self.session_id)
-        self.context.start_step, self.context.tokens_at_start = step, tokens
-        self.context.trained_tokens = tokens
-        return training
+        if snapshot is not None:
+            step, key, tokens = snapshot
+            with tempfile.TemporaryDirectory(prefix="mint-resume-") as scratch:
+                unpack_folder(self.store.get_bytes(key), Path(scratch))
+                training = self.resident.create_session_from_state(Path(scratch), session_id=self.session_id)
+            context.start_step, context.tokens_at_start = step - stage.offset, tokens
+            context.trained_tokens = tokens
+            return training
+        if parent is not None:
+            return self._session_from_version(parent)
+        options = LoraOptions.model_validate(context.lora)
+        return self.resident.create_session(options, session_id=self.session_id)
+
+    def parent_of(self, stage: Stage) -> tuple[str | None, int]:
+        """The version `stage` starts from (None: a fresh adapter) and the job's trained tokens then."""
+        if stage.number == 1:
+            return self.context.from_version_id, 0
+        return self.context.done[stage.number - 1]
+
+    def _session_from_version(self, version_id: str) -> TrainingSession:
+        """A session holding an adapter version's weights (its rank, alpha and targets), optimizer fresh."""
+        with session_scope(self.settings.database) as session:
+            version = session.get(AdapterVersion, version_id)
+            if version is None or version.status != "ready":
+                raise InvalidRequest(
+                    f"the adapter version this job starts from ({version_id}) is no longer ready; "
+                    "create the job again from another version",
+                    param="from_adapter",
+                )
+            key = version.object_key
+        with tempfile.TemporaryDirectory(prefix="mint-warm-") as scratch:
+            folder = adapters.extract_adapter(self.store.get_bytes(key), Path(scratch))
+            return self.resident.create_session_from_adapter(folder, session_id=self.session_id)
+
+    def _stage_versions(self) -> dict[int, tuple[str, int]]:
+        """The stages of this job done in earlier attempts: their versions and trained tokens."""
+        with session_scope(self.settings.database) as session:
+            rows = session.execute(
+                select(AdapterVersion).where(AdapterVersion.training_job_id == self.context.job_id)
+            ).scalars()
+            return {
+                int(row.metrics.get("stage", 1)): (row.id, int(row.metrics.get("trained_tokens", 0))) for row in rows
+            }
 
     def save_checkpoint(self, training: TrainingSession, report: StepReport) -> None:
         with tempfile.TemporaryDirectory(prefix="mint-ckpt-") as scratch:
             training.save_state(Path(scratch))
             data = pack_folder(Path(scratch))
-        key = _checkpoint_key(self.context.job_id, report.step)
+        step = self.context.stage.offset + report.step  # the job's step
+        key = _checkpoint_key(self.context.job_id, step)
         info = self.store.put_bytes(key, data)
-        metrics = {**_rounded(report.metrics), "trained_tokens": self.context.trained_tokens}
+        metrics = {**_rounded(report.metrics), "trained_tokens": self.context.trained_tokens, **self._label()}
         with session_scope(self.settings.database) as session:
             self._require_ours(session)
             existing = session.execute(
-                select(Checkpoint).where(Checkpoint.job_id == self.context.job_id, Checkpoint.step == report.step)
+                select(Checkpoint).where(Checkpoint.job_id == self.context.job_id, Checkpoint.step == step)
             ).scalar_one_or_none()
             if existing is None:
                 session.add(
                     Checkpoint(
                         id=new_id("ftckpt"),
                         job_id=self.context.job_id,
-                        step=report.step,
+                        step=step,
                         object_key=key,
                         sha256=info.sha256,
                         size_bytes=info.size_bytes,
@@ -206,8 +309,19 @@ class JobRun:
             else:  # the same step, redone after a resume: the same state, rewritten
                 existing.sha256, existing.size_bytes, existing.metrics = info.sha256, info.size_bytes, metrics
             emit_event(
-                session, self.context.job_id, f"Checkpoint saved at step {report.step}", data={"step": report.step}
+                session,
+                self.context.job_id,
+                f"Checkpoint saved at step {step}{self._in_stage()}",
+                data={"step": step, **self._label()},
             )
+
+    def _label(self) -> dict[str, int]:
+        """What events and checkpoints of a chained job carry: the stage's number."""
+        return {"stage": self.context.stage.number} if self.context.chained else {}
+
+    def _in_stage(self) -> str:
+        stage = self.context.stage
+        return f" (stage {stage.number}/{len(self.context.stages)})" if self.context.chained else ""
 
     def _require_ours(self, session: Session) -> TrainingJob:
         job = session.execute(
@@ -222,19 +336,27 @@ class JobRun:
     def on_step(self, training: TrainingSession, report: StepReport) -> bool:
         """Record the step; checkpoint when due; False stops the recipe (a cancel was requested)."""
         self.context.trained_tokens += int(report.metrics.get("trained_tokens", report.metrics.get("tokens", 0)))
-        plan = self.context.plan
+        stage, plan = self.context.stage, self.context.plan
+        step = stage.offset + report.step  # the job's step
+        where = f"Step {step}/{self.context.total_steps}"
+        data: dict[str, Any] = {"step": step}
+        if self.context.chained:
+            where += (
+                f" (stage {stage.number}/{len(self.context.stages)} {plan.method}, step {report.step}/{plan.steps})"
+            )
+            data |= {"stage": stage.number, "stage_step": report.step}
         with session_scope(self.settings.database) as session:
             job = self._require_ours(session)
-            job.completed_steps = report.step
+            job.completed_steps = step
             job.trained_tokens = self.context.trained_tokens
             job.heartbeat_at = utcnow()
             emit_event(
                 session,
                 job.id,
-                f"Step {report.step}/{plan.steps}: "
+                f"{where}: "
                 + ", ".join(f"{name} {value:.4g}" for name, value in report.metrics.items() if name in SHOWN),
                 type="metrics",
-                data={"step": report.step, "learning_rate": report.learning_rate, **_rounded(report.metrics)},
+                data={**data, "learning_rate": report.learning_rate, **_rounded(report.metrics)},
             )
             cancel = job.cancel_requested_at is not None
         due = report.step % plan.checkpoint_interval == 0 and report.step < plan.steps
@@ -245,38 +367,63 @@ class JobRun:
     # ---- the whole attempt ------------------------------------------------------------------
 
     def run(self) -> None:
-        training = self.open_session()
-        try:
-            self._note_resume()
-            reports = self._train(training)
-            finished = bool(reports) and reports[-1].step == self.context.plan.steps
-            if self.context.start_step == self.context.plan.steps:
-                finished = True
-            if finished:
-                self.finish(training)
-            else:
-                self.stop_cancelled()
-        finally:
-            self.resident.close(self.session_id)
+        """Train the stages not yet done, in order; each finished stage registers its version."""
+        context = self.context
+        context.done = self._stage_versions()
+        first = True
+        for index, stage in enumerate(context.stages):
+            if stage.number in context.done:
+                continue
+            context.current = index
+            training = self.open_session()
+            try:
+                self._note_start(resume=first)
+                first = False
+                reports = self._train(training)
+                finished = bool(reports) and reports[-1].step == stage.plan.steps
+                if context.start_step == stage.plan.steps:
+                    finished = True
+                if not finished:
+                    self.stop_cancelled()
+                    return
+                if not self.finish(training):
+                    return  # cancelled between stages
+            finally:
+                self.resident.close(self.session_id)
 
-    def _note_resume(self) -> None:
+    def _note_start(self, *, resume: bool) -> None:
+        """Events for the stage about to train: the attempt's start or resume, and for a chained
+        job the stage and what it starts from."""
+        context, stage = self.context, self.context.stage
+        at = stage.offset + context.start_step  # the job's step the session holds
         with session_scope(self.settings.database) as session:
             job = self._require_ours(session)
-            redone = max(0, job.completed_steps - self.context.start_step)
-            where = f"from checkpoint at step {self.context.start_step}" if self.context.start_step else "from step 0"
-            if job.attempts > 1:
+            if resume and job.attempts > 1:
+                redone = max(0, job.completed_steps - at)
+                where = f"from checkpoint at step {at}" if context.start_step else f"from step {at}"
                 job.steps_redone += redone
                 emit_event(
                     session,
                     job.id,
-                    f"Resuming {where} on {self.context.worker_id} (attempt {job.attempts}; {redone} steps redone)",
+                    f"Resuming {where}{self._in_stage()} on {context.worker_id} "
+                    f"(attempt {job.attempts}; {redone} steps redone)",
                     level="warning",
-                    data={"start_step": self.context.start_step, "steps_redone": redone, "attempt": job.attempts},
+                    data={"start_step": at, "steps_redone": redone, "attempt": job.attempts, **self._label()},
                 )
-            else:
-                emit_event(session, job.id, f"Training started on {self.context.worker_id}")
-            job.completed_steps = self.context.start_step
-            job.trained_tokens = self.context.trained_tokens
+            elif resume:
+                emit_event(session, job.id, f"Training started on {context.worker_id}")
+            if context.chained and not context.start_step:
+                parent, _ = self.parent_of(stage)
+                source = "a fresh adapter" if parent is None else adapters.model_ref_of_id(session, parent)
+                emit_event(
+                    session,
+                    job.id,
+                    f"Stage {stage.number}/{len(context.stages)} ({stage.plan.method}, {stage.plan.steps} steps) "
+                    f"starts from {source}",
+                    data={"stage": stage.number, "parent_version_id": parent},
+                )
+            job.completed_steps = at
+            job.trained_tokens = context.trained_tokens
 
     def _train(self, training: TrainingSession) -> list[StepReport]:
         from mint.evals.graders import GraderSpec
@@ -301,22 +448,25 @@ class JobRun:
 
     def _rows(self) -> list[dict[str, Any]]:
         with session_scope(self.settings.database) as session:
-            job = session.get(TrainingJob, self.context.job_id)
-            assert job is not None
-            dataset = session.get(Dataset, job.training_dataset_id)
+            dataset = session.get(Dataset, self.context.stage.training_file)
             assert dataset is not None
             session.expunge(dataset)
         return datasets.read_rows(self.store, dataset)
 
-    def finish(self, training: TrainingSession) -> None:
-        """Store the adapter, then in one transaction record its version and mark the job succeeded."""
-        context = self.context
+    def finish(self, training: TrainingSession) -> bool:
+        """Store the stage's adapter, then in one transaction record its version (with its
+        lineage) and move the job on: to the next stage, or succeeded after the last. False
+        when a cancel requested meanwhile stops the job between stages."""
+        context, stage = self.context, self.context.stage
+        last = stage.number == len(context.stages)
+        parent, _ = self.parent_of(stage)
         with tempfile.TemporaryDirectory(prefix="mint-adapter-") as scratch:
             training.save_weights_for_sampler(Path(scratch))
             archive = adapters.archive_adapter(Path(scratch))
             saved = json.loads((Path(scratch) / "adapter_config.json").read_text())
         with session_scope(self.settings.database) as session:
             job = self._require_ours(session)
+            dataset = session.get(Dataset, stage.training_file)
             version = adapters.register_version(
                 session,
                 self.store,
@@ -330,31 +480,52 @@ class JobRun:
                     "targets": [*training.targets.target_modules, *training.targets.target_parameters],
                 },
                 training_job_id=job.id,
+                parent_version_id=parent,
                 metrics={
                     "optimizer_steps": training.step,
                     "trained_tokens": context.trained_tokens,
-                    "method": job.method,
+                    "method": stage.plan.method,
+                    # lineage: what this version was trained on and how
+                    "stage": stage.number,
+                    "training_file": stage.training_file,
+                    "training_file_sha256": dataset.sha256 if dataset is not None else None,
+                    "plan": stage.plan.model_dump(mode="json"),
                 },
             )
-            job.status, job.finished_at = "succeeded", utcnow()
-            job.result_adapter_version_id = version.id
-            job.completed_steps, job.trained_tokens = context.plan.steps, context.trained_tokens
+            ref = f"{context.adapter_name}@{version.version}"
+            job.completed_steps, job.trained_tokens = stage.offset + stage.plan.steps, context.trained_tokens
             record_usage(
                 session,
                 organization_id=context.organization_id,
                 kind="trained",
-                tokens=context.trained_tokens,
+                tokens=context.trained_tokens - context.stage_tokens_at_start,
                 base_model=context.base_model,
-                model_ref=f"{context.adapter_name}@{version.version}",
+                model_ref=ref,
                 resource_type="training_job",
                 resource_id=job.id,
             )
+            context.done[stage.number] = (version.id, context.trained_tokens)
+            if not last:
+                emit_event(
+                    session,
+                    job.id,
+                    f"Stage {stage.number}/{len(context.stages)} succeeded: {ref} ({training.step} optimizer steps)",
+                    data={"stage": stage.number, "model": ref, "adapter_version_id": version.id},
+                )
+                if job.cancel_requested_at is None:
+                    return True
+                job.status, job.finished_at = "cancelled", utcnow()
+                emit_event(session, job.id, f"Job cancelled after stage {stage.number}")
+                return False
+            job.status, job.finished_at = "succeeded", utcnow()
+            job.result_adapter_version_id = version.id
             emit_event(
                 session,
                 job.id,
-                f"Job succeeded: {context.adapter_name}@{version.version} ({training.step} optimizer steps)",
-                data={"model": f"{context.adapter_name}@{version.version}", "adapter_version_id": version.id},
+                f"Job succeeded: {ref} ({training.step} optimizer steps)",
+                data={"model": ref, "adapter_version_id": version.id, **self._label()},
             )
+            return True
 
     def stop_cancelled(self) -> None:
         with session_scope(self.settings.database) as session:
@@ -379,6 +550,13 @@ def fail(settings: Settings, job_id: str, worker_id: str, code: str, message: st
         ).rowcount
         if failed:
             emit_event(session, job_id, f"Job failed: {message}", level="error")
+
+
+def _failure_code(exc: MintError) -> str:
+    """The job error code of a refusal met while training."""
+    if isinstance(exc, InvalidRequest):
+        return "invalid_from_adapter" if exc.param == "from_adapter" else "invalid_training_file"
+    return exc.type
 
 
 # The start of the event a job records each time it waits for capacity (they are counted).
@@ -452,13 +630,7 @@ def run_job(
         log.info("job %s waits for capacity: %s", job_id, exc.message)
         return wait_for_capacity(settings, job_id, worker_id, exc.message, send)
     except MintError as exc:
-        fail(
-            settings,
-            job_id,
-            worker_id,
-            "invalid_training_file" if isinstance(exc, InvalidRequest) else exc.type,
-            exc.message,
-        )
+        fail(settings, job_id, worker_id, _failure_code(exc), exc.message)
         return "failed"
     except Exception as exc:
         log.exception("job %s failed", job_id)

@@ -441,6 +441,9 @@ class AdapterVersion(Base):
     alpha: Mapped[float] = mapped_column(Float)
     targets: Mapped[dict[str, Any]] = mapped_column(default=dict)
     training_job_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("training_jobs.id"))
+    # Lineage: the version this one was trained from (a job's `from_adapter`, or the previous
+    # stage of a chained job); None for an adapter trained from scratch or uploaded.
+    parent_version_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("adapter_versions.id"))
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     status: Mapped[str] = mapped_column(String(16), default="ready")
     created_at: Mapped[datetime] = _created()

@@ -42,7 +42,10 @@ EventCursor = Annotated[
 
 
 def _view(session: SessionDep, job: TrainingJob) -> FineTuningJob:
-    return FineTuningJob.model_validate(fine_tuning.job_view(job, fine_tuning.fine_tuned_model_of(session, job)))
+    stages = fine_tuning.stage_versions_of(session, job) if "stages" in job.spec else None
+    return FineTuningJob.model_validate(
+        fine_tuning.job_view(job, fine_tuning.fine_tuned_model_of(session, job), stages)
+    )
 
 
 @router.post("", response_model=FineTuningJob, status_code=200)
@@ -54,8 +57,9 @@ def create_job(
     principal: CurrentPrincipal,
     idempotency_key: IdempotencyKey = None,
 ) -> FineTuningJob:
-    """Start a supervised, DPO or reinforcement job on a base model's training workers. An
-    organization at its jobs quota gets a 429."""
+    """Start a supervised, DPO or reinforcement job on a base model's training workers, or a
+    chain of them (`stages`), optionally warm-started from an adapter version (`from_adapter`).
+    An organization at its jobs quota gets a 429."""
     job = fine_tuning.create_job(
         session, principal, body, send=dispatch, quotas=quotas, idempotency_key=idempotency_key
     )
