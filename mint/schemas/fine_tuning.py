@@ -15,12 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from mint.schemas.common import ID_PATTERN, FiniteJson, RequestModel, WireModel
 from mint.schemas.plans import (
+    DEFAULT_MAX_TURNS,
     MAX_BATCH_SIZE,
     MAX_BETA,
     MAX_EPOCHS,
     MAX_GROUP_SIZE,
     MAX_LEARNING_RATE_MULTIPLIER,
     MAX_STEPS,
+    MAX_TURNS,
+    EnvironmentSpecIn,
 )
 
 Auto = Literal["auto"]
@@ -66,6 +69,12 @@ class ReinforcementHyperparameters(SupervisedHyperparameters):
         description="Steps in a row in which no group of samples has reward signal (all got the same reward) "
         "before the job stops with `no_reward_signal` (`auto`: the platform's MINT_RL_MAX_STEPS_WITHOUT_SIGNAL).",
     )
+    max_turns: int = Field(
+        default=DEFAULT_MAX_TURNS,
+        ge=1,
+        le=MAX_TURNS,
+        description="Assistant turns per episode in a row's tool environment (a prompt without one takes one).",
+    )
 
 
 class SupervisedMethod(_Strict):
@@ -77,8 +86,15 @@ class DpoMethod(_Strict):
 
 
 class ReinforcementMethod(_Strict):
-    grader: FiniteJson = Field(
-        description='A grader of Mint\'s closed registry, e.g. `{"type": "numeric", "config": {"tolerance": 0}}`.'
+    grader: FiniteJson | None = Field(
+        default=None,
+        description='A grader of Mint\'s closed registry, e.g. `{"type": "numeric", "config": {"tolerance": 0}}`; '
+        "needed unless `environment` gives the reward.",
+    )
+    environment: EnvironmentSpecIn | None = Field(
+        default=None,
+        description='A Python environment registered in Mint\'s code, e.g. `{"name": "account_deletion"}`: each '
+        "episode of a row that does not name or script its own acts in it, and it gives rewards.",
     )
     hyperparameters: ReinforcementHyperparameters = Field(default_factory=ReinforcementHyperparameters)
 

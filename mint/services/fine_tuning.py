@@ -25,6 +25,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest
+from mint.evals.agent_environments import check_environment_spec
 from mint.evals.graders import GraderSpec
 from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.fine_tuning import FineTuningJobCreate, Method
@@ -73,10 +74,15 @@ def _request_hash(body: FineTuningJobCreate) -> str:
 
 def _method_of(body: FineTuningJobCreate) -> Method:
     method = body.method or Method(type="supervised")
-    if method.type == "reinforcement" and method.reinforcement is None:
+    if method.type == "reinforcement" and (
+        method.reinforcement is None
+        or (method.reinforcement.grader is None and method.reinforcement.environment is None)
+    ):
         raise InvalidRequest(
-            'method.reinforcement.grader is required for reinforcement jobs, e.g. {"type": "exact", "config": {}}',
-            param="method.reinforcement",
+            'method.reinforcement.grader is required for reinforcement jobs, e.g. {"type": "exact", "config": {}}, '
+            "unless method.reinforcement.environment names an environment that gives rewards, e.g. "
+            '{"name": "account_deletion"}',
+            param="method.reinforcement.grader",
         )
     if body.hyperparameters is not None and method.type == "supervised" and method.supervised is None:
         method = Method(type="supervised", supervised={"hyperparameters": body.hyperparameters})  # type: ignore[arg-type]
@@ -121,8 +127,13 @@ def resolve_plan(body: FineTuningJobCreate, method: Method, rows: int) -> Traini
             "temperature": rl.temperature,
             "kl_beta": rl.kl_beta,
             "max_steps_without_signal": _resolve(rl.max_steps_without_signal, None),
-            "grader": GraderSpec.model_validate(method.reinforcement.grader).model_dump(),
+            "max_turns": rl.max_turns,
         }
+        if method.reinforcement.grader is not None:
+            plan["grader"] = GraderSpec.model_validate(method.reinforcement.grader).model_dump()
+        if method.reinforcement.environment is not None:
+            environment = method.reinforcement.environment.model_dump()
+            plan["environment"] = check_environment_spec(environment, "method.reinforcement.environment")
     return parse_plan(plan)
 
 
@@ -299,7 +310,7 @@ def list_checkpoints(session: Session, job: TrainingJob) -> list[Checkpoint]:
 
 
 # The RL plan's own knobs, shown with the job's hyperparameters (null: the platform's default).
-RL_HYPERPARAMETERS = ("group_size", "max_tokens", "temperature", "kl_beta", "max_steps_without_signal")
+RL_HYPERPARAMETERS = ("group_size", "max_tokens", "temperature", "kl_beta", "max_steps_without_signal", "max_turns")
 
 
 def job_view(job: TrainingJob, fine_tuned_model: str | None) -> dict[str, Any]:
@@ -311,6 +322,7 @@ def job_view(job: TrainingJob, fine_tuned_model: str | None) -> dict[str, Any]:
     method: dict[str, Any] = {"type": method_type, method_type: {"hyperparameters": hyperparameters | extra}}
     if job.method == "rl":
         method[method_type]["grader"] = plan.get("grader")
+        method[method_type]["environment"] = plan.get("environment")
     error = job.error
     return {
         "id": job.id,
