@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from mint.errors import InvalidRequest
-from mint.schemas.common import FiniteJson
+from mint.schemas.common import FiniteJson, RequestModel
 from mint.schemas.evals import GraderSpecIn
 
 # The same ceiling as a request's explicit `steps`; also keeps `total_steps` in a 32-bit column.
@@ -75,10 +75,10 @@ class DpoPlan(_Plan):
     beta: float = Field(gt=0, le=MAX_BETA, description="DPO temperature.")
 
 
-class EnvironmentSpecIn(BaseModel):
+class EnvironmentSpecIn(RequestModel):
     """A Python environment registered in Mint's code, by name, with its options."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(
         pattern=ENVIRONMENT_NAME_PATTERN, description="A registered environment, e.g. `account_deletion`."
