@@ -136,20 +136,6 @@ class EpisodeLimits:
     temperature: float
 
 
-class SingleTurn:
-    """A prompt with no environment: one turn, then done with no reward (the grader scores it)."""
-
-    def __init__(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> None:
-        self._messages = [dict(message) for message in messages]
-        self.tools = [dict(tool) for tool in tools] if tools else None
-
-    def initial_observation(self) -> Sequence[Mapping[str, Any]]:
-        return self._messages
-
-    def step(self, action: Mapping[str, Any]) -> tuple[Sequence[Mapping[str, Any]], float, bool]:
-        return [], 0.0, True
-
-
 def assistant_message(tokenizer: PreTrainedTokenizerBase, tokens: Sequence[int]) -> dict[str, Any]:
     """The assistant message a turn's ids read as (its text, special tokens dropped)."""
     return {"role": "assistant", "content": tokenizer.decode(list(tokens), skip_special_tokens=True).strip()}
