@@ -365,9 +365,17 @@ def test_prompt_row_errors() -> None:
     assert validate_prompt_row({"messages": [user("Hi")], "environment": [{"name": "f", "result": 1, "extra": 2}]}) == [
         "environment[0].extra: Extra inputs are not permitted"
     ]
-    assert validate_prompt_row({"messages": [user("Hi")], "environment": {}, "id": 3}) == [
+    assert validate_prompt_row({"messages": [user("Hi")], "environment": "tools", "id": 3}) == [
         "id: must be a string",
-        "environment: must be a list of scripted calls {name, arguments, result}",
+        'environment: must be a list of scripted calls {name, arguments, result}, or {"name": ...} naming a '
+        "registered environment",
+    ]
+    # The named form: its shape here; whether the name is registered, where the registry is known.
+    assert validate_prompt_row({"messages": [user("Hi")], "environment": {"name": "account_deletion"}}) == []
+    assert validate_prompt_row({"messages": [user("Hi")], "environment": {"config": [], "seed": 1}}) == [
+        "environment.seed: unknown field; allowed: name, config",
+        "environment.name: must be the name of a registered environment (a string of 1 to 64 characters)",
+        "environment.config: must be an object",
     ]
     assert json.dumps(validate_prompt_row({"messages": [user("Hi")], "grader": {}})) == json.dumps(
         ["grader: unknown field; allowed: messages, tools, parallel_tool_calls, reference, environment, id, metadata"]

@@ -180,20 +180,33 @@ def _render(
         if message.get("role") != "assistant" or not trained(index, message):
             continue
         where = f"messages[{index}]"
-        prompt = _tokens(tokenizer, prepared[: index + offset], template_tools, generation_prompt=True)
-        through = _tokens(tokenizer, prepared[: index + offset + 1], template_tools, generation_prompt=False)
-        _require_prefix(tokenizer, prompt, through, where, "the conversation before it with a generation prompt")
+        start, end, through = _assistant_span(tokenizer, prepared[: index + offset + 1], template_tools, where, special)
         _require_prefix(tokenizer, through, tokens, where, "the conversation up to it")
-        # The turn ends at its last special token (<|im_end|>); what follows is the template's glue.
-        ends = [position for position in range(len(prompt), len(through)) if through[position] in special]
-        if not ends:
-            raise InvalidRequest(
-                f"{where}: the chat template closed this assistant turn without a special end-of-turn token; "
-                "use a template that ends turns with one (ChatML's <|im_end|>)",
-                param=where,
-            )
-        weights[len(prompt) : ends[-1] + 1] = [1.0] * (ends[-1] + 1 - len(prompt))
+        weights[start:end] = [1.0] * (end - start)
     return Example(tokens, weights)
+
+
+def _assistant_span(
+    tokenizer: PreTrainedTokenizerBase,
+    prepared: list[dict[str, Any]],
+    template_tools: list[dict[str, Any]] | None,
+    where: str,
+    special: set[int],
+) -> tuple[int, int, list[int]]:
+    """(start, end, tokens) of a prepared conversation that ends with an assistant message:
+    the message's tokens are tokens[start:end], end-of-turn token included."""
+    prompt = _tokens(tokenizer, prepared[:-1], template_tools, generation_prompt=True)
+    through = _tokens(tokenizer, prepared, template_tools, generation_prompt=False)
+    _require_prefix(tokenizer, prompt, through, where, "the conversation before it with a generation prompt")
+    # The turn ends at its last special token (<|im_end|>); what follows is the template's glue.
+    ends = [position for position in range(len(prompt), len(through)) if through[position] in special]
+    if not ends:
+        raise InvalidRequest(
+            f"{where}: the chat template closed this assistant turn without a special end-of-turn token; "
+            "use a template that ends turns with one (ChatML's <|im_end|>)",
+            param=where,
+        )
+    return len(prompt), ends[-1] + 1, through
 
 
 def _raise_on_errors(errors: list[str]) -> None:
@@ -224,6 +237,39 @@ def render_prompt(
     """The prompt tokens for sampling the next assistant turn, prepared exactly as in training."""
     prepared, template_tools = prepare_messages(tokenizer, messages, tools)
     return _tokens(tokenizer, prepared, template_tools, generation_prompt=True)
+
+
+class Continuation(NamedTuple):
+    """What follows a sampled assistant turn: the template's end-of-turn token (the turn's
+    tokens must end with it) and the tokens after it, up to the next turn's generation prompt."""
+
+    end_of_turn: int
+    tokens: list[int]
+
+
+def render_continuation(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Mapping[str, Any]],
+    observation: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> Continuation:
+    """The tokens that `observation` (tool or user messages) adds after the last message of
+    `messages`, an assistant turn, through the generation prompt of the next assistant turn.
+
+    Only what follows the turn's end-of-turn special token is returned: a special token is a
+    boundary of tokenization, so these tokens are the same whatever ids the turn itself was
+    sampled as, and an agent loop appends them to the sampled ids without re-tokenizing any
+    earlier turn. A template that is not prefix-stable here raises `InvalidRequest`.
+    """
+    if not messages or messages[-1].get("role") != "assistant":
+        raise InvalidRequest("a continuation follows an assistant turn: messages must end with one")
+    prepared, template_tools = prepare_messages(tokenizer, [*messages, *observation], tools)
+    turn = len(prepared) - len(observation)
+    where = f"messages[{len(messages) - 1}]"
+    _, end, through = _assistant_span(tokenizer, prepared[:turn], template_tools, where, set(tokenizer.all_special_ids))
+    full = _tokens(tokenizer, prepared, template_tools, generation_prompt=True)
+    _require_prefix(tokenizer, through[:end], full, where, "the conversation through this turn's end")
+    return Continuation(end_of_turn=through[end - 1], tokens=full[end:])
 
 
 def render_preference(tokenizer: PreTrainedTokenizerBase, row: Mapping[str, Any]) -> PreferencePair:

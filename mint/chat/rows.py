@@ -215,13 +215,28 @@ def validate_preference_row(row: Any) -> list[str]:
     return errors[:_MAX_ERRORS]
 
 
+def named_environment_errors(spec: Any, where: str) -> list[str]:
+    """The shape of `{"name": ..., "config"?: {...}}`, which names an environment registered in
+    Mint's code (whether the name is registered is checked where the registry is known)."""
+    if not isinstance(spec, dict):
+        return [f'{where}: must be an object {{"name": ..., "config"?: {{...}}}}']
+    errors = _unknown(spec, ("name", "config"), where)
+    name = spec.get("name")
+    if not isinstance(name, str) or not name or len(name) > 64:
+        errors.append(f"{where}.name: must be the name of a registered environment (a string of 1 to 64 characters)")
+    if "config" in spec and not isinstance(spec["config"], dict):
+        errors.append(f"{where}.config: must be an object")
+    return errors
+
+
 def validate_prompt_row(row: Any) -> list[str]:
     """Problems with one RL prompt row; empty when valid.
 
     `{"messages": [...], "tools"?: [...], "reference"?: any, "environment"?: [{"name",
-    "arguments", "result"}], "id"?: str, "metadata"?: object}`: the conversation ends before the
-    assistant's turn; `reference` is what the job's grader compares with; `environment`
-    scripts tool results as in a benchmark task.
+    "arguments", "result"}] | {"name", "config"?}, "id"?: str, "metadata"?: object}`: the
+    conversation ends before the assistant's turn; `reference` is what the job's grader compares
+    with; `environment` either scripts tool results as in a benchmark task, or names a Python
+    environment registered in Mint's code that answers the model's turns.
     """
     allowed = ("messages", "tools", "parallel_tool_calls", "reference", "environment", "id", "metadata")
     errors = _row_errors(row, allowed)
@@ -233,8 +248,13 @@ def validate_prompt_row(row: Any) -> list[str]:
     if "metadata" in row and not isinstance(row["metadata"], dict):
         errors.append("metadata: must be an object")
     environment = row.get("environment", [])
-    if not isinstance(environment, list):
-        errors.append("environment: must be a list of scripted calls {name, arguments, result}")
+    if isinstance(environment, dict):
+        errors += named_environment_errors(environment, "environment")
+    elif not isinstance(environment, list):
+        errors.append(
+            'environment: must be a list of scripted calls {name, arguments, result}, or {"name": ...} naming '
+            "a registered environment"
+        )
     else:
         for index, entry in enumerate(environment):
             try:

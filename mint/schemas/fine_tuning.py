@@ -18,12 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer
 from mint.schemas.common import ID_PATTERN, FiniteJson, RequestModel, WireModel
 from mint.schemas.losses import RlLossName
 from mint.schemas.plans import (
+    DEFAULT_MAX_TURNS,
     MAX_BATCH_SIZE,
     MAX_BETA,
     MAX_EPOCHS,
     MAX_GROUP_SIZE,
     MAX_LEARNING_RATE_MULTIPLIER,
     MAX_STEPS,
+    MAX_TURNS,
+    EnvironmentSpecIn,
 )
 
 Auto = Literal["auto"]
@@ -86,6 +89,12 @@ class ReinforcementHyperparameters(SupervisedHyperparameters):
         description="The loss's options, e.g. clip_low_threshold / clip_high_threshold (ppo, cispo, gspo), "
         "beta (dro), clip_high_threshold / kl_coeff (stable_reinforce).",
     )
+    max_turns: int = Field(
+        default=DEFAULT_MAX_TURNS,
+        ge=1,
+        le=MAX_TURNS,
+        description="Assistant turns per episode in a row's tool environment (a prompt without one takes one).",
+    )
 
 
 class SupervisedMethod(_Strict):
@@ -97,9 +106,16 @@ class DpoMethod(_Strict):
 
 
 class ReinforcementMethod(_Strict):
-    grader: FiniteJson = Field(
+    grader: FiniteJson | None = Field(
+        default=None,
         description='A grader of Mint\'s closed registry, e.g. `{"type": "numeric", "config": {"abs_tol": 0.01}}`, '
-        "optionally with `penalties` for steps and tokens."
+        "optionally with `penalties` for steps and tokens; "
+        "needed unless `environment` gives the reward.",
+    )
+    environment: EnvironmentSpecIn | None = Field(
+        default=None,
+        description='A Python environment registered in Mint\'s code, e.g. `{"name": "account_deletion"}`: each '
+        "episode of a row that does not name or script its own acts in it, and it gives rewards.",
     )
     hyperparameters: ReinforcementHyperparameters = Field(default_factory=ReinforcementHyperparameters)
 

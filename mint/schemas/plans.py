@@ -19,9 +19,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from mint.errors import InvalidRequest
+from mint.schemas.common import FiniteJson, RequestModel
 from mint.schemas.evals import GraderSpecIn
 from mint.schemas.losses import RlLossName, check_loss_config
 
@@ -39,6 +49,11 @@ MAX_LEARNING_RATE_MULTIPLIER = 10_000.0
 MAX_BETA = 10.0
 # Samples per prompt of an RL step, all sampled on one worker.
 MAX_GROUP_SIZE = 256
+# Assistant turns of one RL episode (each a sampling call, its sequence growing every turn).
+MAX_TURNS = 32
+# Enough for a look-up, an action and an answer; a prompt without tools takes one turn anyway.
+DEFAULT_MAX_TURNS = 4
+ENVIRONMENT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 
 
 class _Plan(BaseModel):
@@ -70,15 +85,41 @@ class DpoPlan(_Plan):
     beta: float = Field(gt=0, le=MAX_BETA, description="DPO temperature.")
 
 
+class EnvironmentSpecIn(RequestModel):
+    """A Python environment registered in Mint's code, by name, with its options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    name: str = Field(
+        pattern=ENVIRONMENT_NAME_PATTERN, description="A registered environment, e.g. `account_deletion`."
+    )
+    config: FiniteJson = Field(default_factory=dict, description="Its options.")
+
+
 class RlPlan(_Plan):
-    """Group-normalised RL on prompt rows, graded by a grader of the closed registry."""
+    """Group-normalised RL on prompt rows: each sample an episode of up to `max_turns` turns,
+    rewarded by its environment and/or a grader of the closed registry."""
 
     method: Literal["rl"] = "rl"
     group_size: int = Field(ge=1, le=MAX_GROUP_SIZE, description="Samples per prompt.")
-    max_tokens: int = Field(ge=1, le=4096, description="Longest sampled completion.")
+    max_tokens: int = Field(ge=1, le=4096, description="Longest sampled turn.")
     temperature: float = Field(gt=0, le=2.0, description="Sampling temperature.")
     kl_beta: float = Field(ge=0, le=MAX_BETA, description="KL penalty towards the base (0: none).")
-    grader: GraderSpecIn = Field(description="Scores each sample; its options are checked by the grader registry.")
+    grader: GraderSpecIn | None = Field(
+        default=None,
+        description="Scores each episode; its options are checked by the grader registry. Needed unless "
+        "`environment` gives the reward.",
+    )
+    max_turns: int = Field(
+        default=DEFAULT_MAX_TURNS,
+        ge=1,
+        le=MAX_TURNS,
+        description="Assistant turns per episode; an episode also ends when its environment says so.",
+    )
+    environment: EnvironmentSpecIn | None = Field(
+        default=None,
+        description="The registered Python environment of rows that do not name or script their own.",
+    )
     max_steps_without_signal: int | None = Field(
         default=None,
         ge=1,
@@ -98,6 +139,12 @@ class RlPlan(_Plan):
             except InvalidRequest as exc:
                 raise ValueError(exc.message) from None
         return config
+
+    @model_validator(mode="after")
+    def _rewarded(self) -> RlPlan:
+        if self.grader is None and self.environment is None:
+            raise ValueError("an RL plan needs a grader, an environment that gives rewards, or both")
+        return self
 
 
 TrainingPlan = Annotated[SftPlan | DpoPlan | RlPlan, Field(discriminator="method")]

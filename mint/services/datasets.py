@@ -9,7 +9,8 @@ newlines is never read whole), then the spool is streamed into the object store:
 - `preference`: `{"input": {...}, "preferred_output": [...], "non_preferred_output": [...]}`,
   for DPO jobs;
 - `prompts`: conversations that end before the assistant's turn, with a `reference` and
-  optional scripted `environment`, for reinforcement jobs.
+  optional `environment` (scripted tool results, or a registered environment's name), for
+  reinforcement jobs.
 
 The kind is given, or read from the first row. A file with any invalid row is refused as a
 whole with errors that name the line and the field, and nothing is stored. Content lives in
@@ -31,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from mint.chat.rows import validate_chat_row, validate_preference_row, validate_prompt_row
 from mint.errors import InvalidRequest, NotFound, PayloadTooLarge
+from mint.evals.agent_environments import prompt_row_environment_errors
 from mint.schemas.common import loads_finite
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, get_owned, insert_or_first, owned_by, paginate
@@ -39,7 +41,7 @@ from mint.storage.tables import DATASET_KINDS, Dataset, new_id
 VALIDATORS: dict[str, Callable[[Any], list[str]]] = {
     "chat": validate_chat_row,
     "preference": validate_preference_row,
-    "prompts": validate_prompt_row,
+    "prompts": lambda row: validate_prompt_row(row) or prompt_row_environment_errors(row),
 }
 # Which dataset kind each fine-tuning method trains on.
 KIND_OF_METHOD = {"sft": "chat", "dpo": "preference", "rl": "prompts"}

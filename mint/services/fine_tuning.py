@@ -35,6 +35,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest, MintError
+from mint.evals.agent_environments import check_environment_spec
 from mint.evals.graders import reward_spec
 from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.fine_tuning import FineTuningJobCreate, Method, StageCreate
@@ -92,11 +93,16 @@ def _request_hash(body: FineTuningJobCreate) -> str:
 
 
 def _checked(method: Method, param: str) -> Method:
-    if method.type == "reinforcement" and method.reinforcement is None:
+    if method.type == "reinforcement" and (
+        method.reinforcement is None
+        or (method.reinforcement.grader is None and method.reinforcement.environment is None)
+    ):
         raise InvalidRequest(
             f"{param}.reinforcement.grader is required for reinforcement jobs, "
-            'e.g. {"type": "exact", "config": {}}',
-            param=f"{param}.reinforcement",
+            '{"type": "exact", "config": {}} for instance, '
+            f"unless {param}.reinforcement.environment names an environment that gives rewards, e.g. "
+            '{"name": "account_deletion"}',
+            param=f"{param}.reinforcement.grader",
         )
     return method
 
@@ -179,8 +185,13 @@ def resolve_plan(body: Schedule, method: Method, rows: int) -> TrainingPlan:
             "max_steps_without_signal": _resolve(rl.max_steps_without_signal, None),
             "loss_fn": rl.loss_fn,
             "loss_fn_config": rl.loss_fn_config,
-            "grader": reward_spec(method.reinforcement.grader).model_dump(),
+            "max_turns": rl.max_turns,
         }
+        if method.reinforcement.grader is not None:
+            plan["grader"] = reward_spec(method.reinforcement.grader).model_dump()
+        if method.reinforcement.environment is not None:
+            environment = method.reinforcement.environment.model_dump()
+            plan["environment"] = check_environment_spec(environment, "method.reinforcement.environment")
     return parse_plan(plan)
 
 
@@ -430,7 +441,7 @@ def list_checkpoints(session: Session, job: TrainingJob) -> list[Checkpoint]:
 
 
 # The RL plan's own knobs, shown with the job's hyperparameters (null: the platform's default).
-RL_HYPERPARAMETERS = ("group_size", "max_tokens", "temperature", "kl_beta", "max_steps_without_signal")
+RL_HYPERPARAMETERS = ("group_size", "max_tokens", "temperature", "kl_beta", "max_steps_without_signal", "max_turns")
 
 
 def _method_view(kind: str, plan: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -441,6 +452,7 @@ def _method_view(kind: str, plan: Mapping[str, Any]) -> tuple[dict[str, Any], di
     method: dict[str, Any] = {"type": method_type, method_type: {"hyperparameters": hyperparameters | extra}}
     if kind == "rl":
         method[method_type]["grader"] = plan.get("grader")
+        method[method_type]["environment"] = plan.get("environment")
     return method, hyperparameters
 
 

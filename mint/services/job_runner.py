@@ -426,6 +426,7 @@ class JobRun:
             job.trained_tokens = context.trained_tokens
 
     def _train(self, training: TrainingSession) -> list[StepReport]:
+        from mint.evals.agent_environments import make_environment
         from mint.evals.graders import GraderSpec
         from mint.trainer.methods import METHODS
         from mint.trainer.recipes.common import RecipeInputs
@@ -442,6 +443,7 @@ class JobRun:
             start_step=self.context.start_step,
             on_step=on_step,
             grader_for=GraderSpec.model_validate,
+            environment_for=make_environment,
             rl_max_steps_without_signal=self.settings.rl_max_steps_without_signal,
         )
         return METHODS.run(self.context.plan, inputs)
@@ -534,7 +536,7 @@ class JobRun:
             emit_event(session, job.id, f"Job cancelled after step {job.completed_steps}")
 
 
-SHOWN = ("loss", "reward", "reward_std", "groups_with_signal", "kl", "accuracy", "tokens_per_second")
+SHOWN = ("loss", "reward", "reward_std", "groups_with_signal", "kl", "turns", "accuracy", "tokens_per_second")
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:

@@ -235,3 +235,39 @@ def test_a_reinforcement_job_takes_a_composite_grader_with_penalties(client: Tes
     assert refused.status_code == 400 and "cannot score RL samples" in refused.text
     too_costly = create({"type": "exact", "penalties": {"token": 1.0}})
     assert too_costly.status_code == 400 and "penalties.token" in too_costly.text
+
+
+def test_an_rl_jobs_environment_is_checked_at_create_and_at_upload(client: TestClient, tenant: Tenant) -> None:
+    """A named environment must be registered in Mint's code: an unknown name is a 400 naming
+    the registered ones, whether the job or a row names it; a job without grader needs one."""
+    prompts = upload(client, tenant, prompt_rows(2))
+
+    def reinforcement(section: dict[str, Any]) -> Any:
+        method = {"type": "reinforcement", "reinforcement": section}
+        return _create(client, tenant, {"model": IDLE_BASE, "training_file": prompts["id"], "method": method})
+
+    unknown = reinforcement({"environment": {"name": "no-such-env"}})
+    assert unknown.status_code == 400, unknown.text
+    error = unknown.json()["error"]
+    assert error["param"] == "method.reinforcement.environment.name", error
+    assert (
+        "no environment is registered as 'no-such-env'" in error["message"] and "account_deletion" in error["message"]
+    )
+    neither = reinforcement({"hyperparameters": {"max_turns": 3}})
+    assert neither.status_code == 400 and "unless method.reinforcement.environment" in neither.text
+    too_many = reinforcement({"environment": {"name": "account_deletion"}, "hyperparameters": {"max_turns": 33}})
+    assert too_many.status_code == 422 and "max_turns" in too_many.text
+
+    created = reinforcement({"environment": {"name": "account_deletion"}, "hyperparameters": {"max_turns": 3}})
+    assert created.status_code == 200, created.text
+    section = created.json()["method"]["reinforcement"]
+    assert section["environment"] == {"name": "account_deletion", "config": {}} and section["grader"] is None
+    assert section["hyperparameters"]["max_turns"] == 3
+
+    rows = [{"messages": [{"role": "user", "content": "hi"}], "environment": {"name": "no-such-env"}}]
+    refused = client.post(
+        "/v1/datasets",
+        headers=tenant.headers("developer"),
+        files={"file": ("rl.jsonl", jsonl(rows), "application/jsonl")},
+    )
+    assert refused.status_code == 400 and "line 1: environment.name: no environment is registered" in refused.text

@@ -165,6 +165,42 @@ def test_an_rl_job_without_reward_signal_stops_and_says_what_to_do(
     assert all(data["groups_with_signal"] == 0 and data["reward"] == 0 for data in steps)
 
 
+def test_an_rl_job_runs_episodes_in_a_python_environment_named_by_the_job(
+    client: TestClient, tenant: Tenant, workers: Workers
+) -> None:
+    """`account_deletion`, registered in Mint's code, named by the job and rewarding on its own
+    (no grader): the worker runs each sample as an episode in it and reports turns and tokens."""
+    from mint.evals.agent_environments import account_deletion_rows
+
+    workers.start("agent-rl")
+    rows = [{k: v for k, v in row.items() if k != "environment"} for row in account_deletion_rows(4, seed=0)]
+    prompts = upload(client, tenant, rows)
+    created = client.post(
+        "/v1/fine_tuning/jobs",
+        headers=tenant.headers("developer"),
+        json={
+            "model": BASE,
+            "training_file": prompts["id"],
+            "steps": 2,
+            "method": {
+                "type": "reinforcement",
+                "reinforcement": {
+                    "environment": {"name": "account_deletion"},
+                    "hyperparameters": {"batch_size": 2, "group_size": 2, "max_tokens": 4, "max_turns": 2},
+                },
+            },
+        },
+    ).json()
+    job = _finished(client, tenant, created["id"])
+    assert job["status"] == "succeeded", job
+    steps = [e["data"] for e in _events(client, tenant, job["id"]) if e["type"] == "metrics"]
+    assert [data["step"] for data in steps] == [1, 2]
+    for data in steps:
+        # The tiny base never calls delete_account: declining earns 1 on unconfirmed rows, 0 on confirmed ones.
+        assert data["turns"] >= 1 and data["episode_tokens"] > data["tokens"] > 0, data
+        assert 0 <= data["reward"] <= 1, data
+
+
 def test_cancel_stops_a_running_job_within_one_step(client: TestClient, tenant: Tenant, workers: Workers) -> None:
     workers.start("cancel")
     file = upload(client, tenant, chat_rows(8))

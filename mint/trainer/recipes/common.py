@@ -14,6 +14,7 @@ from mint.trainer.types import AdamParams, Datum, ForwardOutput
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from mint.trainer.episodes import Env
     from mint.trainer.session import TrainingSession
 
 Rendered = TypeVar("Rendered")
@@ -75,19 +76,29 @@ def keep_going(on_step: OnStep | None, report: StepReport) -> bool:
 
 
 class Grader(Protocol):
-    """Scores a completion's text against a prompt's reference: in [0, 1], less the spec's
-    penalties for `steps` (model turns) and `tokens` (generated), if it has any.
+    """Scores an output against a prompt's reference, in [0, 1]: a completion's text, or the
+    messages a multi-turn episode added (assistant turns and observations, in order); less the
+    spec's penalties for `steps` (model turns) and `tokens` (generated), if it has any.
 
     Jobs pass the benchmark graders' `mint.evals.graders.GraderSpec`, so RL rewards are the
     scores benchmarks give; the recipe depends only on this method, never on evals.
     """
 
-    def reward(self, output: str, reference: Any, *, steps: int = 1, tokens: int = 0) -> float: ...
+    def reward(self, output: Any, reference: Any, *, steps: int = 1, tokens: int = 0) -> float: ...
 
 
 def _no_graders(spec: dict[str, Any]) -> Grader:
     raise InvalidRequest("this job's method has no grader registry to build a reward from", param="grader")
 
+
+def _no_environments(row: Mapping[str, Any], job_environment: Mapping[str, Any] | None) -> Callable[[], Env] | None:
+    if job_environment is not None or row.get("environment") or row.get("tools"):
+        raise InvalidRequest("this job's runner has no environments to run tool episodes in", param="environment")
+    return None
+
+
+# (prompt row, the plan's environment spec) -> what makes a fresh environment per episode, or None.
+EnvironmentFor = Callable[[Mapping[str, Any], Mapping[str, Any] | None], Callable[[], "Env"] | None]
 
 DEFAULT_RL_MAX_STEPS_WITHOUT_SIGNAL = 5
 
@@ -99,7 +110,9 @@ class RecipeInputs:
     KL penalty of RL), the training file's rows, the job's seed, the step to start from (that
     of the checkpoint a resumed job loaded), and, for methods with rewards, the grader of a
     plan's grader spec (the benchmarks' closed registry, given by the caller so that the
-    trainer never imports evals), and the worker's default patience of RL without signal."""
+    trainer never imports evals), the environments RL episodes act in (`environment_for`, also
+    the caller's: evals' scripted tools and registered Python environments), and the worker's
+    default patience of RL without signal."""
 
     training: TrainingSession
     tokenizer: PreTrainedTokenizerBase
@@ -109,6 +122,7 @@ class RecipeInputs:
     start_step: int = 0
     on_step: OnStep | None = None
     grader_for: Callable[[dict[str, Any]], Grader] = _no_graders
+    environment_for: EnvironmentFor = _no_environments
     # RL stops after this many steps in a row without reward signal, unless the plan says otherwise.
     rl_max_steps_without_signal: int = DEFAULT_RL_MAX_STEPS_WITHOUT_SIGNAL
 

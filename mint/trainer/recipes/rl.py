@@ -5,6 +5,13 @@ optional KL penalty towards the base.
 
     run_rl(session, prompts, RlConfig(steps=10, group_size=8), decode=tokenizer.decode)
 
+A prompt with an environment (`RlPrompt.environment`: a benchmark's scripted tools, or a
+Python environment registered by name) makes each sample an episode of several turns
+(`mint.trainer.episodes`): the policy's sampled ids, then the environment's observation as
+the chat template's delta, and so on, trained as one sequence of the exact ids sampled, with
+the advantage on the sampled tokens only. Its reward is what the environment gave over the
+episode plus the grader's score of the messages it added (either may be absent).
+
 Each step, for each of `prompts_per_step` prompts: sample `group_size` completions with the
 session itself (its logprobs are computed exactly as `forward` computes them, so the
 importance ratio starts at 1), grade each with the prompt's grader (the same graders that
@@ -25,14 +32,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mint.chat.render import render_prompt
-from mint.errors import MintError
-from mint.schemas.plans import RlPlan
+from mint.errors import InvalidRequest, MintError
+from mint.schemas.plans import DEFAULT_MAX_TURNS, RlPlan
 from mint.trainer.data import batch_plan, mean_over_tokens
+from mint.trainer.episodes import Env, Episode, EpisodeLimits, Turn, run_episodes
 from mint.trainer.recipes.common import (
     DEFAULT_RL_MAX_STEPS_WITHOUT_SIGNAL,
     Grader,
@@ -45,6 +53,9 @@ from mint.trainer.recipes.common import (
     render_rows,
 )
 from mint.trainer.types import AdamParams, Datum, SampledSequence, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ADVANTAGE_EPS = 1e-6
 # A token's importance ratio exp(logp_train - logp_sample) outside [1 - CLIP_BAND, 1 + CLIP_BAND]
@@ -60,11 +71,14 @@ class NoRewardSignal(MintError):
 
 @dataclass(frozen=True)
 class RlPrompt:
-    """A prompt (already rendered with the chat template), its reference and its grader."""
+    """A prompt (already rendered with the chat template), its reference and its grader; with
+    an `environment` (what makes a fresh one per episode), each sample is a multi-turn episode
+    that starts from the environment's initial observation."""
 
     prompt_tokens: list[int]
     reference: Any
-    grader: Grader
+    grader: Grader | None
+    environment: Callable[[], Env] | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,7 @@ class RlConfig:
     grad_clip_norm: float = 1.0
     seed: int = 0
     max_steps_without_signal: int = DEFAULT_RL_MAX_STEPS_WITHOUT_SIGNAL
+    max_turns: int = DEFAULT_MAX_TURNS
 
 
 class Policy(Trainer, Scorer, Protocol):
@@ -98,22 +113,22 @@ def group_advantages(rewards_G: Sequence[float]) -> list[float]:
     return [(reward - mean) / (std + ADVANTAGE_EPS) for reward in rewards_G]
 
 
-def completion_datum(prompt_tokens: Sequence[int], sample: SampledSequence, advantage: float) -> Datum:
-    """prompt + completion as one datum; loss inputs are zero on the prompt's positions.
+def single_turn(prompt_tokens: Sequence[int], sample: SampledSequence) -> Episode:
+    """A completion of a prompt without environment, as a one-turn episode."""
+    turn = Turn(
+        list(sample.tokens),
+        list(sample.logprobs),
+        {"role": "assistant"},
+        [],
+        0.0,
+        sampler_logprobs=sample.sampler_logprobs,
+    )
+    return Episode([], None, list(prompt_tokens), [turn])
 
-    `weights` mark the completion (dro's penalty covers only it); `sampler_logprobs`, when the
-    sampler recorded them, are what stable_reinforce weighs against."""
-    tokens = [*prompt_tokens, *sample.tokens]
-    prompt_positions = len(prompt_tokens) - 1
-    inputs: dict[str, list[int] | list[float]] = {
-        "target_tokens": tokens[1:],
-        "logprobs": [0.0] * prompt_positions + list(sample.logprobs),
-        "advantages": [0.0] * prompt_positions + [advantage] * len(sample.tokens),
-        "weights": [0.0] * prompt_positions + [1.0] * len(sample.tokens),
-    }
-    if sample.sampler_logprobs is not None:
-        inputs["sampler_logprobs"] = [0.0] * prompt_positions + list(sample.sampler_logprobs)
-    return Datum(model_input=tokens[:-1], loss_fn_inputs=inputs)
+
+def completion_datum(prompt_tokens: Sequence[int], sample: SampledSequence, advantage: float) -> Datum:
+    """prompt + completion as one datum; loss inputs are zero on the prompt's positions."""
+    return single_turn(prompt_tokens, sample).datum(advantage)
 
 
 def _kl_to_base(data: list[Datum], reference: Scorer, kl_beta: float) -> tuple[list[Datum], float]:
@@ -166,6 +181,41 @@ def no_signal_message(steps: int, group_size: int, mean_reward: float) -> str:
     )
 
 
+def _graded(prompt: RlPrompt, episode: Episode, output: Any) -> float:
+    """The grader's reward of an episode's output, its penalties charged for the episode's turns and tokens."""
+    if prompt.grader is None:
+        return 0.0
+    return prompt.grader.reward(output, prompt.reference, steps=len(episode.turns), tokens=episode.sampled_tokens)
+
+
+def _rollouts(
+    policy: Policy,
+    prompt: RlPrompt,
+    config: RlConfig,
+    seed: int,
+    decode: Callable[[list[int]], str],
+    tokenizer: PreTrainedTokenizerBase | None,
+) -> tuple[list[Episode], list[float]]:
+    """One group: `group_size` episodes of a prompt and their rewards (environment + grader)."""
+    outputs: Sequence[Any]
+    if prompt.environment is None:
+        params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, seed=seed)
+        samples = policy.sample(prompt.prompt_tokens, params, num_samples=config.group_size)
+        episodes = [single_turn(prompt.prompt_tokens, sample) for sample in samples]
+        outputs = [decode(sample.tokens) for sample in samples]
+    else:
+        if tokenizer is None:
+            raise ValueError("prompts with an environment need the tokenizer, to render observations")
+        limits = EpisodeLimits(max_turns=config.max_turns, max_tokens=config.max_tokens, temperature=config.temperature)
+        episodes = run_episodes(policy, tokenizer, prompt.environment, config.group_size, limits, seed)
+        outputs = [episode.added for episode in episodes]
+    rewards = [
+        episode.environment_reward + _graded(prompt, episode, output)
+        for episode, output in zip(episodes, outputs, strict=True)
+    ]
+    return episodes, rewards
+
+
 def run_rl(
     policy: Policy,
     prompts: Sequence[RlPrompt],
@@ -175,10 +225,12 @@ def run_rl(
     reference: Scorer | None = None,
     start_step: int = 0,
     on_step: OnStep | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> list[StepReport]:
     """Train from `start_step` to `config.steps`; `reference` (the base) is needed for `kl_beta > 0`
-    and gives the `kl` metric whenever it is passed. Raises `NoRewardSignal` after
-    `config.max_steps_without_signal` steps in a row without signal (each reported first)."""
+    and gives the `kl` metric whenever it is passed; `tokenizer` is needed by prompts with an
+    environment. Raises `NoRewardSignal` after `config.max_steps_without_signal` steps in a row
+    without signal (each reported first)."""
     if config.kl_beta > 0 and reference is None:
         raise ValueError("kl_beta > 0 needs a reference scorer (the base model)")
     plan = batch_plan(len(prompts), batch_size=config.prompts_per_step, steps=config.steps, seed=config.seed)
@@ -187,27 +239,22 @@ def run_rl(
     for step in range(start_step, config.steps):
         data: list[Datum] = []
         rewards: list[float] = []
+        turns: list[int] = []
+        episode_tokens: list[int] = []
         groups_with_signal, sampled_tokens, sampled_logprob_sum = 0, 0, 0.0
         for slot, index in enumerate(plan[step]):
-            prompt = prompts[index]
-            params = SamplingParams(
-                max_tokens=config.max_tokens,
-                temperature=config.temperature,
-                seed=config.seed * 1_000_003 + step * 1_009 + slot,
-            )
-            samples = policy.sample(prompt.prompt_tokens, params, num_samples=config.group_size)
-            rewards_G = [
-                prompt.grader.reward(decode(sample.tokens), prompt.reference, steps=1, tokens=len(sample.tokens))
-                for sample in samples
-            ]
+            seed = config.seed * 1_000_003 + step * 1_009 + slot
+            episodes, rewards_G = _rollouts(policy, prompts[index], config, seed, decode, tokenizer)
             rewards += rewards_G
             advantages_G = group_advantages(rewards_G)
             groups_with_signal += any(advantages_G)
-            for sample, advantage in zip(samples, advantages_G, strict=True):
-                sampled_tokens += len(sample.tokens)
-                sampled_logprob_sum += sum(sample.logprobs)
+            for episode, advantage in zip(episodes, advantages_G, strict=True):
+                sampled_tokens += episode.sampled_tokens
+                sampled_logprob_sum += sum(sum(turn.logprobs) for turn in episode.turns)
+                turns.append(len(episode.turns))
+                episode_tokens.append(len(episode.tokens))
                 if advantage != 0:
-                    data.append(completion_datum(prompt.prompt_tokens, sample, advantage))
+                    data.append(episode.datum(advantage))
         metrics = {
             "reward": statistics.fmean(rewards),
             "reward_std": statistics.pstdev(rewards),
@@ -216,6 +263,9 @@ def run_rl(
             "tokens": float(sampled_tokens),
             # The sampled tokens' mean negative logprob: a one-sample estimate of the policy's entropy.
             "entropy": -sampled_logprob_sum / max(sampled_tokens, 1),
+            # Per episode: assistant turns taken, and the whole sequence's tokens (prompt and observations too).
+            "turns": statistics.fmean(turns),
+            "episode_tokens": statistics.fmean(episode_tokens),
         }
         lr = config.learning_rate
         if data:
@@ -238,18 +288,27 @@ def run_rl(
     return reports
 
 
+def _rl_prompt(inputs: RecipeInputs, plan: RlPlan, grader: Grader | None, row: Mapping[str, Any]) -> RlPrompt:
+    environment = inputs.environment_for(row, plan.environment.model_dump() if plan.environment else None)
+    if environment is None:
+        if grader is None:
+            raise InvalidRequest(
+                "this row has no environment to reward it and the job has no grader; give the job a grader, "
+                "or the row an environment",
+                param="environment",
+            )
+        tokens = render_prompt(inputs.tokenizer, row["messages"], row.get("tools"))
+    else:
+        first = environment()  # its prompt is rendered now, so that a row the template refuses names its line
+        tokens = render_prompt(inputs.tokenizer, first.initial_observation(), first.tools)
+    return RlPrompt(prompt_tokens=tokens, reference=row.get("reference"), grader=grader, environment=environment)
+
+
 def run_rl_plan(plan: RlPlan, inputs: RecipeInputs) -> list[StepReport]:
-    """A job's RL plan on its prompt rows (`messages`, optional `tools` and `reference`)."""
-    grader = inputs.grader_for(plan.grader.model_dump())  # the closed registry's check
+    """A job's RL plan on its prompt rows (`messages`, optional `tools`, `reference` and `environment`)."""
+    grader = inputs.grader_for(plan.grader.model_dump()) if plan.grader else None  # the closed registry's check
     tokenizer = inputs.tokenizer
-    prompts = render_rows(
-        inputs.rows,
-        lambda row: RlPrompt(
-            prompt_tokens=render_prompt(tokenizer, row["messages"], row.get("tools")),
-            reference=row.get("reference"),
-            grader=grader,
-        ),
-    )
+    prompts = render_rows(inputs.rows, lambda row: _rl_prompt(inputs, plan, grader, row))
     config = RlConfig(
         steps=plan.steps,
         prompts_per_step=plan.batch_size,
@@ -262,6 +321,7 @@ def run_rl_plan(plan: RlPlan, inputs: RecipeInputs) -> list[StepReport]:
         loss_fn_config=dict(plan.loss_fn_config),
         seed=inputs.seed,
         max_steps_without_signal=plan.max_steps_without_signal or inputs.rl_max_steps_without_signal,
+        max_turns=plan.max_turns,
     )
     return run_rl(
         inputs.training,
@@ -271,4 +331,5 @@ def run_rl_plan(plan: RlPlan, inputs: RecipeInputs) -> list[StepReport]:
         reference=inputs.reference,
         start_step=inputs.start_step,
         on_step=inputs.on_step,
+        tokenizer=tokenizer,
     )
