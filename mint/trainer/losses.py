@@ -58,6 +58,30 @@ def get_loss(name: str) -> Loss:
     return loss
 
 
+def policy_metrics(logprobs: Sequence[torch.Tensor], inputs: Sequence[LossInputs]) -> dict[str, float]:
+    """What an RL step shows besides its loss, over the tokens with an advantage (the sampled
+    ones), the same for every policy-gradient loss:
+
+        kl_sample_train = mean(q - logp)    how far the learner moved from the sampler (k1 estimate)
+        entropy = mean(-logp)               the learner's surprise at the sampled tokens
+
+    q is the sampling logprobs a loss weighs against (`logprobs`, else `sampler_logprobs`). A
+    Tinker RL loop gets them in `forward_backward`'s metrics, as a job's RL steps report them;
+    a loss without advantages (cross entropy, DPO) gets none."""
+    gaps, surprises = [], []
+    for lp, x in zip(logprobs, inputs, strict=True):
+        sampled = x.get("logprobs", x.get("sampler_logprobs"))
+        if "advantages" not in x or sampled is None:
+            return {}
+        active = x["advantages"] != 0
+        gaps.append((sampled - lp.detach())[active])
+        surprises.append(-lp.detach()[active])
+    gap, surprise = torch.cat(gaps), torch.cat(surprises)
+    if not gap.numel():
+        return {}
+    return {"kl_sample_train:mean": float(gap.mean()), "entropy:mean": float(surprise.mean())}
+
+
 def _weights(inputs: LossInputs, logprobs_T: torch.Tensor) -> torch.Tensor:
     weights = inputs.get("weights")
     return torch.ones_like(logprobs_T) if weights is None else weights

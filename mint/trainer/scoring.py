@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from mint.errors import InvalidRequest
-from mint.trainer.losses import Loss, get_loss
+from mint.trainer.losses import Loss, get_loss, policy_metrics
 from mint.trainer.packing import pack, packed_logprobs
 from mint.trainer.types import LOSS_INPUT_KINDS, Datum, ForwardOutput
 
@@ -132,5 +132,5 @@ def score(
             value, extra = loss.fn(logprobs, inputs, config)
             if backward:
                 value.backward()
-            metrics |= {"loss:sum": float(value.detach()), **extra}
+            metrics |= {"loss:sum": float(value.detach()), **extra, **policy_metrics(logprobs, inputs)}
     return ForwardOutput(logprobs=[lp.detach().float().cpu().tolist() for lp in logprobs], metrics=metrics)

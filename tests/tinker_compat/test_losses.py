@@ -117,6 +117,12 @@ def test_each_loss_matches_its_formula_and_trains(
 
     result = training.forward_backward(data, loss_fn).result()  # type: ignore[arg-type]
     assert result.metrics["loss:sum"] == pytest.approx(scored.metrics["loss:sum"], rel=1e-5, abs=1e-6)
+    # The RL loop's view of the step: the learner's distance from the sampler and its entropy.
+    sampled_T = [d.loss_fn_inputs["logprobs"].to_torch() for d in data]
+    gaps = torch.cat([(q - lp)[len(prompt) - 1 :] for q, lp in zip(sampled_T, logprobs, strict=True)])
+    assert result.metrics["kl_sample_train:mean"] == pytest.approx(float(gaps.mean()), rel=1e-4, abs=1e-6)
+    surprise = torch.cat([-lp[len(prompt) - 1 :] for lp in logprobs])
+    assert result.metrics["entropy:mean"] == pytest.approx(float(surprise.mean()), rel=1e-4)
     assert training.optim_step(types.AdamParams(learning_rate=1e-3)).result().metrics["grad_norm:mean"] > 0
 
 
