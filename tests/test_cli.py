@@ -106,7 +106,12 @@ def test_up_starts_the_platform_on_embedded_defaults(tmp_path: Path) -> None:
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1, reply.text
     finally:
         process.send_signal(signal.SIGINT)
-        process.wait(timeout=60)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # never leave a platform running for the tests after this one
+            process.kill()
+            process.wait()
+            raise
 
 
 def test_models_pull_caches_a_base_as_safetensors(tmp_path: Path) -> None:

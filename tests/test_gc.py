@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from mint.config import Settings
 from mint.services.object_gc import OBJECT_KEY_COLUMNS, collect_garbage, find_orphans
@@ -26,6 +26,7 @@ from mint.storage.tables import (
     Adapter,
     AdapterVersion,
     Base,
+    BaseModelRow,
     Checkpoint,
     Dataset,
     TinkerCheckpoint,
@@ -43,6 +44,20 @@ HOUR = timedelta(hours=1)
 def fresh_store(settings: Settings) -> ObjectStore:
     """The session's store, opened anew, so that a test may break one of its methods alone."""
     return open_object_store(settings.object_store, s3_endpoint_url=settings.s3_endpoint_url)
+
+
+@pytest.fixture
+def probe_base(prepared: Settings) -> Iterator[str]:
+    """A disabled base of this test's own, whose tokenizer archive the test may write: the real
+    bases' archives are what the session's Tinker clients download, and must stay intact."""
+    name = f"gc-probe-{secrets.token_hex(4)}"
+    with session_scope(prepared.database) as session:
+        session.add(BaseModelRow(name=name, architecture="probe", moe=False, enabled=False, spec={}))
+        session.commit()
+    yield name
+    with session_scope(prepared.database) as session:
+        session.execute(delete(BaseModelRow).where(BaseModelRow.name == name))
+        session.commit()
 
 
 def put(store: ObjectStore, key: str) -> str:
@@ -90,11 +105,13 @@ def test_every_column_that_holds_an_object_key_is_known_to_gc() -> None:
     assert key_columns == {f"{column.class_.__tablename__}.{column.key}" for column in OBJECT_KEY_COLUMNS}
 
 
-def test_gc_lists_old_orphans_dry_run_and_deletes_only_them_when_applied(prepared: Settings, tenant: Tenant) -> None:
+def test_gc_lists_old_orphans_dry_run_and_deletes_only_them_when_applied(
+    prepared: Settings, tenant: Tenant, probe_base: str
+) -> None:
     store = fresh_store(prepared)
     orphan = put(store, f"checkpoints/ftjob_gone{secrets.token_hex(4)}/step-0000002.tar")
     used = adapter_version(prepared, store, tenant).object_key
-    tokenizer = put(store, f"tokenizers/{TRAINING_BASE}.tar")  # a base's archive: no row of its own
+    tokenizer = put(store, f"tokenizers/{probe_base}.tar")  # a base's archive: no row of its own
     foreign = put(store, f"elsewhere/{secrets.token_hex(4)}")  # not under Mint's prefixes
 
     # Just written: within the grace period, even with --apply.

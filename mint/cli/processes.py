@@ -170,8 +170,10 @@ def up(
     key_file = settings.home / ADMIN_KEY_FILE
     if result.admin_key is not None:
         _write_secret(key_file, result.admin_key)
-    # SIGTERM (a service manager, `timeout`, `make` interrupted) stops the children too.
+    # SIGTERM (a service manager, `timeout`, `make` interrupted) stops the children too, and so
+    # does SIGINT even where it was ignored (a shell script's background job inherits SIG_IGN).
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
     from mint.schemas.base_models import enabled_base_names
 
     served = enabled_base_names(settings.model_configs_dir) if serve_bases is None else serve_bases.split(",")

@@ -21,6 +21,7 @@ The row readers shared with `mint.services.tinker` and the runner (`owned_model`
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -235,7 +236,11 @@ def local_tokenizer_folder(settings: Settings, base_model: str) -> Path | None:
         return None
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{base_model}.", dir=folder.parent))
-    unpack_folder(store.get_bytes(tokenizer_key(base_model)), staging)
+    try:
+        unpack_folder(store.get_bytes(tokenizer_key(base_model)), staging)
+    except BaseException:  # an archive that cannot be unpacked leaves no half-made folder behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     try:
         os.replace(staging, folder)
     except OSError:  # unpacked concurrently by another request: keep theirs
