@@ -1,9 +1,14 @@
-"""Sampling with a KV cache: one prompt, `num_samples` continuations decoded as one batch.
+"""Sampling with a KV cache: many requests, each with its own prompt, parameters and number
+of samples, decoded together as one batch.
 
-The prompt is prefilled once; its cache is then repeated `num_samples` times and every row
-decodes in lockstep. All rows have the same length at every step, so there is no padding and
-no attention mask. A finished row keeps decoding (its tokens are dropped) until every row is
-done, which keeps the batch rectangular.
+Prompts of different lengths are left-padded to one width and run in one prefill; an attention
+mask hides the padding and position ids count each row's own tokens, so a row sees exactly
+what it would see alone. Each request's prompt is run once and its cache row repeated for each
+of its samples. Every live row then decodes in lockstep, one token per step. A request whose
+rows are all done (or that reached its own token limit) leaves the batch, its rows dropped from
+the cache; a finished row of a request still decoding keeps decoding (its tokens are dropped),
+so a request draws from its own generator exactly as it would alone: a request's samples do
+not depend on what else is in the batch, up to float rounding.
 
 Each chosen token's logprob is taken from the model's own distribution at temperature 1 with
 `packing.token_logprobs`, the function `forward` uses, so sampled logprobs equal the logprobs
@@ -22,11 +27,13 @@ import torch
 from torch import nn
 
 from mint.trainer.packing import token_logprobs
-from mint.trainer.types import SampledSequence, SamplingParams
+from mint.trainer.types import SampledSequence, SampleRequest, SamplingParams
 
 # Extra tokens decoded before a stop string's span, so that a multi-byte character cut at the
 # tail's start cannot hide a match.
 _TAIL_MARGIN_TOKENS = 8
+# Any id will do under the padding: the attention mask hides it from every real token.
+_PAD_TOKEN_ID = 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,145 @@ def choose_tokens(logits_B_V: torch.Tensor, params: SamplingParams, generator: t
     return draw(logits_B_V, params, generator)[0]
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """A request as the decoder runs it: how many tokens each of its rows may add, and when a row is done."""
+
+    request: SampleRequest
+    max_new_tokens: int
+    stop: StopRule
+
+
+class _Request:
+    """The rows of one request while they decode: its generator and each row's tokens so far."""
+
+    def __init__(self, decoding: Decoding, device: torch.device) -> None:
+        self.decoding = decoding
+        self.params = decoding.request.params
+        self.prompt = decoding.request.prompt_tokens
+        self.num_rows = decoding.request.num_samples
+        self.generator = _generator(self.params.seed, device)
+        self.tokens: list[list[int]] = [[] for _ in range(self.num_rows)]
+        self.logprobs: list[list[float]] = [[] for _ in range(self.num_rows)]
+        self.sampler_logprobs: list[list[float]] = [[] for _ in range(self.num_rows)]
+        self.done = [False] * self.num_rows
+        self.stopped = [False] * self.num_rows
+
+    def add(
+        self, tokens: list[int], logprobs: list[float], drawn: list[float], decode: Callable[[list[int]], str]
+    ) -> None:
+        """Append one step's token to each row that is not done yet."""
+        stop = self.decoding.stop
+        for row, (token, logprob, drawn_logprob) in enumerate(zip(tokens, logprobs, drawn, strict=True)):
+            if self.done[row]:
+                continue
+            self.tokens[row].append(token)
+            self.logprobs[row].append(logprob)
+            self.sampler_logprobs[row].append(drawn_logprob)
+            if token in stop.token_ids or stop.matches_text(self.tokens[row], decode):
+                self.done[row] = self.stopped[row] = True
+
+    def finished(self, step: int) -> bool:
+        """Whether the request is over after 0-based `step`: every row done, or its token limit reached."""
+        return all(self.done) or step + 1 >= self.decoding.max_new_tokens
+
+    def sequences(self) -> list[SampledSequence]:
+        return [
+            SampledSequence(
+                tokens=tokens,
+                logprobs=logprobs,
+                sampler_logprobs=drawn,
+                stop_reason="stop" if stopped else "length",
+            )
+            for tokens, logprobs, drawn, stopped in zip(
+                self.tokens, self.logprobs, self.sampler_logprobs, self.stopped, strict=True
+            )
+        ]
+
+
+def _prefill(
+    model: nn.Module, requests: Sequence[_Request], device: torch.device
+) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """Run every prompt once, left-padded to one width; returns the cache, attention mask and last
+    logits, each repeated so that every sample of a request has its own row (B rows)."""
+    width = max(len(request.prompt) for request in requests)
+    ids_R_P = torch.full((len(requests), width), _PAD_TOKEN_ID, dtype=torch.long)
+    mask_R_P = torch.zeros((len(requests), width), dtype=torch.long)
+    for index, request in enumerate(requests):
+        ids_R_P[index, width - len(request.prompt) :] = torch.tensor(request.prompt, dtype=torch.long)
+        mask_R_P[index, width - len(request.prompt) :] = 1
+    ids_R_P, mask_R_P = ids_R_P.to(device), mask_R_P.to(device)
+    positions_R_P = (mask_R_P.cumsum(dim=-1) - 1).clamp(min=0)
+    # logits_to_keep=1: only the last position's logits are needed (every prompt ends there).
+    output = model(
+        input_ids=ids_R_P, attention_mask=mask_R_P, position_ids=positions_R_P, use_cache=True, logits_to_keep=1
+    )
+    request_of_row_B = torch.repeat_interleave(
+        torch.arange(len(requests), device=device),
+        torch.tensor([request.num_rows for request in requests], device=device),
+    )
+    cache = output.cache
+    cache.batch_select_indices(request_of_row_B)
+    return cache, mask_R_P[request_of_row_B], output.logits[:, -1][request_of_row_B]
+
+
+def generate_batch(
+    model: nn.Module, decodings: Sequence[Decoding], *, decode: Callable[[list[int]], str]
+) -> list[list[SampledSequence]]:
+    """Sample every request's `num_samples` continuations in one batch; one list per request, in order."""
+    if not decodings:
+        return []
+    device = model.get_input_embeddings().weight.device
+    requests = [_Request(decoding, device) for decoding in decodings]
+    cache, mask_B_T, logits_B_V = _prefill(model, requests, device)
+    live = list(requests)  # the requests still decoding; their rows lie in this order, contiguous
+    for step in range(max(decoding.max_new_tokens for decoding in decodings)):
+        chosen, drawn = [], []
+        start = 0
+        for request in live:
+            rows = slice(start, start + request.num_rows)
+            # Each request draws from its own generator, so its samples do not depend on its neighbours.
+            chosen_n, drawn_n = draw(logits_B_V[rows], request.params, request.generator)
+            chosen.append(chosen_n)
+            drawn.append(drawn_n)
+            start += request.num_rows
+        next_B = torch.cat(chosen)
+        next_logprobs_B = token_logprobs(logits_B_V, next_B)
+        tokens, logprobs, drawn_logprobs = next_B.tolist(), next_logprobs_B.tolist(), torch.cat(drawn).tolist()
+        start, kept_rows, kept = 0, [], []
+        for request in live:
+            rows = slice(start, start + request.num_rows)
+            request.add(tokens[rows], logprobs[rows], drawn_logprobs[rows], decode)
+            if not request.finished(step):
+                kept.append(request)
+                kept_rows += range(rows.start, rows.stop)
+            start += request.num_rows
+        if not kept:
+            break
+        if len(kept) < len(live):
+            # Finished requests leave: their rows go from the cache, the mask and the next input.
+            index_B = torch.tensor(kept_rows, dtype=torch.long, device=device)
+            cache.batch_select_indices(index_B)
+            mask_B_T, next_B = mask_B_T[index_B], next_B[index_B]
+            live = kept
+        positions_B_1 = torch.tensor(
+            [[len(request.prompt) + step] for request in live for _ in range(request.num_rows)],
+            dtype=torch.long,
+            device=device,
+        )
+        mask_B_T = torch.cat([mask_B_T, mask_B_T.new_ones((mask_B_T.shape[0], 1))], dim=1)
+        output = model(
+            input_ids=next_B.unsqueeze(-1),
+            attention_mask=mask_B_T,
+            position_ids=positions_B_1,
+            cache=cache,
+            use_cache=True,
+        )
+        cache = output.cache
+        logits_B_V = output.logits[:, -1]
+    return [request.sequences() for request in requests]
+
+
 def generate(
     model: nn.Module,
     prompt_tokens: Sequence[int],
@@ -119,48 +265,7 @@ def generate(
     stop: StopRule,
     decode: Callable[[list[int]], str],
 ) -> list[SampledSequence]:
-    """Sample `num_samples` continuations of `prompt_tokens` (at most `max_new_tokens` each)."""
-    device = model.get_input_embeddings().weight.device
-    generator = _generator(params.seed, device)
-    prompt_1_P = torch.tensor([list(prompt_tokens)], dtype=torch.long, device=device)
-    # logits_to_keep=1: only the last prompt position's logits are needed, not a (P, V) table.
-    output = model(input_ids=prompt_1_P, use_cache=True, logits_to_keep=1)
-    cache = output.cache
-    # One prefill for all rows: repeat the prompt's cache and last logits num_samples times.
-    cache.batch_repeat_interleave(num_samples)
-    logits_B_V = output.logits[:, -1].expand(num_samples, -1)
-
-    tokens: list[list[int]] = [[] for _ in range(num_samples)]
-    logprobs: list[list[float]] = [[] for _ in range(num_samples)]
-    sampler_logprobs: list[list[float]] = [[] for _ in range(num_samples)]
-    done = [False] * num_samples
-    stopped = [False] * num_samples
-    for step in range(max_new_tokens):
-        next_B, drawn_logprobs_B = draw(logits_B_V, params, generator)
-        next_logprobs_B = token_logprobs(logits_B_V, next_B)
-        for row, (token, logprob, drawn) in enumerate(
-            zip(next_B.tolist(), next_logprobs_B.tolist(), drawn_logprobs_B.tolist(), strict=True)
-        ):
-            if done[row]:
-                continue
-            tokens[row].append(token)
-            logprobs[row].append(logprob)
-            sampler_logprobs[row].append(drawn)
-            if token in stop.token_ids or stop.matches_text(tokens[row], decode):
-                done[row] = stopped[row] = True
-        if all(done) or step + 1 == max_new_tokens:
-            break
-        position_B_1 = torch.full((num_samples, 1), len(prompt_tokens) + step, dtype=torch.long, device=device)
-        output = model(input_ids=next_B.unsqueeze(-1), position_ids=position_B_1, cache=cache, use_cache=True)
-        logits_B_V = output.logits[:, -1]
-    return [
-        SampledSequence(
-            tokens=row_tokens,
-            logprobs=row_logprobs,
-            sampler_logprobs=row_drawn,
-            stop_reason="stop" if row_stopped else "length",
-        )
-        for row_tokens, row_logprobs, row_drawn, row_stopped in zip(
-            tokens, logprobs, sampler_logprobs, stopped, strict=True
-        )
-    ]
+    """Sample `num_samples` continuations of `prompt_tokens` (at most `max_new_tokens` each):
+    `generate_batch` with one request."""
+    decoding = Decoding(SampleRequest(prompt_tokens, params, num_samples), max_new_tokens, stop)
+    return generate_batch(model, [decoding], decode=decode)[0]

@@ -34,7 +34,7 @@ from mint.trainer import checkpoint, lora
 from mint.trainer.models import load_base_model
 from mint.trainer.optimizer import AdapterOptimizer
 from mint.trainer.packing import pack, packed_logprobs
-from mint.trainer.sampling import StopRule, end_of_sequence_ids, generate
+from mint.trainer.sampling import Decoding, StopRule, end_of_sequence_ids, generate_batch
 from mint.trainer.scoring import ModelLimits, ScoreRequest, score
 from mint.trainer.types import (
     AdamParams,
@@ -42,6 +42,7 @@ from mint.trainer.types import (
     ForwardOutput,
     LoraOptions,
     SampledSequence,
+    SampleRequest,
     SamplingParams,
     check_metric_name,
 )
@@ -52,6 +53,23 @@ CustomLossFn = Callable[[list[Datum], list[torch.Tensor]], tuple[torch.Tensor, d
 _SESSION_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{2,63}$")
 DEFAULT_MAX_SESSIONS = 64
 MAX_SAMPLES_PER_REQUEST = 256
+# Rows (samples) decoded in one batch at most: bounds the KV cache as one request's largest
+# number of samples does; a larger `sample_batch` runs as several batches.
+MAX_ROWS_PER_BATCH = MAX_SAMPLES_PER_REQUEST
+
+
+def _chunks(decodings: Sequence[Decoding], max_rows: int) -> Iterator[list[Decoding]]:
+    """Consecutive requests in groups of at most `max_rows` samples (a larger request alone)."""
+    chunk: list[Decoding] = []
+    rows = 0
+    for decoding in decodings:
+        if chunk and rows + decoding.request.num_samples > max_rows:
+            yield chunk
+            chunk, rows = [], 0
+        chunk.append(decoding)
+        rows += decoding.request.num_samples
+    if chunk:
+        yield chunk
 
 
 def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -316,26 +334,37 @@ class ResidentBase:
         """Logprobs of the target tokens under the base model (every adapter disabled)."""
         return self.evaluate(None, data, loss_fn, loss_fn_config, backward=False)
 
+    def check_sample_request(self, request: SampleRequest) -> Decoding:
+        """The request as the decoder runs it (its token limit and stop rule), or InvalidRequest
+        if this base cannot run it: an empty prompt, unknown ids, no room left in the context,
+        or a number of samples out of bounds."""
+        room = self.limits.check_prompt(request.prompt_tokens)
+        if not 1 <= request.num_samples <= MAX_SAMPLES_PER_REQUEST:
+            raise InvalidRequest(f"num_samples must be 1 to {MAX_SAMPLES_PER_REQUEST}", param="num_samples")
+        params = request.params
+        return Decoding(
+            request,
+            max_new_tokens=min(params.max_tokens or room, room),
+            stop=StopRule.from_params(params.stop, self.eos_token_ids),
+        )
+
+    def sample_batch(self, adapter_name: str | None, requests: Sequence[SampleRequest]) -> list[list[SampledSequence]]:
+        """Sample every request under one adapter (None: the base), decoded together; one list
+        of samples per request, in order. Every request is checked before anything runs."""
+        decodings = [self.check_sample_request(request) for request in requests]
+        results: list[list[SampledSequence]] = []
+        with self._use(adapter_name) as model, torch.no_grad():
+            for chunk in _chunks(decodings, MAX_ROWS_PER_BATCH):
+                results += generate_batch(
+                    model, chunk, decode=lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=False)
+                )
+        return results
+
     def sample_with(
         self, adapter_name: str | None, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int
     ) -> list[SampledSequence]:
-        """Sample under an adapter (None: the base); see `mint.trainer.sampling`."""
-        prompt = list(prompt_tokens)
-        room = self.limits.check_prompt(prompt)
-        if not 1 <= num_samples <= MAX_SAMPLES_PER_REQUEST:
-            raise InvalidRequest(f"num_samples must be 1 to {MAX_SAMPLES_PER_REQUEST}", param="num_samples")
-        max_new_tokens = min(params.max_tokens or room, room)
-        stop = StopRule.from_params(params.stop, self.eos_token_ids)
-        with self._use(adapter_name) as model, torch.no_grad():
-            return generate(
-                model,
-                prompt,
-                params,
-                num_samples,
-                max_new_tokens=max_new_tokens,
-                stop=stop,
-                decode=lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=False),
-            )
+        """Sample one prompt under an adapter (None: the base); see `mint.trainer.sampling`."""
+        return self.sample_batch(adapter_name, [SampleRequest(prompt_tokens, params, num_samples)])[0]
 
     def sample(
         self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
@@ -467,6 +496,11 @@ class TrainingSession:
         """Sample continuations under this adapter; logprobs as `forward` computes them."""
         self._live_optimizer()
         return self.base.sample_with(self.session_id, prompt_tokens, params, num_samples)
+
+    def sample_batch(self, requests: Sequence[SampleRequest]) -> list[list[SampledSequence]]:
+        """Sample every request under this adapter, decoded together; one list of samples per request."""
+        self._live_optimizer()
+        return self.base.sample_batch(self.session_id, requests)
 
     # ---- checkpoints ------------------------------------------------------------------------
 

@@ -25,6 +25,8 @@ as long as `model_input`:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -165,6 +167,26 @@ class SamplingParams(_Frozen):
         if value != -1 and value < 1:
             raise ValueError("top_k must be -1 (no limit) or at least 1")
         return value
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """One prompt of a sampling batch: `num_samples` continuations of `prompt_tokens` under `params`.
+
+    Every request of a batch has its own parameters, seed and stop rule, and its samples do not
+    depend on what else is in the batch. The adapter is named once for the whole batch
+    (`ResidentBase.sample_batch`); a field naming a request's own adapter would go here.
+    A plain dataclass, not a model: it is built per prompt and per turn inside RL loops, and
+    `SamplingParams` is already validated.
+    """
+
+    prompt_tokens: Sequence[int]
+    params: SamplingParams
+    num_samples: int = 1
+
+    def __post_init__(self) -> None:
+        # A tuple, so that the request is immutable however the caller held its prompt.
+        object.__setattr__(self, "prompt_tokens", tuple(int(token) for token in self.prompt_tokens))
 
 
 class SampledSequence(_Frozen):

@@ -1,17 +1,21 @@
 """Sampling: seeds, batches of samples, stop tokens and strings, max_tokens, and logprobs that
-equal what `forward` computes for the same tokens."""
+equal what `forward` computes for the same tokens; batches of requests with prompts of
+different lengths and their own parameters, each sampled as it would be alone."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
 
+from mint.config import PROJECT_ROOT
 from mint.errors import InvalidRequest
+from mint.schemas.base_models import get_base_model_spec
+from mint.trainer import session as session_module
 from mint.trainer.sampling import StopRule, choose_tokens, draw
 from mint.trainer.session import ResidentBase, TrainingSession
-from mint.trainer.types import AdamParams, Datum, SampledSequence, SamplingParams
+from mint.trainer.types import AdamParams, Datum, ForwardOutput, SampledSequence, SampleRequest, SamplingParams
 
 pytestmark = [pytest.mark.backend_free, pytest.mark.torch]
 
@@ -144,3 +148,129 @@ def test_sampler_logprobs_are_the_model_logprobs_at_temperature_one(trained: Tra
         assert sequence.sampler_logprobs is not None
         # Sharper than the model's own distribution: the drawn tokens were likelier under it.
         assert sum(sequence.sampler_logprobs) > sum(sequence.logprobs)
+
+
+# ---- batches of requests ------------------------------------------------------------------------
+
+# Prompts of four lengths, each request with its own seed, temperature, top-k or top-p, token
+# limit and number of samples: what one RL step or a few concurrent Tinker requests mix.
+MIXED = [
+    SampleRequest(PROMPT, SamplingParams(max_tokens=8, seed=7, stop=[]), 3),
+    SampleRequest([5, 19000], SamplingParams(max_tokens=4, seed=8, temperature=0.7, top_k=20, stop=[]), 2),
+    SampleRequest(
+        [3001, 42, 9, 870, 12, 13, 14, 15, 16, 2, 311], SamplingParams(max_tokens=8, seed=9, top_p=0.9, stop=[]), 1
+    ),
+    SampleRequest([640, 23, 23], SamplingParams(max_tokens=6, temperature=0.0, stop=[]), 2),
+]
+
+
+def scored_after_prompt(
+    forward: Callable[[list[Datum]], ForwardOutput],
+    requests: Sequence[SampleRequest],
+    batch: Sequence[Sequence[SampledSequence]],
+) -> list[list[list[float]]]:
+    """What `forward` gives each sample's tokens after its prompt, per request and sample."""
+    data = [
+        Datum(model_input=full[:-1], loss_fn_inputs={"target_tokens": full[1:]})
+        for request, samples in zip(requests, batch, strict=True)
+        for full in ([*request.prompt_tokens, *sample.tokens] for sample in samples)
+    ]
+    rows = iter(forward(data).logprobs)
+    return [
+        [next(rows)[len(request.prompt_tokens) - 1 :] for _ in samples]
+        for request, samples in zip(requests, batch, strict=True)
+    ]
+
+
+def check_against_forward(
+    sample_batch: Callable[[list[SampleRequest]], list[list[SampledSequence]]],
+    forward: Callable[[list[Datum]], ForwardOutput],
+) -> list[list[SampledSequence]]:
+    """One batch of MIXED: every sampled token's logprob is the one `forward` computes for the
+    same prompt and tokens, and each token's sampler logprob fits how it was drawn."""
+    batch = sample_batch(MIXED)
+    assert [len(samples) for samples in batch] == [request.num_samples for request in MIXED]
+    for request, samples, scored in zip(MIXED, batch, scored_after_prompt(forward, MIXED, batch), strict=True):
+        params = request.params
+        for sample, row in zip(samples, scored, strict=True):
+            assert len(sample.tokens) == params.max_tokens and sample.stop_reason == "length"
+            assert sample.logprobs == pytest.approx(row, abs=1e-4)
+            assert sample.sampler_logprobs is not None
+            if params.temperature == 0:
+                assert sample.sampler_logprobs == [0.0] * len(sample.tokens)
+            elif params.temperature == 1 and params.top_k == -1 and params.top_p == 1:
+                assert sample.sampler_logprobs == pytest.approx(sample.logprobs, abs=1e-4)
+            else:  # a narrowed distribution: every drawn token was likelier under it
+                assert all(d >= m - 1e-4 for d, m in zip(sample.sampler_logprobs, sample.logprobs, strict=True))
+    return batch
+
+
+def test_batched_sample_logprobs_equal_forward_logprobs(resident: ResidentBase, trained: TrainingSession) -> None:
+    check_against_forward(trained.sample_batch, trained.forward)
+    check_against_forward(lambda requests: resident.sample_batch(None, requests), resident.forward)
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> ResidentBase:
+    """SmolLM2-135M-Instruct, a real dense model (dequantized from its GGUF once, ~20 s)."""
+    spec = get_base_model_spec("smollm2-135m-instruct", PROJECT_ROOT / "configs" / "models")
+    return ResidentBase(spec, tmp_path_factory.mktemp("smollm2"))
+
+
+@pytest.mark.slow
+def test_batched_sample_logprobs_equal_forward_logprobs_on_smollm2(smollm2: ResidentBase) -> None:
+    batch = check_against_forward(lambda requests: smollm2.sample_batch(None, requests), smollm2.forward)
+    # The sampler logprobs of the tempered top-k request, from their definition on one forward:
+    # the logits at temperature 0.7, the top 20 kept, renormalised.
+    request, samples = MIXED[1], batch[1]
+    for sample in samples:
+        full = [*request.prompt_tokens, *sample.tokens]
+        with torch.no_grad():
+            logits_T_V = smollm2.model(input_ids=torch.tensor([full[:-1]])).logits[0, len(request.prompt_tokens) - 1 :]
+        scaled = logits_T_V.float() / 0.7
+        kept = scaled.masked_fill(scaled < scaled.topk(20, dim=-1).values[:, -1:], float("-inf"))
+        expected = kept.log_softmax(dim=-1).gather(-1, torch.tensor(sample.tokens).unsqueeze(-1)).squeeze(-1)
+        assert sample.sampler_logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def assert_same_samples(got: Sequence[SampledSequence], expected: Sequence[SampledSequence]) -> None:
+    """The same tokens and stop reasons; logprobs equal up to float rounding (other batch shapes)."""
+    assert [(s.tokens, s.stop_reason) for s in got] == [(s.tokens, s.stop_reason) for s in expected]
+    for sample, other in zip(got, expected, strict=True):
+        assert sample.logprobs == pytest.approx(other.logprobs, abs=1e-5)
+        assert sample.sampler_logprobs == pytest.approx(other.sampler_logprobs, abs=1e-5)
+
+
+def test_a_request_samples_the_same_in_a_batch_as_alone(trained: TrainingSession) -> None:
+    """Each request draws from its own seeded generator, and padding is hidden by the mask: its
+    samples are those it gets alone, whatever else is in the batch and whenever the others end."""
+    batch = trained.sample_batch(MIXED)
+    for request, samples in zip(MIXED, batch, strict=True):
+        assert_same_samples(samples, trained.sample(request.prompt_tokens, request.params, request.num_samples))
+    for samples, other in zip(reversed(batch), trained.sample_batch(list(reversed(MIXED))), strict=True):
+        assert_same_samples(other, samples)
+
+
+def test_a_large_batch_runs_in_bounded_chunks_with_the_same_samples(
+    trained: TrainingSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = trained.sample_batch(MIXED)
+    monkeypatch.setattr(session_module, "MAX_ROWS_PER_BATCH", 3)  # rows 3 | 2 + 1 | 2
+    for samples, other in zip(trained.sample_batch(MIXED), whole, strict=True):
+        assert_same_samples(samples, other)
+
+
+def test_a_batch_with_a_bad_request_is_refused_before_it_runs(resident: ResidentBase, trained: TrainingSession) -> None:
+    decoding = resident.check_sample_request(SampleRequest(PROMPT, SamplingParams()))
+    assert decoding.max_new_tokens == resident.spec.context_length - len(PROMPT)
+    assert decoding.stop.token_ids == frozenset(resident.eos_token_ids)
+    for bad in (
+        SampleRequest([10**9], SamplingParams(max_tokens=2)),
+        SampleRequest(PROMPT, SamplingParams(max_tokens=2), num_samples=0),
+        SampleRequest([1] * resident.spec.context_length, SamplingParams(max_tokens=2)),
+    ):
+        with pytest.raises(InvalidRequest):
+            resident.check_sample_request(bad)
+        with pytest.raises(InvalidRequest):
+            trained.sample_batch([*MIXED, bad])
+    assert trained.sample_batch([]) == []
