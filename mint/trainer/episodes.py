@@ -11,12 +11,16 @@ tokens (so one environment serves any base's chat template):
 `run_episodes` plays `group_size` episodes of one environment source:
 
     tokens = render_prompt(initial observation)          # rendered once
-    turn:  sampled = policy.sample(tokens)               # appended as they are, never re-tokenized
+    turn:  sampled = policy.sample_batch(...)            # appended as they are, never re-tokenized
            message = the assistant message read from their text (for the environment only)
            observation, reward, done = env.step(message)
            tokens += render_continuation(observation)    # the template's delta after the turn's
                                                          # end-of-turn token
     until done, `max_turns`, a turn cut at `max_tokens`, or the context is full.
+
+`EpisodeGroups` plays the episodes of many groups (an RL step's prompts) in rounds: each round,
+the next turn of every live episode is one request of one `sample_batch` call, so a whole step
+decodes as one batch per turn.
 
 Text is read from the sampled ids only to give the environment its action; the ids trained on
 are the ids sampled. The delta starts after a special token (ChatML's `<|im_end|>`), a
@@ -37,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from mint.chat.render import render_continuation, render_prompt
 from mint.errors import InvalidRequest
-from mint.trainer.types import Datum, SampledSequence, SamplingParams
+from mint.trainer.types import Datum, SampledSequence, SampleRequest, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -60,9 +64,9 @@ class Env(Protocol):
 
 
 class Sampler(Protocol):
-    def sample(
-        self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
-    ) -> list[SampledSequence]: ...
+    """What plays episodes: many requests sampled in one batch, one list of samples per request."""
+
+    def sample_batch(self, requests: Sequence[SampleRequest]) -> list[list[SampledSequence]]: ...
 
 
 @dataclass(frozen=True)
@@ -151,10 +155,169 @@ class EpisodeLimits:
     max_tokens: int
     temperature: float
 
+    def sampling(self, seed: int) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, seed=seed)
+
 
 def assistant_message(tokenizer: PreTrainedTokenizerBase, tokens: Sequence[int]) -> dict[str, Any]:
     """The assistant message a turn's ids read as (its text, special tokens dropped)."""
     return {"role": "assistant", "content": tokenizer.decode(list(tokens), skip_special_tokens=True).strip()}
+
+
+class _Play:
+    """One episode on its way: the conversation and token ids so far, and the request of its next
+    turn (None once it is over)."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, env: Env, episode: Episode, limits: EpisodeLimits, seed: int
+    ) -> None:
+        self.tokenizer, self.env, self.episode, self.limits, self.seed = tokenizer, env, episode, limits, seed
+        self.conversation = list(episode.messages)
+        self.tokens = list(episode.prompt_tokens)
+        self.observation_tokens: list[int] = []  # the delta the pending next turn is sampled after
+        self.next: SampleRequest | None = None
+
+    def take(self, sample: SampledSequence) -> None:
+        """Play a sampled turn: give the environment its action, record the turn, and prepare the
+        next turn's request unless the episode ends here."""
+        if self.episode.turns:  # the sample continues the conversation after the last observation
+            self.episode.turns[-1] = replace(self.episode.turns[-1], observation_tokens=self.observation_tokens)
+            self.tokens += self.observation_tokens
+        self.next = None
+        turn_number = len(self.episode.turns) + 1
+        message = assistant_message(self.tokenizer, sample.tokens)
+        observation, reward, done = self.env.step(message)
+        observation = [dict(item) for item in observation]
+        turn = Turn(
+            list(sample.tokens),
+            list(sample.logprobs),
+            message,
+            observation,
+            float(reward),
+            sampler_logprobs=sample.sampler_logprobs,
+        )
+        self.episode.turns.append(turn)
+        self.tokens += turn.tokens
+        self.conversation.append(message)
+        stop = _stop_reason(done, turn_number, self.limits, sample)
+        if stop is not None:
+            self.episode.stop_reason = stop
+            return
+        continuation = render_continuation(self.tokenizer, self.conversation, observation, self.episode.tools)
+        if turn.tokens[-1] != continuation.end_of_turn:
+            self.episode.stop_reason = "end_of_sequence"
+            return
+        self.conversation += observation
+        self.observation_tokens = continuation.tokens
+        self.next = SampleRequest([*self.tokens, *continuation.tokens], self.limits.sampling(self.seed + turn_number))
+
+    def refused(self) -> None:
+        """The policy refused the next turn: the conversation no longer fits the base's context."""
+        self.episode.stop_reason = "context"
+        self.next = None
+
+
+class EpisodeGroups:
+    """Groups of `group_size` episodes, one group per environment source, played together: each
+    round asks for the next turn of every live episode of every group (`requests`) and plays
+    the answers (`take`), so that a policy samples a whole round in one batch.
+
+    A group's first turn is one request of `group_size` samples when its episodes' prompts
+    agree (one prefill), else one request per episode, under the group's seed; later turns of
+    episode `i` use `seed + 7919 * (i + 1) + turn`. Seeds depend only on the group's seed and
+    the episode, never on what else is in the round.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase | None,
+        sources: Sequence[tuple[Callable[[], Env], int]],
+        group_size: int,
+        limits: EpisodeLimits,
+    ) -> None:
+        self.limits = limits
+        self._seeds = [seed for _, seed in sources]
+        self._groups: list[list[_Play]] = []
+        for make_env, seed in sources:
+            if tokenizer is None:
+                raise ValueError("prompts with an environment need the tokenizer, to render observations")
+            plays = []
+            for index in range(group_size):
+                env = make_env()
+                messages = [dict(message) for message in env.initial_observation()]
+                tools = [dict(tool) for tool in env.tools] if env.tools else None
+                episode = Episode(messages, tools, render_prompt(tokenizer, messages, tools))
+                plays.append(_Play(tokenizer, env, episode, limits, seed=seed + 7919 * (index + 1)))
+            self._groups.append(plays)
+        self._asked: list[list[_Play]] = []  # per request of the round: the episodes its samples go to
+        self.started = False
+
+    @property
+    def episodes(self) -> list[list[Episode]]:
+        """Each group's episodes, in order."""
+        return [[play.episode for play in plays] for plays in self._groups]
+
+    def requests(self) -> list[SampleRequest]:
+        """The round's requests: every group's first turn, then every live episode's next turn; [] when all are over."""
+        requests: list[SampleRequest] = []
+        self._asked = []
+        if not self.started:
+            for seed, plays in zip(self._seeds, self._groups, strict=True):
+                params = self.limits.sampling(seed)
+                prompts = [play.episode.prompt_tokens for play in plays]
+                if all(prompt == prompts[0] for prompt in prompts):
+                    requests.append(SampleRequest(prompts[0], params, len(plays)))
+                    self._asked.append(plays)
+                else:
+                    requests += [SampleRequest(prompt, params) for prompt in prompts]
+                    self._asked += [[play] for play in plays]
+            return requests
+        for plays in self._groups:
+            for play in plays:
+                if play.next is not None:
+                    requests.append(play.next)
+                    self._asked.append([play])
+        return requests
+
+    def take(self, outcomes: Sequence[list[SampledSequence] | InvalidRequest]) -> None:
+        """Play the round's answers, one per request of `requests` in order: its samples, or the
+        policy's refusal of a later turn (the episode ends with stop reason `context`)."""
+        for plays, outcome in zip(self._asked, outcomes, strict=True):
+            if isinstance(outcome, InvalidRequest):
+                if not self.started:
+                    raise outcome  # a first prompt the base cannot run: the caller's to fix
+                plays[0].refused()
+                continue
+            for play, sample in zip(plays, outcome, strict=True):
+                play.take(sample)
+        self.started = True
+
+
+def sample_each(policy: Sampler, requests: Sequence[SampleRequest]) -> list[list[SampledSequence] | InvalidRequest]:
+    """Every request's samples, in one batch; if the policy refuses the batch, each request alone,
+    so that only a request it cannot run (a conversation that outgrew the context) is refused."""
+    try:
+        return list(policy.sample_batch(requests))
+    except InvalidRequest:
+        if len(requests) == 1:
+            raise
+    outcomes: list[list[SampledSequence] | InvalidRequest] = []
+    for request in requests:
+        try:
+            outcomes.append(policy.sample_batch([request])[0])
+        except InvalidRequest as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
+def play(policy: Sampler, groups: EpisodeGroups) -> None:
+    """Play every episode of `groups` to its end, each round of turns sampled in one batch. A
+    first prompt the policy refuses raises; a later turn it refuses ends only its episode."""
+    while requests := groups.requests():
+        if groups.started:
+            groups.take(sample_each(policy, requests))
+        else:
+            groups.take(policy.sample_batch(requests))
 
 
 def run_episodes(
@@ -165,69 +328,10 @@ def run_episodes(
     limits: EpisodeLimits,
     seed: int,
 ) -> list[Episode]:
-    """`group_size` episodes, each in a fresh environment from `make_env`. The first turn of a
-    group whose prompts agree is sampled in one call; later turns one episode at a time."""
-    envs = [make_env() for _ in range(group_size)]
-    episodes = []
-    for env in envs:
-        messages = [dict(message) for message in env.initial_observation()]
-        tools = [dict(tool) for tool in env.tools] if env.tools else None
-        episodes.append(Episode(messages, tools, render_prompt(tokenizer, messages, tools)))
-    first = [episode.prompt_tokens for episode in episodes]
-    params = SamplingParams(max_tokens=limits.max_tokens, temperature=limits.temperature, seed=seed)
-    if all(tokens == first[0] for tokens in first):
-        samples = policy.sample(first[0], params, num_samples=group_size)
-    else:
-        samples = [policy.sample(tokens, params, num_samples=1)[0] for tokens in first]
-    for index, (env, episode, sample) in enumerate(zip(envs, episodes, samples, strict=True)):
-        _play(policy, tokenizer, env, episode, sample, limits, seed=seed + 7919 * (index + 1))
-    return episodes
-
-
-def _play(
-    policy: Sampler,
-    tokenizer: PreTrainedTokenizerBase,
-    env: Env,
-    episode: Episode,
-    sample: SampledSequence,
-    limits: EpisodeLimits,
-    seed: int,
-) -> None:
-    """Play one episode on from its first sampled turn."""
-    conversation = list(episode.messages)
-    tokens = list(episode.prompt_tokens)
-    for turn_number in range(1, limits.max_turns + 1):
-        message = assistant_message(tokenizer, sample.tokens)
-        observation, reward, done = env.step(message)
-        observation = [dict(item) for item in observation]
-        turn = Turn(
-            list(sample.tokens),
-            list(sample.logprobs),
-            message,
-            observation,
-            float(reward),
-            sampler_logprobs=sample.sampler_logprobs,
-        )
-        episode.turns.append(turn)
-        tokens += turn.tokens
-        conversation.append(message)
-        stop = _stop_reason(done, turn_number, limits, sample)
-        if stop is not None:
-            episode.stop_reason = stop
-            return
-        continuation = render_continuation(tokenizer, conversation, observation, episode.tools)
-        if turn.tokens[-1] != continuation.end_of_turn:
-            episode.stop_reason = "end_of_sequence"
-            return
-        conversation += observation
-        params = SamplingParams(max_tokens=limits.max_tokens, temperature=limits.temperature, seed=seed + turn_number)
-        try:
-            sample = policy.sample([*tokens, *continuation.tokens], params, num_samples=1)[0]
-        except InvalidRequest:  # the conversation no longer fits the base's context
-            episode.stop_reason = "context"
-            return
-        episode.turns[-1] = replace(turn, observation_tokens=continuation.tokens)
-        tokens += continuation.tokens
+    """`group_size` episodes, each in a fresh environment from `make_env`: one group of `EpisodeGroups`."""
+    groups = EpisodeGroups(tokenizer, [(make_env, seed)], group_size, limits)
+    play(policy, groups)
+    return groups.episodes[0]
 
 
 def _stop_reason(done: bool, turn_number: int, limits: EpisodeLimits, sample: SampledSequence) -> StopReason | None:

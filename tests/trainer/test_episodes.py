@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from mint.chat.render import render_chat, render_continuation, render_prompt
+from mint.errors import InvalidRequest
 from mint.evals.agent_environments import (
     ACCOUNT_TOOLS,
     AccountDeletionEnv,
@@ -18,11 +19,11 @@ from mint.evals.agent_environments import (
     make_environment,
 )
 from mint.evals.graders import GraderSpec
-from mint.trainer.episodes import EpisodeLimits, run_episodes
+from mint.trainer.episodes import EpisodeGroups, EpisodeLimits, play, run_episodes
 from mint.trainer.recipes.rl import RlConfig, RlPrompt, run_rl
 from mint.trainer.recipes.sft import SftConfig, run_sft
 from mint.trainer.session import ResidentBase, TrainingSession
-from mint.trainer.types import AdamParams, Datum, ForwardOutput, LoraOptions, SampledSequence, SamplingParams
+from mint.trainer.types import AdamParams, Datum, ForwardOutput, LoraOptions, SampledSequence, SampleRequest
 
 pytestmark = pytest.mark.backend_free
 
@@ -49,19 +50,23 @@ def turn(tokenizer: Any, text: str, first_logprob: float) -> SampledSequence:
 
 
 class ScriptedPolicy:
-    """Samples the given turns in order and records every prompt it was asked to continue; as
-    a trainer, records the data it is given."""
+    """Samples the given turns in order and records every batch and prompt it was asked to
+    continue; as a trainer, records the data it is given."""
 
-    def __init__(self, turns: Sequence[SampledSequence]) -> None:
+    def __init__(self, turns: Sequence[SampledSequence], context_length: int | None = None) -> None:
         self.turns = list(turns)
+        self.context_length = context_length
         self.prompts: list[list[int]] = []
+        self.batches: list[list[SampleRequest]] = []
         self.trained: list[Datum] = []
 
-    def sample(
-        self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
-    ) -> list[SampledSequence]:
-        self.prompts.append(list(prompt_tokens))
-        return [self.turns.pop(0) for _ in range(num_samples)]
+    def sample_batch(self, requests: Sequence[SampleRequest]) -> list[list[SampledSequence]]:
+        # As a resident base does, the whole batch is refused if one prompt leaves no room.
+        if self.context_length is not None and any(len(r.prompt_tokens) >= self.context_length for r in requests):
+            raise InvalidRequest("the prompt leaves no room in the context", param="prompt_tokens")
+        self.batches.append(list(requests))
+        self.prompts += [list(request.prompt_tokens) for request in requests]
+        return [[self.turns.pop(0) for _ in range(request.num_samples)] for request in requests]
 
     def forward(self, data: Sequence[Datum], loss_fn: str | None = None, loss_fn_config: Any = None) -> ForwardOutput:
         return ForwardOutput(logprobs=[list(datum.loss_fn_inputs["logprobs"]) for datum in data])
@@ -158,6 +163,65 @@ def test_rl_trains_each_episode_as_one_datum_of_the_sampled_ids(resident: Reside
     assert report.metrics["tokens"] == len(calls.tokens) + len(answer.tokens) + len(declines.tokens)
 
 
+def test_every_live_episode_of_an_rl_step_samples_its_turn_in_one_batch(resident: ResidentBase) -> None:
+    """Three groups of two (two in the ping environment, one plain completion): the completions
+    and every first turn are one batch, the four second turns another, each with its episode's
+    own seed."""
+    tokenizer = resident.tokenizer
+    calls, answer = turn(tokenizer, CALL, -0.5), turn(tokenizer, "done", -0.2)
+    policy = ScriptedPolicy([calls] * 6 + [answer] * 4)
+    make = make_environment(PING_ROW, None)
+    tokens = render_prompt(tokenizer, PING_ROW["messages"], PING)
+    grader = GraderSpec(type="tool_call")
+    prompts = [RlPrompt(tokens, PING_ROW["reference"], grader, make) for _ in range(2)]
+    prompts.append(RlPrompt(tokens, PING_ROW["reference"], grader))
+    (report,) = run_rl(
+        policy,  # type: ignore[arg-type]
+        prompts,
+        RlConfig(steps=1, prompts_per_step=3, group_size=2, max_tokens=64, max_turns=4),
+        decode=tokenizer.decode,
+        tokenizer=tokenizer,
+    )
+    first, second = policy.batches
+    assert [request.num_samples for request in first] == [2, 2, 2]
+    assert [request.num_samples for request in second] == [1, 1, 1, 1]
+    # The plain completions come first; then each environment group's first turn under its seed.
+    plain_seed, *group_seeds = [request.params.seed for request in first]
+    assert sorted([plain_seed, *group_seeds]) == [0, 1, 2]  # seed * 1_000_003 + step * 1_009 + slot
+    assert [request.params.seed for request in second] == [
+        seed + 7919 * (index + 1) + 1 for seed in group_seeds for index in range(2)
+    ]
+    assert report.metrics["turns"] == (1 + 1 + 2 * 4) / 6
+
+
+def test_a_later_turn_that_outgrew_the_context_ends_only_its_episode(resident: ResidentBase) -> None:
+    """Two episodes call the tool; the second's call is longer, so its next turn would not fit:
+    the policy refuses the round's batch, each turn is then asked alone, and only that episode
+    ends (stop reason `context`), the other plays on."""
+    tokenizer = resident.tokenizer
+    short, long = turn(tokenizer, CALL, -0.5), turn(tokenizer, CALL.replace(" ", "  "), -0.5)
+    answer = turn(tokenizer, "done", -0.2)
+    prompt = render_prompt(tokenizer, PING_ROW["messages"], PING)
+    delta = render_continuation(
+        tokenizer,
+        [*PING_ROW["messages"], {"role": "assistant", "content": CALL}],
+        [{"role": "tool", "tool_call_id": "call_1", "content": "pong"}],
+        PING,
+    ).tokens
+    fits = len(prompt) + len(short.tokens) + len(delta)  # the short episode's next prompt, which fits
+    policy = ScriptedPolicy([short, long, answer], context_length=fits + 1)
+    make = make_environment(PING_ROW, None)
+    assert make is not None
+    groups = EpisodeGroups(tokenizer, [(make, 0)], 2, EpisodeLimits(max_turns=4, max_tokens=64, temperature=1.0))
+    play(policy, groups)
+    kept, cut = groups.episodes[0]
+    assert (kept.stop_reason, len(kept.turns)) == ("done", 2)
+    assert kept.tokens == prompt + short.tokens + delta + answer.tokens
+    assert (cut.stop_reason, len(cut.turns)) == ("context", 1)
+    assert cut.tokens == prompt + long.tokens  # no observation delta after a turn nothing followed
+    assert [len(batch) for batch in policy.batches] == [1, 1]  # the first turn, then the short episode alone
+
+
 def test_episodes_in_a_scripted_tool_environment_take_several_turns(
     open_session: Callable[..., TrainingSession], resident: ResidentBase
 ) -> None:
@@ -178,9 +242,16 @@ def test_episodes_in_a_scripted_tool_environment_take_several_turns(
         SftConfig(steps=60, batch_size=1, learning_rate=5e-3, warmup_steps=0, lr_schedule="constant"),
     )
     make = make_environment(PING_ROW, None)
-    episodes = run_episodes(session, tokenizer, make, 4, EpisodeLimits(max_turns=3, max_tokens=24, temperature=1.0), 5)
+    limits = EpisodeLimits(max_turns=3, max_tokens=24, temperature=1.0)
+    episodes = run_episodes(session, tokenizer, make, 4, limits, 5)
     several = [episode for episode in episodes if len(episode.turns) > 1]
     assert several, [[t.message["content"] for t in e.turns] for e in episodes]
+    # Played together with another group, in one batch per turn, the group's episodes are
+    # the same: each episode's seeds are its own, whatever else is in the batch.
+    together = EpisodeGroups(tokenizer, [(make, 5), (make, 6)], 4, limits)
+    play(session, together)
+    assert [(e.tokens, e.stop_reason) for e in together.episodes[0]] == [(e.tokens, e.stop_reason) for e in episodes]
+    assert [e.tokens for e in together.episodes[1]] != [e.tokens for e in episodes]
     for episode in several:
         assert episode.turns[0].observation == [{"role": "tool", "tool_call_id": "call_1", "content": "pong"}]
         assert episode.turns[0].observation_tokens and episode.turns[0].tokens[-1] == END_OF_TURN

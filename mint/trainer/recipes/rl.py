@@ -14,10 +14,10 @@ episode plus the grader's score of the messages it added (either may be absent).
 
 Each step, for each of `prompts_per_step` prompts: sample `group_size` completions with the
 session itself (its logprobs are computed exactly as `forward` computes them, so the
-importance ratio starts at 1), grade each with the prompt's grader (the same graders that
-score benchmarks), and give every token of a completion the advantage
-(reward - group mean) / (group std + eps). A group whose rewards are all equal carries no
-signal and is left out. With `kl_beta > 0`, each token's advantage is lowered by
+importance ratio starts at 1; all groups of a step decode as one batch per turn), grade each
+with the prompt's grader (the same graders that score benchmarks), and give every token of a
+completion the advantage (reward - group mean) / (group std + eps). A group whose rewards are
+all equal carries no signal and is left out. With `kl_beta > 0`, each token's advantage is lowered by
 kl_beta * (logp_sample - logp_base), which keeps the policy near the base. A fine-tuning job
 runs it from its `RlPlan` through `run_rl_plan`.
 
@@ -40,7 +40,7 @@ from mint.chat.render import render_prompt
 from mint.errors import InvalidRequest, MintError
 from mint.schemas.plans import DEFAULT_MAX_TURNS, RlPlan
 from mint.trainer.data import batch_plan, mean_over_tokens
-from mint.trainer.episodes import Env, Episode, EpisodeLimits, Turn, run_episodes
+from mint.trainer.episodes import Env, Episode, EpisodeGroups, EpisodeLimits, Turn, play
 from mint.trainer.recipes.common import (
     DEFAULT_RL_MAX_STEPS_WITHOUT_SIGNAL,
     Grader,
@@ -52,7 +52,7 @@ from mint.trainer.recipes.common import (
     keep_going,
     render_rows,
 )
-from mint.trainer.types import AdamParams, Datum, SampledSequence, SamplingParams
+from mint.trainer.types import AdamParams, Datum, SampledSequence, SampleRequest
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -99,9 +99,7 @@ class RlConfig:
 
 
 class Policy(Trainer, Scorer, Protocol):
-    def sample(
-        self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
-    ) -> list[SampledSequence]: ...
+    def sample_batch(self, requests: Sequence[SampleRequest]) -> list[list[SampledSequence]]: ...
 
 
 def group_advantages(rewards_G: Sequence[float]) -> list[float]:
@@ -190,30 +188,48 @@ def _graded(prompt: RlPrompt, episode: Episode, output: Any) -> float:
 
 def _rollouts(
     policy: Policy,
-    prompt: RlPrompt,
+    groups: Sequence[tuple[RlPrompt, int]],
     config: RlConfig,
-    seed: int,
     decode: Callable[[list[int]], str],
     tokenizer: PreTrainedTokenizerBase | None,
-) -> tuple[list[Episode], list[float]]:
-    """One group: `group_size` episodes of a prompt and their rewards (environment + grader)."""
-    outputs: Sequence[Any]
-    if prompt.environment is None:
-        params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, seed=seed)
-        samples = policy.sample(prompt.prompt_tokens, params, num_samples=config.group_size)
-        episodes = [single_turn(prompt.prompt_tokens, sample) for sample in samples]
-        outputs = [decode(sample.tokens) for sample in samples]
-    else:
-        if tokenizer is None:
-            raise ValueError("prompts with an environment need the tokenizer, to render observations")
-        limits = EpisodeLimits(max_turns=config.max_turns, max_tokens=config.max_tokens, temperature=config.temperature)
-        episodes = run_episodes(policy, tokenizer, prompt.environment, config.group_size, limits, seed)
-        outputs = [episode.added for episode in episodes]
-    rewards = [
-        episode.environment_reward + _graded(prompt, episode, output)
-        for episode, output in zip(episodes, outputs, strict=True)
+) -> list[tuple[list[Episode], list[float]]]:
+    """One step's groups, each a (prompt, seed): `group_size` episodes of each prompt and their
+    rewards (environment + grader), in order.
+
+    The whole step samples together: the completions of prompts without an environment and
+    the first turns of every episode in one `sample_batch` call, then each later turn of every
+    live episode in one call per round (`mint.trainer.episodes.EpisodeGroups`).
+    """
+    limits = EpisodeLimits(max_turns=config.max_turns, max_tokens=config.max_tokens, temperature=config.temperature)
+    acting = [(prompt.environment, seed) for prompt, seed in groups if prompt.environment is not None]
+    episode_groups = EpisodeGroups(tokenizer, acting, config.group_size, limits)
+    completions = [
+        SampleRequest(prompt.prompt_tokens, limits.sampling(seed), config.group_size)
+        for prompt, seed in groups
+        if prompt.environment is None
     ]
-    return episodes, rewards
+    first_round = policy.sample_batch([*completions, *episode_groups.requests()])
+    episode_groups.take(first_round[len(completions) :])
+    play(policy, episode_groups)
+
+    completed = iter(first_round[: len(completions)])
+    acted = iter(episode_groups.episodes)
+    results = []
+    for prompt, _ in groups:
+        outputs: Sequence[Any]
+        if prompt.environment is None:
+            samples = next(completed)
+            episodes = [single_turn(prompt.prompt_tokens, sample) for sample in samples]
+            outputs = [decode(sample.tokens) for sample in samples]
+        else:
+            episodes = next(acted)
+            outputs = [episode.added for episode in episodes]
+        rewards = [
+            episode.environment_reward + _graded(prompt, episode, output)
+            for episode, output in zip(episodes, outputs, strict=True)
+        ]
+        results.append((episodes, rewards))
+    return results
 
 
 def run_rl(
@@ -242,9 +258,10 @@ def run_rl(
         turns: list[int] = []
         episode_tokens: list[int] = []
         groups_with_signal, sampled_tokens, sampled_logprob_sum = 0, 0, 0.0
-        for slot, index in enumerate(plan[step]):
-            seed = config.seed * 1_000_003 + step * 1_009 + slot
-            episodes, rewards_G = _rollouts(policy, prompts[index], config, seed, decode, tokenizer)
+        groups = [
+            (prompts[index], config.seed * 1_000_003 + step * 1_009 + slot) for slot, index in enumerate(plan[step])
+        ]
+        for episodes, rewards_G in _rollouts(policy, groups, config, decode, tokenizer):
             rewards += rewards_G
             advantages_G = group_advantages(rewards_G)
             groups_with_signal += any(advantages_G)
