@@ -5,11 +5,12 @@ A model (`mint.services.tinker`) lives in ONE worker process's memory: that proc
 when it runs its creation, keeps its LoRA session (weights and optimizer state) in
 `_resident`, and runs its requests strictly in `seq_id` order (`run_model_requests`), each
 through the closed registry `_OPERATIONS` of the Tinker primitives. Samplers run on any
-worker of their base (`run_sample`): each worker keeps a few sampler adapters loaded (least
-recently used out), fetched from the object store by hash. Models whose session finished or
-expired (`mint.services.tinker.expire_idle_sessions`, a periodic sweep) are released by a
-message to their process, and again by the process itself before it takes a new LoRA
-session (`release_idle_models`), in case that message was lost.
+worker of their base (`run_sample`), which decodes a request together with the other pending
+requests of the same sampler adapter in one batch; each worker keeps a few sampler adapters
+loaded (least recently used out), fetched from the object store by hash. Models whose session
+finished or expired (`mint.services.tinker.expire_idle_sessions`, a periodic sweep) are
+released by a message to their process, and again by the process itself before it takes a
+new LoRA session (`release_idle_models`), in case that message was lost.
 
 The trainer is imported only through `ResidentBase` and inside functions, so importing this
 module imports no torch; only worker processes import it (`mint.worker.tinker_tasks`).
@@ -52,7 +53,7 @@ from mint.storage.archives import pack_folder, unpack_folder
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
 from mint.storage.tables import Future, TinkerCheckpoint, TinkerSession, TrainingSession, as_utc, new_id, utcnow
-from mint.trainer.types import AdamParams, Datum, LoraOptions, SamplingParams
+from mint.trainer.types import AdamParams, Datum, LoraOptions, SampledSequence, SampleRequest, SamplingParams
 
 if TYPE_CHECKING:
     from mint.trainer.session import ResidentBase
@@ -67,6 +68,9 @@ LINGER_S = 0.5
 LINGER_POLL_S = 0.02
 # Sampler adapters each worker keeps loaded, per base.
 SAMPLER_CACHE_SIZE = 8
+# Sample requests of one sampler adapter a worker decodes as one batch at most: the one its
+# message names and the oldest others pending.
+SAMPLE_BATCH_CAP = 16
 
 LoadBase = Callable[[str], "ResidentBase"]
 
@@ -525,8 +529,21 @@ def _sampler_adapter(store: ObjectStore, resident: ResidentBase, key: str, folde
     return name
 
 
+@dataclass(frozen=True)
+class _ClaimedSample:
+    """A sample request this worker claimed: its future, its owner and what it asks."""
+
+    future_id: str
+    organization_id: str
+    payload: dict[str, Any]
+
+
 def run_sample(settings: Settings, future_id: str, me: WorkerIdentity, load_base: LoadBase) -> str:
-    """Claim and run one sample request on this worker's resident base."""
+    """Claim a sample request and, with it, the other pending requests of the same sampler
+    adapter on the same base (at most SAMPLE_BATCH_CAP in all), and decode them as one batch
+    on this worker's resident base. Each request's result, usage or failure is recorded on its
+    own future; the other requests' own messages then find them taken and return at once.
+    Returns what happened to `future_id`'s request."""
     store = object_store_for(settings)
     with session_scope(settings.database) as session:
         future = session.get(Future, future_id)
@@ -536,41 +553,78 @@ def run_sample(settings: Settings, future_id: str, me: WorkerIdentity, load_base
         if sampler is None or sampler.status != "active":
             fail_future(future, "user", f"sampler {future.model_id} is closed (its session finished)")
             return "closed"
-        claimed = session.execute(
-            update(Future)
-            .where(Future.id == future_id, Future.status == "pending")
-            .values(status="running", worker_id=me.worker_id)
-            .execution_options(synchronize_session=False)
-        ).rowcount
-        if not claimed:
+        if not _claim_future(session, future_id, me.worker_id):
             return "taken"
+        base_model, key = sampler.base_model, sampler.adapter_object_key
         payload = get_payload(store, future.request, future.request_object_key)
-        base_model, key, organization_id = sampler.base_model, sampler.adapter_object_key, sampler.organization_id
+        claimed = [_ClaimedSample(future_id, sampler.organization_id, payload)]
+        for other, its_sampler in _pending_samples_of(session, base_model, key, exclude=future_id):
+            if _claim_future(session, other.id, me.worker_id):
+                payload = get_payload(store, other.request, other.request_object_key)
+                claimed.append(_ClaimedSample(other.id, its_sampler.organization_id, payload))
     try:
-        outcome: tuple[str, Any] = ("ok", _sample(store, load_base(base_model), key, payload))
-    except MintError as exc:
-        outcome = ("user", exc.message)
-    except Exception as exc:
-        log.exception("sample request %s failed", future_id)
-        outcome = ("server", f"{type(exc).__name__}: {exc}")
-    try:
-        _record_sample(settings, store, future_id, organization_id, base_model, outcome)
-    except Exception as exc:  # the result could not be stored: the client must hear of it all the same
-        log.exception("could not record sample request %s", future_id)
-        _record_sample(settings, store, future_id, organization_id, base_model, ("server", f"{exc}"))
-    return outcome[0]
+        outcomes = _sample_batch(store, load_base(base_model), key, [request.payload for request in claimed])
+    except Exception as exc:  # the batch itself failed (loading the base or the adapter, decoding)
+        outcomes = [_failure(exc, "sample batch of " + future_id)] * len(claimed)
+    batch = {"id": new_id("smpb"), "requests": len(claimed)}
+    for request, outcome in zip(claimed, outcomes, strict=True):
+        if outcome[0] == "ok":
+            outcome = ("ok", {**outcome[1], "batch": batch})
+        try:
+            _record_sample(settings, store, request, base_model, outcome)
+        except Exception as exc:  # the result could not be stored: the client must hear of it all the same
+            log.exception("could not record sample request %s", request.future_id)
+            _record_sample(settings, store, request, base_model, ("server", f"{exc}"))
+    return outcomes[0][0]
+
+
+def _claim_future(session: Session, future_id: str, worker_id: str) -> bool:
+    """Take a pending future for this worker; False if another took it first."""
+    claimed: int = session.execute(
+        update(Future)
+        .where(Future.id == future_id, Future.status == "pending")
+        .values(status="running", worker_id=worker_id)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    return bool(claimed)
+
+
+def _pending_samples_of(
+    session: Session, base_model: str, key: str | None, *, exclude: str
+) -> list[tuple[Future, TrainingSession]]:
+    """The oldest pending sample requests (and their samplers) of active samplers with the same
+    adapter (`key`, None: the base itself) on `base_model`, besides `exclude`: what may join its batch."""
+    rows = session.execute(
+        select(Future, TrainingSession)
+        .join(TrainingSession, TrainingSession.id == Future.session_id)
+        .where(
+            Future.operation == "sample",
+            Future.status == "pending",
+            Future.id != exclude,
+            TrainingSession.kind == "sampling",
+            TrainingSession.status == "active",
+            TrainingSession.base_model == base_model,
+            TrainingSession.adapter_object_key.is_(None) if key is None else TrainingSession.adapter_object_key == key,
+        )
+        .order_by(Future.created_at)
+        .limit(SAMPLE_BATCH_CAP - 1)
+    ).all()
+    return [(future, sampler) for future, sampler in rows]
+
+
+def _failure(exc: Exception, what: str) -> tuple[str, Any]:
+    """An error as a future records it: the client's own mistake, or the server's."""
+    if isinstance(exc, MintError):
+        return ("user", exc.message)
+    log.error("%s failed", what, exc_info=exc)
+    return ("server", f"{type(exc).__name__}: {exc}")
 
 
 def _record_sample(
-    settings: Settings,
-    store: ObjectStore,
-    future_id: str,
-    organization_id: str,
-    base_model: str,
-    outcome: tuple[str, Any],
+    settings: Settings, store: ObjectStore, request: _ClaimedSample, base_model: str, outcome: tuple[str, Any]
 ) -> None:
     with session_scope(settings.database) as session:
-        future = session.get(Future, future_id)
+        future = session.get(Future, request.future_id)
         if future is None or future.status != "running":
             return
         kind, value = outcome
@@ -580,7 +634,7 @@ def _record_sample(
         set_result(store, future, value)
         record_usage(
             session,
-            organization_id=organization_id,
+            organization_id=request.organization_id,
             kind="sampled",
             tokens=sum(len(sequence["tokens"]) for sequence in value["sequences"]),
             base_model=base_model,
@@ -590,13 +644,40 @@ def _record_sample(
         )
 
 
-def _sample(store: ObjectStore, resident: ResidentBase, key: str | None, payload: dict[str, Any]) -> dict[str, Any]:
+def _sample_batch(
+    store: ObjectStore, resident: ResidentBase, key: str | None, payloads: list[dict[str, Any]]
+) -> list[tuple[str, Any]]:
+    """Each request's outcome, in order: its result, or why it failed. Every request is checked
+    first, so that one the base cannot run (a prompt too long) fails alone; the others decode
+    together in one `sample_batch`."""
     _export_tokenizer(store, resident)
     adapter = _sampler_adapter(store, resident, key) if key else None
+    outcomes: dict[int, tuple[str, Any]] = {}
+    runnable: list[tuple[int, SampleRequest]] = []
+    for index, payload in enumerate(payloads):
+        request = SampleRequest(
+            payload["prompt"], SamplingParams.model_validate(payload["params"]), int(payload["num_samples"])
+        )
+        try:
+            resident.check_sample_request(request)
+        except MintError as exc:
+            outcomes[index] = ("user", exc.message)
+            continue
+        runnable.append((index, request))
+    batch = resident.sample_batch(adapter, [request for _, request in runnable])
+    for (index, _), sequences in zip(runnable, batch, strict=True):
+        try:
+            outcomes[index] = ("ok", _sample_result(resident, adapter, payloads[index], sequences))
+        except Exception as exc:  # its prompt logprobs could not be computed: this request fails alone
+            outcomes[index] = _failure(exc, "sample request")
+    return [outcomes[index] for index in range(len(payloads))]
+
+
+def _sample_result(
+    resident: ResidentBase, adapter: str | None, payload: dict[str, Any], sequences: list[SampledSequence]
+) -> dict[str, Any]:
+    """A sample request's stored result: its sequences, and its prompt's logprobs if it asked."""
     prompt: list[int] = payload["prompt"]
-    sequences = resident.sample_with(
-        adapter, prompt, SamplingParams.model_validate(payload["params"]), int(payload["num_samples"])
-    )
     prompt_logprobs: list[float | None] | None = None
     if payload["prompt_logprobs"]:
         prompt_logprobs = [None]

@@ -56,7 +56,8 @@ def run_model(self: Any, model_id: str) -> str:
     time_limit=TASK_TIME_LIMIT_S,
 )
 def sample(self: Any, future_id: str) -> str:
-    """Run one sample request on this worker's resident base (a duplicate message returns at once)."""
+    """Run a sample request on this worker's resident base, in one batch with the other pending
+    requests of its sampler adapter (a message whose request is already taken returns at once)."""
     return tinker_runner.run_sample(get_settings(), future_id, _me(self), resident_base)
 
 
