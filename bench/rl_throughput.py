@@ -25,17 +25,22 @@ The table gives, over the steps after the first (the first pays one-off warm-up 
 on its own): samples per second (completions sampled and graded per second), trained tokens
 per second (sampled completion tokens that the loss covered), mean seconds per step, then the
 first step's seconds, peak RSS, the mean reward and the share of groups whose rewards differed
-(the groups that carry a gradient), and a last row of Mint/TRL ratios.
+(the groups that carry a gradient), and a last row of Mint/TRL ratios of each column (above 1
+in s/step means Mint is slower). Each contestant's 1-minute load average before and after its
+run is printed too: other work on the same cores slows a contestant's steps, so compare runs
+made on an otherwise idle machine.
 
 What differs, by design of each trainer:
 - Mint samples each prompt's group in its own call (one prefill, `group_size` rows decoded
   together); TRL generates the whole step's batch at once, left-padded, with `generate`.
 - Mint leaves out groups whose rewards are all equal (zero advantage: no gradient), so its
   trained tokens can be fewer than it sampled; TRL runs the loss over every completion.
+  Mint's loss pass packs the step's sequences into one row; TRL's pads them to the longest.
 - Mint's loss is a sum over tokens with advantages scaled to sum to 1 in absolute value; TRL's
   `dapo` loss is a mean over the batch's completion tokens. On-policy (ratio 1, one pass) both
   give the gradient of -A * logp per token, up to that constant scale (which Adam mostly
-  cancels). TRL normalises rewards by the group's std + 1e-4; Mint by std + 1e-6.
+  cancels). TRL divides by the group's sample std (n - 1) + 1e-4; Mint by its population
+  std + 1e-6.
 - Mint's sampler returns the sampled tokens' logprobs (the importance ratio's denominator);
   TRL skips them on-policy and computes the policy's entropy in its loss pass.
 - The samplers draw from different random streams, so the completions (hence rewards and
@@ -148,8 +153,8 @@ class TargetWords:
 
 
 class CountingPolicy:
-    """A training session that counts the completion tokens each `forward_backward` trains on
-    (those with a nonzero advantage; prompt positions carry zero)."""
+    """A training session's primitives, counting the completion tokens each `forward_backward`
+    trains on (those with a nonzero advantage; prompt positions carry zero)."""
 
     def __init__(self, session: Any, clock: StepClock) -> None:
         self.session = session
@@ -196,7 +201,7 @@ def run_mint(args: argparse.Namespace) -> list[dict[str, float]]:
         learning_rate=LEARNING_RATE,
         grad_clip_norm=GRAD_CLIP_NORM,
         seed=SEED,
-        max_steps_without_signal=args.steps + 1,  # a step without signal still counts here
+        max_steps_without_signal=args.steps + 1,  # never stop early: every step is timed
     )
     clock = StepClock(args.prompts_per_step * args.group_size)
     clock.start()
@@ -373,6 +378,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each contestant")
     parser.add_argument("--only", choices=CONTESTANTS, help=argparse.SUPPRESS)  # one contestant, in a child process
     args = parser.parse_args()
+    if len(PROMPTS) % args.prompts_per_step:
+        # Mint's batch plan cuts an epoch's last batch short; TRL's batches are all full.
+        parser.error(f"--prompts-per-step must divide the {len(PROMPTS)} prompts, so both sides get the same batches")
     if args.only:
         print(json.dumps(run_one(args.only, args)))
         return
