@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+from bench._common import LORA_MODULES, peak_rss_mb, pulled_folder, run_contestant, table_row  # noqa: E402
+
 LEARNING_RATE = 2e-4
 SEQUENCE_TOKENS = 256
 SYSTEM_PROMPTS = [
@@ -53,10 +52,6 @@ def bench_rows(count: int) -> list[dict[str, Any]]:
         assert task.solution is not None
         rows.append({"prompt": [system, *task.messages], "completion": task.solution[:1]})
     return rows
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def run_trl(base: str, rows: list[dict[str, Any]], steps: int, batch: int, packing: bool) -> dict[str, Any]:
@@ -111,15 +106,6 @@ def run_trl(base: str, rows: list[dict[str, Any]], steps: int, batch: int, packi
         seconds = time.perf_counter() - started
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     return {"tokens": counted["tokens"], "seconds": seconds, "first_loss": losses[0], "last_loss": losses[-1]}
-
-
-def pulled_folder(base: str) -> Path:
-    from mint.config import get_settings
-    from mint.schemas.base_models import get_base_model_spec
-    from mint.trainer.models import pull_base_model
-
-    settings = get_settings()
-    return pull_base_model(get_base_model_spec(base, settings.model_configs_dir), settings.models_cache_dir)
 
 
 def run_mint(base: str, rows: list[dict[str, Any]], steps: int, batch: int) -> dict[str, Any]:
@@ -181,22 +167,15 @@ def main() -> None:
     pulled_folder(args.base)  # dequantize once, outside the timings
     results = {}
     for name in CONTESTANTS:
-        command = [
-            sys.executable,
-            __file__,
-            "--only",
-            name,
-            "--base",
-            args.base,
-            "--steps",
-            str(args.steps),
-            "--batch",
-            str(args.batch),
-        ]
-        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        results[name] = json.loads(output.strip().splitlines()[-1])
+        argv = ["--base", args.base, "--steps", str(args.steps), "--batch", str(args.batch)]
+        results[name] = run_contestant(__file__, name, argv)
     print(f"\n{args.base}, LoRA r16 on attention + MLP linears, float32, {args.steps} steps x {args.batch} rows\n")
-    print(table_row(("trainer", "real tok/s", "peak RSS MB", "loss first->last", "Mint speed-up", "memory ratio")))
+    print(
+        table_row(
+            ("trainer", "real tok/s", "peak RSS MB", "loss first->last", "Mint speed-up", "memory ratio"),
+            COLUMN_WIDTHS,
+        )
+    )
     mint = results["mint"]
     for name in CONTESTANTS:
         r = results[name]
@@ -209,18 +188,13 @@ def main() -> None:
                     f"{r['first_loss']:.2f}->{r['last_loss']:.2f}",
                     f"{mint['tokens_per_second'] / r['tokens_per_second']:.2f}x",
                     f"{mint['peak_rss_mb'] / r['peak_rss_mb']:.2f}x",
-                )
+                ),
+                COLUMN_WIDTHS,
             )
         )
 
 
 COLUMN_WIDTHS = (12, 11, 12, 18, 14, 13)
-
-
-def table_row(cells: tuple[str, ...]) -> str:
-    """The first cell left-aligned, the numbers right-aligned."""
-    first, *rest = zip(cells, COLUMN_WIDTHS, strict=True)
-    return " ".join([f"{first[0]:<{first[1]}}", *(f"{cell:>{width}}" for cell, width in rest)])
 
 
 if __name__ == "__main__":

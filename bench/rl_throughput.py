@@ -1,0 +1,408 @@
+"""Mint's RL (GRPO style) against TRL's GRPOTrainer (with peft) on the same model, prompts, group
+size, reward, LoRA and steps: how fast each turns prompts into trained samples, and its memory.
+
+    python bench/rl_throughput.py [--base smollm2-135m-instruct] [--prompts-per-step 4] [--group-size 4]
+                                  [--max-tokens 32] [--temperature 1.0] [--steps 4] [--threads 2]
+
+Each contestant runs in a fresh process capped at `--threads` torch threads, so its peak
+resident memory is its own:
+
+- mint: a `ResidentBase` session (LoRA r16, alpha 32, on every attention and MLP linear, no
+  lm_head) driven by `run_rl` over `RlPrompt`s, with the default `importance_sampling` loss
+  and no KL (`kl_beta=0`).
+- trl: `GRPOTrainer` with a peft `LoraConfig` of the same targets, `use_vllm=False`,
+  `beta=0` (no reference model), one optimisation pass per batch (`num_iterations=1`), and a
+  per-step batch of `prompts_per_step * group_size` completions (`num_generations=group_size`).
+
+Both sample from SmolLM2-135M-Instruct (float32, CPU) at the same temperature (no top-p/top-k)
+for at most `--max-tokens` new tokens, on the same chat prompts (rendered to identical ids by
+the same template) in the same order, and reward each completion with the same Python
+function: the share of the prompt's target words that the completion names. AdamW has the same
+settings on both sides (lr 1e-4 constant, betas 0.9/0.95, eps 1e-12, no weight decay, gradient
+norm clipped at 1).
+
+The table gives, over the steps after the first (the first pays one-off warm-up and is shown
+on its own): samples per second (completions sampled and graded per second), trained tokens
+per second (sampled completion tokens that the loss covered), mean seconds per step, then the
+first step's seconds, peak RSS, the mean reward and the share of groups whose rewards differed
+(the groups that carry a gradient), and a last row of Mint/TRL ratios of each column (above 1
+in s/step means Mint is slower). Each contestant's 1-minute load average before and after its
+run is printed too: other work on the same cores slows a contestant's steps, so compare runs
+made on an otherwise idle machine.
+
+What differs, by design of each trainer:
+- Mint samples each prompt's group in its own call (one prefill, `group_size` rows decoded
+  together); TRL generates the whole step's batch at once, left-padded, with `generate`.
+- Mint leaves out groups whose rewards are all equal (zero advantage: no gradient), so its
+  trained tokens can be fewer than it sampled; TRL runs the loss over every completion.
+  Mint's loss pass packs the step's sequences into one row; TRL's pads them to the longest.
+- Mint's loss is a sum over tokens with advantages scaled to sum to 1 in absolute value; TRL's
+  `dapo` loss is a mean over the batch's completion tokens. On-policy (ratio 1, one pass) both
+  give the gradient of -A * logp per token, up to that constant scale (which Adam mostly
+  cancels). TRL divides by the group's sample std (n - 1) + 1e-4; Mint by its population
+  std + 1e-6.
+- Mint's sampler returns the sampled tokens' logprobs (the importance ratio's denominator);
+  TRL skips them on-policy and computes the policy's entropy in its loss pass.
+- The samplers draw from different random streams, so the completions (hence rewards and
+  lengths) differ between the two sides; tokens per second accounts for lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._common import LORA_MODULES, peak_rss_mb, pulled_folder, run_contestant, table_row  # noqa: E402
+
+LEARNING_RATE = 1e-4
+ADAM_BETA2 = 0.95  # Mint's AdamParams defaults (Tinker's), given to TRL's AdamW too
+ADAM_EPS = 1e-12
+GRAD_CLIP_NORM = 1.0
+SEED = 0
+
+# (question, target words): the reward is the share of the targets a completion names.
+PROMPTS = [
+    ("Name some animals that live on a farm.", ["cow", "pig", "horse", "sheep", "chicken", "goat", "duck", "dog"]),
+    ("Name some fruits.", ["apple", "banana", "orange", "grape", "mango", "pear", "cherry", "strawberry"]),
+    ("Name some colors.", ["red", "blue", "green", "yellow", "orange", "purple", "black", "white"]),
+    ("Name some vegetables.", ["carrot", "potato", "tomato", "onion", "broccoli", "lettuce", "pepper", "spinach"]),
+    ("Name the planets of the solar system.", ["mercury", "venus", "earth", "mars", "jupiter", "saturn", "uranus"]),
+    ("Name some musical instruments.", ["piano", "guitar", "violin", "drum", "flute", "trumpet", "cello", "harp"]),
+    ("Name some countries in Europe.", ["france", "germany", "spain", "italy", "portugal", "poland", "greece"]),
+    ("Name some sports.", ["football", "soccer", "tennis", "basketball", "baseball", "golf", "hockey", "rugby"]),
+    ("Name some wild animals.", ["lion", "tiger", "elephant", "bear", "wolf", "giraffe", "zebra", "monkey"]),
+    ("Name some kitchen tools.", ["knife", "spoon", "fork", "pan", "pot", "whisk", "spatula", "grater"]),
+    ("Name some things you find in an office.", ["desk", "chair", "computer", "pen", "paper", "printer", "phone"]),
+    ("Name some means of transport.", ["car", "bus", "train", "bicycle", "plane", "boat", "ship", "truck"]),
+    ("Name some programming languages.", ["python", "java", "rust", "go", "ruby", "javascript", "swift", "kotlin"]),
+    ("Name some types of weather.", ["rain", "snow", "sun", "wind", "storm", "fog", "hail", "cloud"]),
+    ("Name some body parts.", ["head", "arm", "leg", "hand", "foot", "eye", "nose", "ear"]),
+    ("Name some kinds of trees.", ["oak", "pine", "maple", "birch", "willow", "cedar", "palm", "elm"]),
+]
+INSTRUCTION = " Answer with a comma-separated list."
+
+
+def target_word_reward(completion: str, targets: Sequence[str]) -> float:
+    """The share of `targets` named in `completion` as whole words, case-insensitively."""
+    words = set(re.findall(r"[a-z]+", completion.lower()))
+    return sum(target in words for target in targets) / len(targets)
+
+
+def chat(question: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": question + INSTRUCTION}]
+
+
+def step_prompts(args: argparse.Namespace) -> list[int]:
+    """The prompt indices of every step in order: Mint's own batch plan, which TRL then walks
+    through unshuffled, so both sides see the same prompts at the same step."""
+    from mint.trainer.data import batch_plan
+
+    plan = batch_plan(len(PROMPTS), batch_size=args.prompts_per_step, steps=args.steps, seed=SEED)
+    return [index for step in plan for index in step]
+
+
+class StepClock:
+    """Per step: seconds since the previous step ended (or since `start`), completions, and the
+    trained tokens counted since."""
+
+    def __init__(self, samples_per_step: int) -> None:
+        self.samples_per_step = samples_per_step
+        self.trained_tokens = 0  # running count, added to by the trainer's loss pass
+        self.steps: list[dict[str, float]] = []
+        self._last = 0.0
+        self._counted = 0
+
+    def start(self) -> None:
+        self._last = time.perf_counter()
+
+    def step_done(self) -> None:
+        now = time.perf_counter()
+        self.steps.append(
+            {
+                "seconds": now - self._last,
+                "samples": self.samples_per_step,
+                "trained_tokens": self.trained_tokens - self._counted,
+            }
+        )
+        self._last, self._counted = now, self.trained_tokens
+
+
+# ---- Mint --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetWords:
+    """`target_word_reward` as a grader of `run_rl` (the reference is the target list)."""
+
+    def reward(self, output: Any, reference: Any, *, steps: int = 1, tokens: int = 0) -> float:
+        return target_word_reward(output, reference)
+
+
+class CountingPolicy:
+    """A training session's primitives, counting the completion tokens each `forward_backward`
+    trains on (those with a nonzero advantage; prompt positions carry zero)."""
+
+    def __init__(self, session: Any, clock: StepClock) -> None:
+        self.session = session
+        self.clock = clock
+
+    def sample(self, prompt_tokens: Any, params: Any, num_samples: int = 1) -> Any:
+        return self.session.sample(prompt_tokens, params, num_samples)
+
+    def forward(self, data: Any, loss_fn: str | None = None, loss_fn_config: Any = None) -> Any:
+        return self.session.forward(data, loss_fn, loss_fn_config)
+
+    def forward_backward(self, data: Any, loss_fn: str, loss_fn_config: Any = None) -> Any:
+        self.clock.trained_tokens += sum(sum(1 for a in datum.loss_fn_inputs["advantages"] if a != 0) for datum in data)
+        return self.session.forward_backward(data, loss_fn, loss_fn_config)
+
+    def optim_step(self, adam: Any = None) -> dict[str, float]:
+        return self.session.optim_step(adam)
+
+
+def run_mint(args: argparse.Namespace) -> list[dict[str, float]]:
+    from mint.chat.render import render_prompt
+    from mint.config import get_settings
+    from mint.schemas.base_models import get_base_model_spec
+    from mint.trainer.recipes.rl import RlConfig, RlPrompt, run_rl
+    from mint.trainer.session import ResidentBase
+    from mint.trainer.types import LoraOptions
+
+    settings = get_settings()
+    resident = ResidentBase(get_base_model_spec(args.base, settings.model_configs_dir), settings.models_cache_dir)
+    tokenizer = resident.tokenizer
+    prompts = [
+        RlPrompt(prompt_tokens=render_prompt(tokenizer, chat(question)), reference=targets, grader=TargetWords())
+        for question, targets in PROMPTS
+    ]
+    session = resident.create_session(
+        LoraOptions(rank=16, alpha=32, dropout=0.0, train_attn=True, train_mlp=True, train_unembed=False, seed=SEED)
+    )
+    config = RlConfig(
+        steps=args.steps,
+        prompts_per_step=args.prompts_per_step,
+        group_size=args.group_size,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        learning_rate=LEARNING_RATE,
+        grad_clip_norm=GRAD_CLIP_NORM,
+        seed=SEED,
+        max_steps_without_signal=args.steps + 1,  # never stop early: every step is timed
+    )
+    clock = StepClock(args.prompts_per_step * args.group_size)
+    clock.start()
+    reports = run_rl(
+        CountingPolicy(session, clock),
+        prompts,
+        config,
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),  # as TRL decodes for its reward
+        on_step=lambda _: clock.step_done(),
+    )
+    return [
+        {**step, "reward": report.metrics["reward"], "groups_with_signal": report.metrics["groups_with_signal"]}
+        for step, report in zip(clock.steps, reports, strict=True)
+    ]
+
+
+# ---- TRL ---------------------------------------------------------------------------------------
+
+
+def trl_reward(prompts: list[Any], completions: list[Any], targets: list[list[str]], **_: Any) -> list[float]:
+    """`target_word_reward` as a TRL reward function (the dataset's `targets` column comes as a keyword)."""
+    return [
+        target_word_reward(completion[-1]["content"], row_targets)
+        for completion, row_targets in zip(completions, targets, strict=True)
+    ]
+
+
+def run_trl(args: argparse.Namespace) -> list[dict[str, float]]:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    folder = pulled_folder(args.base)
+    torch.manual_seed(SEED)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    rows = [{"prompt": chat(PROMPTS[i][0]), "targets": PROMPTS[i][1]} for i in step_prompts(args)]
+    samples = args.prompts_per_step * args.group_size
+    clock = StepClock(samples)
+
+    class CountingTrainer(GRPOTrainer):  # counts the completion tokens each loss pass covers
+        def compute_loss(self, model: Any, inputs: dict[str, Any], *rest: Any, **kwargs: Any) -> Any:
+            clock.trained_tokens += int(inputs["completion_mask"].sum())
+            return super().compute_loss(model, inputs, *rest, **kwargs)
+
+    class Timing(TrainerCallback):
+        def on_train_begin(self, *_: Any, **__: Any) -> None:
+            clock.start()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            clock.step_done()
+
+    with tempfile.TemporaryDirectory() as output:
+        config = GRPOConfig(
+            output_dir=output,
+            max_steps=args.steps,
+            per_device_train_batch_size=samples,  # completions per step: prompts x generations
+            gradient_accumulation_steps=1,
+            num_generations=args.group_size,
+            max_completion_length=args.max_tokens,
+            temperature=args.temperature,
+            top_p=1.0,
+            top_k=0,
+            use_vllm=False,
+            beta=0.0,
+            num_iterations=1,
+            loss_type="dapo",
+            learning_rate=LEARNING_RATE,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            adam_beta2=ADAM_BETA2,
+            adam_epsilon=ADAM_EPS,
+            weight_decay=0.0,
+            max_grad_norm=GRAD_CLIP_NORM,
+            gradient_checkpointing=False,  # Mint keeps activations too
+            shuffle_dataset=False,
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1,
+            dataloader_num_workers=0,
+            seed=SEED,
+        )
+        trainer = CountingTrainer(
+            model=model,
+            reward_funcs=trl_reward,
+            args=config,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            peft_config=LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_MODULES),
+            callbacks=[Timing()],
+        )
+        trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "reward" in entry]  # one entry per step
+    return [
+        {**step, "reward": entry["reward"], "groups_with_signal": 1 - entry["frac_reward_zero_std"]}
+        for step, entry in zip(clock.steps, logged, strict=True)
+    ]
+
+
+# ---- the comparison ----------------------------------------------------------------------------
+
+CONTESTANTS = ("mint", "trl")
+
+
+def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
+    steps = run_mint(args) if name == "mint" else run_trl(args)
+    # The machine's 1-minute load average around the run: other work on the cores skews the timings.
+    load = (load_before, os.getloadavg()[0])
+    return {"name": name, "steps": steps, "peak_rss_mb": peak_rss_mb(), "load": load}
+
+
+def summary(result: dict[str, Any]) -> dict[str, float]:
+    """Rates over the steps after the first (all steps if there is only one), and the first step."""
+    steps = result["steps"]
+    timed = steps[1:] or steps
+    seconds = sum(step["seconds"] for step in timed)
+    return {
+        "samples_per_s": sum(step["samples"] for step in timed) / seconds,
+        "tokens_per_s": sum(step["trained_tokens"] for step in timed) / seconds,
+        "s_per_step": seconds / len(timed),
+        "first_step_s": steps[0]["seconds"],
+        "peak_rss_mb": result["peak_rss_mb"],
+        "reward": statistics.fmean(step["reward"] for step in steps),
+        "groups_with_signal": statistics.fmean(step["groups_with_signal"] for step in steps),
+    }
+
+
+COLUMNS = (
+    ("trainer", 9, ""),
+    ("samples/s", 10, "samples_per_s"),
+    ("trained tok/s", 14, "tokens_per_s"),
+    ("s/step", 8, "s_per_step"),
+    ("first step s", 13, "first_step_s"),
+    ("peak RSS MB", 12, "peak_rss_mb"),
+    ("mean reward", 12, "reward"),
+    ("groups w/ signal", 17, "groups_with_signal"),
+)
+FORMATS = {"peak_rss_mb": "{:.0f}", "reward": "{:.3f}", "groups_with_signal": "{:.0%}"}
+
+
+def print_table(args: argparse.Namespace, summaries: dict[str, dict[str, float]]) -> None:
+    widths = [width for _, width, _ in COLUMNS]
+    print(
+        f"\n{args.base}, LoRA r16 alpha 32 on attention + MLP linears, float32, {args.threads} torch threads; "
+        f"{args.steps} steps x {args.prompts_per_step} prompts x {args.group_size} samples, "
+        f"<= {args.max_tokens} new tokens, temperature {args.temperature}\n"
+        "rates and s/step over the steps after the first\n"
+    )
+    print(table_row([header for header, _, _ in COLUMNS], widths))
+    for name in CONTESTANTS:
+        cells = [FORMATS.get(key, "{:.2f}").format(summaries[name][key]) for _, _, key in COLUMNS[1:]]
+        print(table_row([name, *cells], widths))
+    mint, trl = summaries["mint"], summaries["trl"]
+    ratios = [f"{mint[key] / trl[key]:.2f}x" if trl[key] else "-" for _, _, key in COLUMNS[1:]]
+    print(table_row(["mint/trl", *ratios], widths))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4, help="samples per prompt (TRL's num_generations)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="max new tokens per sample")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each contestant")
+    parser.add_argument("--only", choices=CONTESTANTS, help=argparse.SUPPRESS)  # one contestant, in a child process
+    args = parser.parse_args()
+    if len(PROMPTS) % args.prompts_per_step:
+        # Mint's batch plan cuts an epoch's last batch short; TRL's batches are all full.
+        parser.error(f"--prompts-per-step must divide the {len(PROMPTS)} prompts, so both sides get the same batches")
+    if args.only:
+        print(json.dumps(run_one(args.only, args)))
+        return
+    pulled_folder(args.base)  # dequantize once, outside the timings
+    argv = [
+        *("--base", args.base, "--prompts-per-step", str(args.prompts_per_step)),
+        *("--group-size", str(args.group_size), "--max-tokens", str(args.max_tokens)),
+        *("--temperature", str(args.temperature), "--steps", str(args.steps), "--threads", str(args.threads)),
+    ]
+    summaries = {}
+    for name in CONTESTANTS:
+        result = run_contestant(__file__, name, argv, threads=args.threads)
+        summaries[name] = summary(result)
+        print(f"{name}: load average {result['load'][0]:.1f} before, {result['load'][1]:.1f} after", flush=True)
+        for number, step in enumerate(result["steps"], 1):
+            print(
+                f"{name} step {number}: {step['seconds']:.2f}s, {step['trained_tokens']} trained tokens, "
+                f"reward {step['reward']:.3f}",
+                flush=True,
+            )
+    print_table(args, summaries)
+
+
+if __name__ == "__main__":
+    main()
