@@ -13,8 +13,11 @@ it, so that sampled logprobs and trained logprobs agree (no train/inference mism
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -71,17 +74,30 @@ def _causal_lm(model: nn.Module) -> nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def _chunk_logprobs(head: nn.Module, hidden_C_H: torch.Tensor, targets_C: torch.Tensor) -> torch.Tensor:
-    return token_logprobs(head(hidden_C_H), targets_C)
+def _chunk_logprobs(
+    head: nn.Module,
+    hidden_C_H: torch.Tensor,
+    targets_C: torch.Tensor,
+    scope: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> torch.Tensor:
+    with scope():
+        return token_logprobs(head(hidden_C_H), targets_C)
 
 
-def packed_logprobs(model: nn.Module, batch: PackedBatch) -> list[torch.Tensor]:
+def packed_logprobs(
+    model: nn.Module,
+    batch: PackedBatch,
+    spans: Sequence[tuple[int, int]] | None = None,
+    span_scope: Callable[[int], AbstractContextManager[Any]] | None = None,
+) -> list[torch.Tensor]:
     """One forward over the packed row; returns each datum's `logprobs_T` (with grad if enabled).
 
     For plain-head architectures the decoder runs once and the output head runs in chunks of
     positions; with gradients on, each chunk is recomputed in the backward pass instead of
     keeping the whole (N, V) logits table alive, which is most of the activation memory of
-    a small model with a large vocabulary.
+    a small model with a large vocabulary. Chunks never cross the boundaries of `spans` (the
+    parts of a mixed-session pass), so a part's head runs on the same chunks as it would alone,
+    inside `span_scope(i)` for span i (forward and recomputation alike).
     """
     causal = _causal_lm(model)
     architectures = getattr(causal.config, "architectures", None) or [type(causal).__name__]
@@ -100,11 +116,13 @@ def packed_logprobs(model: nn.Module, batch: PackedBatch) -> list[torch.Tensor]:
     ).last_hidden_state[0]
     head = causal.get_output_embeddings()
     chunks = []
-    for start in range(0, hidden_N_H.shape[0], HEAD_CHUNK_POSITIONS):
-        hidden_C_H = hidden_N_H[start : start + HEAD_CHUNK_POSITIONS]
-        targets_C = batch.targets_N[start : start + HEAD_CHUNK_POSITIONS]
-        if torch.is_grad_enabled():
-            chunks.append(checkpoint(_chunk_logprobs, head, hidden_C_H, targets_C, use_reentrant=False))
-        else:
-            chunks.append(_chunk_logprobs(head, hidden_C_H, targets_C))
+    for index, (span_start, span_stop) in enumerate(spans or [(0, hidden_N_H.shape[0])]):
+        scope = functools.partial(span_scope, index) if span_scope is not None else nullcontext
+        for start in range(span_start, span_stop, HEAD_CHUNK_POSITIONS):
+            stop = min(start + HEAD_CHUNK_POSITIONS, span_stop)
+            hidden_C_H, targets_C = hidden_N_H[start:stop], batch.targets_N[start:stop]
+            if torch.is_grad_enabled():  # recomputed in the backward pass, in its scope again
+                chunks.append(checkpoint(_chunk_logprobs, head, hidden_C_H, targets_C, scope, use_reentrant=False))
+            else:
+                chunks.append(_chunk_logprobs(head, hidden_C_H, targets_C, scope))
     return list(torch.split(torch.cat(chunks), batch.lengths))

@@ -103,6 +103,12 @@ def input_tensors(datum: Datum, device: torch.device) -> dict[str, torch.Tensor]
     }
 
 
+# Given each part's span of positions in the packed row, the context the forward and backward run
+# in: which adapter each span runs through, and train-mode switches such as LoRA dropout. It may
+# yield a `scope(i)` in which the output head's chunks of span i run (`mixed_adapters.MixedPass`).
+RunningFn = Callable[[list[tuple[int, int]]], AbstractContextManager[Any]]
+
+
 def score(
     model: nn.Module,
     data: list[Datum],
@@ -119,18 +125,56 @@ def score(
     requires grad (the caller's active adapter only). `reference(data)` gives reference logprobs
     for losses that need them and were not sent; `train_mode` wraps the forward (LoRA dropout).
     """
+    part = ScoreRequest(data, loss, dict(config))
+    return score_parts(model, [part], backward=backward, reference=reference, running=lambda _: train_mode())[0]
+
+
+def score_parts(
+    model: nn.Module,
+    parts: Sequence[ScoreRequest],
+    *,
+    backward: bool,
+    reference: ReferenceFn,
+    running: RunningFn,
+) -> list[ForwardOutput]:
+    """`score` for several checked requests (parts) in ONE packed forward (and one backward of the sum of their losses).
+
+    The parts' data are laid end to end, each part a contiguous span; `running(spans)` is the
+    context of the pass (e.g. `mixed_adapters`, one adapter per span). Each part's loss is a
+    function of its own logprobs only, so the gradient of the sum is, part by part, the gradient
+    of its own loss. References are computed first, outside `running`.
+    """
     device = model.get_input_embeddings().weight.device
-    inputs = [input_tensors(datum, device) for datum in data]
-    if loss is not None and loss.needs_reference and not all("ref_logprobs" in x for x in inputs):
-        for x, ref_T in zip(inputs, reference(data), strict=True):
-            x.setdefault("ref_logprobs", ref_T.float())
-    batch = pack(data, device)
-    with torch.set_grad_enabled(backward), train_mode():
-        logprobs = packed_logprobs(model, batch)
-        metrics = {"tokens:sum": float(sum(batch.lengths))}
-        if loss is not None:
-            value, extra = loss.fn(logprobs, inputs, config)
-            if backward:
-                value.backward()
-            metrics |= {"loss:sum": float(value.detach()), **extra, **policy_metrics(logprobs, inputs)}
-    return ForwardOutput(logprobs=[lp.detach().float().cpu().tolist() for lp in logprobs], metrics=metrics)
+    inputs = []
+    for part in parts:
+        part_inputs = [input_tensors(datum, device) for datum in part.data]
+        if part.loss is not None and part.loss.needs_reference and not all("ref_logprobs" in x for x in part_inputs):
+            for x, ref_T in zip(part_inputs, reference(part.data), strict=True):
+                x.setdefault("ref_logprobs", ref_T.float())
+        inputs.append(part_inputs)
+    batch = pack([datum for part in parts for datum in part.data], device)
+    spans, start = [], 0
+    for part in parts:
+        stop = start + sum(datum.length for datum in part.data)
+        spans.append((start, stop))
+        start = stop
+    outputs = []
+    with torch.set_grad_enabled(backward), running(spans) as span_scope:
+        logprobs = packed_logprobs(model, batch, spans, span_scope if callable(span_scope) else None)
+        values = []
+        offset = 0
+        for part, part_inputs in zip(parts, inputs, strict=True):
+            part_logprobs = logprobs[offset : offset + len(part.data)]
+            offset += len(part.data)
+            metrics = {"tokens:sum": float(sum(datum.length for datum in part.data))}
+            if part.loss is not None:
+                value, extra = part.loss.fn(part_logprobs, part_inputs, part.config)
+                values.append(value)
+                metrics |= {"loss:sum": float(value.detach()), **extra, **policy_metrics(part_logprobs, part_inputs)}
+            outputs.append((part_logprobs, metrics))
+        if backward and values:
+            torch.stack(values).sum().backward()
+    return [
+        ForwardOutput(logprobs=[lp.detach().float().cpu().tolist() for lp in part_logprobs], metrics=metrics)
+        for part_logprobs, metrics in outputs
+    ]

@@ -9,7 +9,10 @@ The primitives are Tinker's: `forward`, `forward_backward` (built-in losses by n
 `forward_backward_custom`, `optim_step`, `save_state` / `load_state`,
 `save_weights_for_sampler` and `sample`. peft keeps one active adapter per model, so every
 primitive takes the base's lock and activates its own adapter first: a process runs one
-primitive at a time.
+primitive at a time. The exception is `forward_backward`: calls of several sessions that
+arrive together from concurrent threads (RL jobs, Tinker models on one worker) run as ONE
+packed pass in which each session's tokens go through its own adapter (`mixed_adapters`),
+each session receiving only its own gradients.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import secrets
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +35,13 @@ from torch import nn
 from mint.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
+from mint.trainer.combining import Combiner
+from mint.trainer.mixed_adapters import Span, can_mix, mixed_adapters
 from mint.trainer.models import load_base_model
 from mint.trainer.optimizer import AdapterOptimizer
 from mint.trainer.packing import pack, packed_logprobs
 from mint.trainer.sampling import Decoding, StopRule, end_of_sequence_ids, generate_batch
-from mint.trainer.scoring import ModelLimits, ScoreRequest, score
+from mint.trainer.scoring import ModelLimits, ScoreRequest, score_parts
 from mint.trainer.types import (
     AdamParams,
     Datum,
@@ -56,6 +62,8 @@ MAX_SAMPLES_PER_REQUEST = 256
 # Rows (samples) decoded in one batch at most: bounds the KV cache as one request's largest
 # number of samples does; a larger `sample_batch` runs as several batches.
 MAX_ROWS_PER_BATCH = MAX_SAMPLES_PER_REQUEST
+# Sessions whose forward_backward calls share one pass at most.
+MAX_SESSIONS_PER_PASS = 8
 
 
 def _chunks(decodings: Sequence[Decoding], max_rows: int) -> Iterator[list[Decoding]]:
@@ -70,6 +78,15 @@ def _chunks(decodings: Sequence[Decoding], max_rows: int) -> Iterator[list[Decod
         rows += decoding.request.num_samples
     if chunk:
         yield chunk
+
+
+@dataclass(frozen=True)
+class BackwardCall:
+    """One session's forward_backward, its data already checked, waiting to run (perhaps in one
+    pass with other sessions')."""
+
+    session: TrainingSession
+    request: ScoreRequest
 
 
 def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -148,6 +165,8 @@ class ResidentBase:
         self.device = model.get_input_embeddings().weight.device
         self.limits = ModelLimits.of(model, spec.context_length)
         self.eos_token_ids = end_of_sequence_ids(tokenizer, model)
+        # forward_backward calls that overlap in time, from any sessions, run as one pass.
+        self.backward_passes = Combiner(self.forward_backward_many, max_batch=MAX_SESSIONS_PER_PASS)
 
     @classmethod
     def shared(
@@ -312,15 +331,50 @@ class ResidentBase:
     ) -> ForwardOutput:
         """Score `data` under an adapter (None: the base); see `mint.trainer.scoring.score`."""
         request = ScoreRequest.of(self.limits, data, loss_fn, loss_fn_config)
+        return self._score(adapter_name, request, backward=backward, train_mode=train_mode)
+
+    def _score(
+        self,
+        adapter_name: str | None,
+        request: ScoreRequest,
+        *,
+        backward: bool,
+        train_mode: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> ForwardOutput:
         with self._use(adapter_name) as model:
-            return score(
-                model,
-                request.data,
-                request.loss,
-                request.config,
-                backward=backward,
-                reference=self._reference,
-                train_mode=train_mode,
+            return score_parts(
+                model, [request], backward=backward, reference=self._reference, running=lambda _: train_mode()
+            )[0]
+
+    def forward_backward_many(self, calls: Sequence[BackwardCall]) -> list[ForwardOutput]:
+        """The forward_backward of several sessions in ONE packed pass, each session's data a span
+        of the row through its own adapter; one result per call, in order.
+
+        Each session's loss depends on its own tokens only and its gradient reaches its own
+        adapter only. Sessions that cannot share a pass (adapters on parameters or on the output
+        head, or one session twice) run one after another, under one lock all the same.
+        """
+        names = [call.session.session_id for call in calls]
+        with self._lock:
+            for call in calls:
+                call.session._live_optimizer()
+            if len(calls) == 1 or len(set(names)) < len(names) or not can_mix(self.model, names):
+                return [
+                    self._score(name, call.request, backward=True, train_mode=call.session._lora_dropout)
+                    for name, call in zip(names, calls, strict=True)
+                ]
+            trainable = [parameter for call in calls for parameter in call.session._parameters.values()]
+
+            @contextmanager
+            def running(spans: list[tuple[int, int]]) -> Iterator[Callable[[int], AbstractContextManager[None]]]:
+                with ExitStack() as stack:
+                    for call in calls:
+                        stack.enter_context(call.session._lora_dropout())
+                    adapters = [Span(name, start, stop) for name, (start, stop) in zip(names, spans, strict=True)]
+                    yield stack.enter_context(mixed_adapters(self._peft, adapters, trainable)).scope
+
+            return score_parts(
+                self.model, [call.request for call in calls], backward=True, reference=self._reference, running=running
             )
 
     def _reference(self, data: list[Datum]) -> list[torch.Tensor]:
@@ -445,11 +499,14 @@ class TrainingSession:
     def forward_backward(
         self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None = None
     ) -> ForwardOutput:
-        """Add the gradient of a built-in loss to this adapter's accumulated gradients."""
+        """Add the gradient of a built-in loss to this adapter's accumulated gradients.
+
+        Checked here, so that bad data fail this call alone; then run in one pass with the
+        forward_backward calls of other sessions that overlap it (`ResidentBase.backward_passes`).
+        """
         self._live_optimizer()
-        return self.base.evaluate(
-            self.session_id, data, loss_fn, loss_fn_config, backward=True, train_mode=self._lora_dropout
-        )
+        request = ScoreRequest.of(self.base.limits, data, loss_fn, loss_fn_config)
+        return self.base.backward_passes.submit(BackwardCall(self, request))
 
     def forward_backward_custom(self, data: Sequence[Datum], loss_fn: CustomLossFn) -> ForwardOutput:
         """Any differentiable loss of the logprobs, as Tinker runs it: forward, the loss on leaf
@@ -477,7 +534,9 @@ class TrainingSession:
                 )
                 for datum, leaf in zip(data, leaves, strict=True)
             ]
-            result = self.forward_backward(linear, "cross_entropy")
+            # Run now, not through the combiner: this thread holds the base's lock.
+            request = ScoreRequest.of(self.base.limits, linear, "cross_entropy", None)
+            result = self.base.forward_backward_many([BackwardCall(self, request)])[0]
         custom = {name: float(number) for name, number in metrics.items()}
         return ForwardOutput(
             logprobs=result.logprobs, metrics={**result.metrics, **custom, "loss:sum": float(value.detach())}
