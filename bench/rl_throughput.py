@@ -160,8 +160,12 @@ class CountingPolicy:
         self.session = session
         self.clock = clock
 
-    def sample(self, prompt_tokens: Any, params: Any, num_samples: int = 1) -> Any:
-        return self.session.sample(prompt_tokens, params, num_samples)
+    @property
+    def version(self) -> str:
+        return self.session.version
+
+    def sample_batch(self, requests: Any) -> Any:
+        return self.session.sample_batch(requests)
 
     def forward(self, data: Any, loss_fn: str | None = None, loss_fn_config: Any = None) -> Any:
         return self.session.forward(data, loss_fn, loss_fn_config)

@@ -84,6 +84,8 @@ class Turn:
     # Each sampled token's logprob under the distribution it was drawn from, when the sampler
     # recorded it (what stable_reinforce weighs against).
     sampler_logprobs: list[float] | None = None
+    # The adapter version that sampled the turn (`SampledSequence.adapter_version`).
+    adapter_version: str | None = None
 
 
 @dataclass
@@ -195,6 +197,7 @@ class _Play:
             observation,
             float(reward),
             sampler_logprobs=sample.sampler_logprobs,
+            adapter_version=sample.adapter_version,
         )
         self.episode.turns.append(turn)
         self.tokens += turn.tokens

@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -70,10 +70,15 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
 
     Equal fingerprints mean byte-identical weights (persistent buffers included).
     """
+    return tensors_fingerprint(model.state_dict())
+
+
+def tensors_fingerprint(tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over named tensors: names in sorted order, each with dtype, shape and raw bytes."""
     import torch
 
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(tensors.items()):
         tensor = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
         # A uint8 view gives the raw bytes of any dtype (numpy has no bfloat16).

@@ -37,7 +37,7 @@ from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
 from mint.trainer.combining import Combiner
 from mint.trainer.mixed_adapters import Span, can_mix, mixed_adapters
-from mint.trainer.models import load_base_model
+from mint.trainer.models import load_base_model, tensors_fingerprint
 from mint.trainer.optimizer import AdapterOptimizer
 from mint.trainer.packing import pack, packed_logprobs
 from mint.trainer.sampling import Decoding, StopRule, end_of_sequence_ids, generate_batch
@@ -62,6 +62,8 @@ MAX_SAMPLES_PER_REQUEST = 256
 # Rows (samples) decoded in one batch at most: bounds the KV cache as one request's largest
 # number of samples does; a larger `sample_batch` runs as several batches.
 MAX_ROWS_PER_BATCH = MAX_SAMPLES_PER_REQUEST
+# The adapter version stamped on samples of the base itself (every adapter disabled).
+BASE_VERSION = "base"
 # Sessions whose forward_backward calls share one pass at most.
 MAX_SESSIONS_PER_PASS = 8
 
@@ -408,11 +410,13 @@ class ResidentBase:
         decodings = [self.check_sample_request(request) for request in requests]
         results: list[list[SampledSequence]] = []
         with self._use(adapter_name) as model, torch.no_grad():
+            # Read under the lock that also guards every weight update: the weights that decode.
+            stamp = {"adapter_version": BASE_VERSION if adapter_name is None else self.get(adapter_name).version}
             for chunk in _chunks(decodings, MAX_ROWS_PER_BATCH):
                 results += generate_batch(
                     model, chunk, decode=lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=False)
                 )
-        return results
+        return [[sample.model_copy(update=stamp) for sample in samples] for samples in results]
 
     def sample_with(
         self, adapter_name: str | None, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int
@@ -439,6 +443,7 @@ class TrainingSession:
         self.seed = seed
         self.targets = targets
         self.step = 0
+        self._version: str | None = None  # computed when first asked, forgotten at each weight change
         self._parameters = lora.adapter_parameters(base._peft, session_id)
         self._optimizer: AdapterOptimizer | None = AdapterOptimizer(self._parameters)
         self._dropouts = [
@@ -449,6 +454,15 @@ class TrainingSession:
 
     def __repr__(self) -> str:
         return f"TrainingSession({self.session_id!r}, base={self.base.spec.name!r}, step={self.step})"
+
+    @property
+    def version(self) -> str:
+        """The version of this adapter's weights: a digest of their bytes, new after every
+        `optim_step` or load. Stamped on every sample they generate (`adapter_version`)."""
+        with self.base._lock:
+            if self._version is None:
+                self._version = tensors_fingerprint({n: p.detach() for n, p in self._parameters.items()})[:16]
+            return self._version
 
     @property
     def closed(self) -> bool:
@@ -547,6 +561,7 @@ class TrainingSession:
         with self.base._lock:
             metrics = self._live_optimizer().step(adam or AdamParams())
             self.step += 1
+            self._version = None
         return metrics
 
     def sample(
@@ -609,6 +624,7 @@ class TrainingSession:
                 parameter.copy_(state.adapter[name])
                 parameter.grad = None
             self.step = state.step
+            self._version = None
 
     def load_adapter_weights(self, weights: dict[str, torch.Tensor], *, source: str = "the adapter") -> None:
         """Replace this adapter's weights with `weights` (by peft's saved key); names and shapes must match."""
@@ -627,6 +643,7 @@ class TrainingSession:
             for name, parameter in self._parameters.items():
                 parameter.copy_(weights[name])
                 parameter.grad = None
+            self._version = None
 
     def save_weights_for_sampler(self, folder: Path) -> Path:
         """The adapter in PEFT format (`adapter_config.json` + `adapter_model.safetensors`) in `folder`."""

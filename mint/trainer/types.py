@@ -202,6 +202,9 @@ class SampledSequence(_Frozen):
     logprobs: list[float]
     stop_reason: StopReason
     sampler_logprobs: list[float] | None = None
+    # The version of the weights that generated it: `TrainingSession.version` of the adapter,
+    # or "base" (every adapter disabled). Stamped by `ResidentBase.sample_batch`.
+    adapter_version: str | None = None
 
     @model_validator(mode="after")
     def _aligned(self) -> SampledSequence:

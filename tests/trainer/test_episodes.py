@@ -51,7 +51,10 @@ def turn(tokenizer: Any, text: str, first_logprob: float) -> SampledSequence:
 
 class ScriptedPolicy:
     """Samples the given turns in order and records every batch and prompt it was asked to
-    continue; as a trainer, records the data it is given."""
+    continue; as a trainer, records the data it is given. Its weights never change: every
+    sample carries its one version."""
+
+    version = "scripted"
 
     def __init__(self, turns: Sequence[SampledSequence], context_length: int | None = None) -> None:
         self.turns = list(turns)
@@ -66,7 +69,10 @@ class ScriptedPolicy:
             raise InvalidRequest("the prompt leaves no room in the context", param="prompt_tokens")
         self.batches.append(list(requests))
         self.prompts += [list(request.prompt_tokens) for request in requests]
-        return [[self.turns.pop(0) for _ in range(request.num_samples)] for request in requests]
+        return [
+            [self.turns.pop(0).model_copy(update={"adapter_version": self.version}) for _ in range(request.num_samples)]
+            for request in requests
+        ]
 
     def forward(self, data: Sequence[Datum], loss_fn: str | None = None, loss_fn_config: Any = None) -> ForwardOutput:
         return ForwardOutput(logprobs=[list(datum.loss_fn_inputs["logprobs"]) for datum in data])

@@ -1,0 +1,93 @@
+"""Every sample carries the version of the weights that generated it, and RL refuses a step
+whose sampler served other weights than the policy's: updates reach the sampler in memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from mint.chat.render import render_prompt
+from mint.evals.builtin import Task, load_builtin
+from mint.evals.graders import GraderSpec
+from mint.trainer.recipes.rl import RlConfig, RlPrompt, StaleSampler, run_rl
+from mint.trainer.session import BASE_VERSION, ResidentBase, TrainingSession
+from mint.trainer.types import AdamParams, Datum, ForwardOutput, LoraOptions, SampledSequence, SampleRequest
+
+PARAMS = {"max_tokens": 3, "temperature": 1.0, "seed": 5}
+
+
+def _request(resident: ResidentBase) -> SampleRequest:
+    from mint.trainer.types import SamplingParams
+
+    tokens = render_prompt(resident.tokenizer, [{"role": "user", "content": "Say hi"}])
+    return SampleRequest(tokens, SamplingParams(**PARAMS), 2)
+
+
+def test_samples_carry_the_version_of_the_weights_that_generated_them(
+    resident: ResidentBase, open_session: Callable[..., TrainingSession], sft: Callable[..., Datum]
+) -> None:
+    session = open_session(LoraOptions(seed=0))
+    twin = open_session(LoraOptions(seed=0))
+    before = session.version
+    assert twin.version == before  # the same bytes, the same version
+    assert {s.adapter_version for s in session.sample_batch([_request(resident)])[0]} == {before}
+    assert {s.adapter_version for s in resident.sample_batch(None, [_request(resident)])[0]} == {BASE_VERSION}
+
+    session.forward_backward([sft([17, 932, 4401, 88, 1203, 7, 311])], "cross_entropy")
+    session.optim_step(AdamParams(learning_rate=1e-2))
+    after = session.version
+    assert after != before and twin.version == before
+    assert {s.adapter_version for s in session.sample_batch([_request(resident)])[0]} == {after}
+    # Loading other weights in memory makes the twin the same version again.
+    twin.load_adapter_weights({name: p.detach().clone() for name, p in session.named_parameters().items()})
+    assert twin.version == after
+
+
+class SnapshotPolicy:
+    """Trains `live`; samples from `sampler`, a second adapter that gets `live`'s weights in
+    memory after each update when `hot_updates`, and never otherwise (a stale sampler)."""
+
+    def __init__(self, live: TrainingSession, sampler: TrainingSession, *, hot_updates: bool) -> None:
+        self.live, self.sampler, self.hot_updates = live, sampler, hot_updates
+
+    @property
+    def version(self) -> str:
+        return self.live.version
+
+    def sample_batch(self, requests: Sequence[SampleRequest]) -> list[list[SampledSequence]]:
+        return self.sampler.sample_batch(requests)
+
+    def forward(self, data: Sequence[Datum], loss_fn: str | None = None, config: object = None) -> ForwardOutput:
+        return self.live.forward(data, loss_fn)
+
+    def forward_backward(self, data: Sequence[Datum], loss_fn: str, loss_fn_config: object = None) -> ForwardOutput:
+        return self.live.forward_backward(data, loss_fn)
+
+    def optim_step(self, adam: AdamParams | None = None) -> dict[str, float]:
+        metrics = self.live.optim_step(adam)
+        if self.hot_updates:
+            self.sampler.load_adapter_weights({n: p.detach().clone() for n, p in self.live.named_parameters().items()})
+        return metrics
+
+
+@pytest.mark.parametrize("hot_updates", [True, False])
+def test_rl_fails_loudly_when_its_sampler_keeps_serving_an_old_version(
+    resident: ResidentBase, open_session: Callable[..., TrainingSession], hot_updates: bool
+) -> None:
+    grader = GraderSpec(type="regex", config={"pattern": "^[A-Z]", "mode": "search"})
+    tasks: list[Task] = load_builtin("format", "train", 4, seed=0)
+    prompts = [RlPrompt(render_prompt(resident.tokenizer, task.messages), None, grader) for task in tasks]
+    live, sampler = open_session(LoraOptions(seed=0)), open_session(LoraOptions(seed=0))
+    policy = SnapshotPolicy(live, sampler, hot_updates=hot_updates)
+    config = RlConfig(steps=3, prompts_per_step=2, group_size=8, max_tokens=3, learning_rate=5e-3)
+    decode = resident.tokenizer.decode
+    if hot_updates:
+        assert len(run_rl(policy, prompts, config, decode=decode)) == 3
+        assert policy.sampler.version == policy.live.version
+        return
+    with pytest.raises(StaleSampler) as stale:
+        run_rl(policy, prompts, config, decode=decode)
+    assert stale.value.type == "stale_sampler"
+    assert stale.value.message.startswith("RL step 2 sampled with adapter version(s) ['"), stale.value.message
+    assert "the sampler serves stale weights" in stale.value.message
