@@ -20,6 +20,7 @@ too, as `sampler_logprobs`: the stability info `stable_reinforce` weighs against
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,8 +173,17 @@ class _Request:
         ]
 
 
+# Given the live requests (their indices in the batch) and how many rows each has in the next
+# forward, the context that forward runs in: e.g. each request's rows through its own adapter.
+RowsContext = Callable[[list[tuple[int, int]]], AbstractContextManager[Any]]
+
+
+def _no_context(rows: list[tuple[int, int]]) -> AbstractContextManager[Any]:
+    return nullcontext()
+
+
 def _prefill(
-    model: nn.Module, requests: Sequence[_Request], device: torch.device
+    model: nn.Module, requests: Sequence[_Request], device: torch.device, rows_context: RowsContext
 ) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """Run every prompt once, left-padded to one width; returns the cache, attention mask and last
     logits, each repeated so that every sample of a request has its own row (B rows)."""
@@ -186,9 +196,10 @@ def _prefill(
     ids_R_P, mask_R_P = ids_R_P.to(device), mask_R_P.to(device)
     positions_R_P = (mask_R_P.cumsum(dim=-1) - 1).clamp(min=0)
     # logits_to_keep=1: only the last position's logits are needed (every prompt ends there).
-    output = model(
-        input_ids=ids_R_P, attention_mask=mask_R_P, position_ids=positions_R_P, use_cache=True, logits_to_keep=1
-    )
+    with rows_context([(index, 1) for index in range(len(requests))]):
+        output = model(
+            input_ids=ids_R_P, attention_mask=mask_R_P, position_ids=positions_R_P, use_cache=True, logits_to_keep=1
+        )
     request_of_row_B = torch.repeat_interleave(
         torch.arange(len(requests), device=device),
         torch.tensor([request.num_rows for request in requests], device=device),
@@ -199,14 +210,21 @@ def _prefill(
 
 
 def generate_batch(
-    model: nn.Module, decodings: Sequence[Decoding], *, decode: Callable[[list[int]], str]
+    model: nn.Module,
+    decodings: Sequence[Decoding],
+    *,
+    decode: Callable[[list[int]], str],
+    rows_context: RowsContext = _no_context,
 ) -> list[list[SampledSequence]]:
-    """Sample every request's `num_samples` continuations in one batch; one list per request, in order."""
+    """Sample every request's `num_samples` continuations in one batch; one list per request, in
+    order. Each forward runs in `rows_context(live requests and their rows)`: how requests of
+    several adapters decode together (`ResidentBase.sample_many`)."""
     if not decodings:
         return []
     device = model.get_input_embeddings().weight.device
     requests = [_Request(decoding, device) for decoding in decodings]
-    cache, mask_B_T, logits_B_V = _prefill(model, requests, device)
+    order = {id(request): index for index, request in enumerate(requests)}
+    cache, mask_B_T, logits_B_V = _prefill(model, requests, device, rows_context)
     live = list(requests)  # the requests still decoding; their rows lie in this order, contiguous
     for step in range(max(decoding.max_new_tokens for decoding in decodings)):
         chosen, drawn = [], []
@@ -243,13 +261,14 @@ def generate_batch(
             device=device,
         )
         mask_B_T = torch.cat([mask_B_T, mask_B_T.new_ones((mask_B_T.shape[0], 1))], dim=1)
-        output = model(
-            input_ids=next_B.unsqueeze(-1),
-            attention_mask=mask_B_T,
-            position_ids=positions_B_1,
-            cache=cache,
-            use_cache=True,
-        )
+        with rows_context([(order[id(request)], request.num_rows) for request in live]):
+            output = model(
+                input_ids=next_B.unsqueeze(-1),
+                attention_mask=mask_B_T,
+                position_ids=positions_B_1,
+                cache=cache,
+                use_cache=True,
+            )
         cache = output.cache
         logits_B_V = output.logits[:, -1]
     return [request.sequences() for request in requests]

@@ -17,6 +17,7 @@ each session receiving only its own gradients.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -80,6 +81,15 @@ def _chunks(decodings: Sequence[Decoding], max_rows: int) -> Iterator[list[Decod
         rows += decoding.request.num_samples
     if chunk:
         yield chunk
+
+
+@dataclass(frozen=True)
+class SampleCall:
+    """One sample_batch call: requests under one adapter (None: the base), perhaps decoded in one
+    batch with other adapters' calls."""
+
+    adapter: str | None
+    requests: list[SampleRequest]
 
 
 @dataclass(frozen=True)
@@ -169,6 +179,8 @@ class ResidentBase:
         self.eos_token_ids = end_of_sequence_ids(tokenizer, model)
         # forward_backward calls that overlap in time, from any sessions, run as one pass.
         self.backward_passes = Combiner(self.forward_backward_many, max_batch=MAX_SESSIONS_PER_PASS)
+        # So do sessions' sample_batch calls: one decoding batch for all of them.
+        self.sampling_passes = Combiner(self.sample_many, max_batch=MAX_SESSIONS_PER_PASS)
 
     @classmethod
     def shared(
@@ -316,6 +328,13 @@ class ResidentBase:
                 self._active = adapter_name
             yield self.model
 
+    def _settle_active(self, adapter_name: str) -> None:
+        """Make sure peft has a live active adapter (after a `close` it may name a deleted one),
+        which its `disable_adapter` reads and restores around a mixed pass."""
+        if self._active is None:
+            self._peft.set_adapter(adapter_name)
+            self._active = adapter_name
+
     def _adapters_disabled(self) -> AbstractContextManager[Any]:
         if self._peft is None or not self._peft.peft_config:
             return nullcontext()
@@ -366,6 +385,7 @@ class ResidentBase:
                     for name, call in zip(names, calls, strict=True)
                 ]
             trainable = [parameter for call in calls for parameter in call.session._parameters.values()]
+            self._settle_active(names[0])
 
             @contextmanager
             def running(spans: list[tuple[int, int]]) -> Iterator[Callable[[int], AbstractContextManager[None]]]:
@@ -407,16 +427,60 @@ class ResidentBase:
     def sample_batch(self, adapter_name: str | None, requests: Sequence[SampleRequest]) -> list[list[SampledSequence]]:
         """Sample every request under one adapter (None: the base), decoded together; one list
         of samples per request, in order. Every request is checked before anything runs."""
-        decodings = [self.check_sample_request(request) for request in requests]
-        results: list[list[SampledSequence]] = []
-        with self._use(adapter_name) as model, torch.no_grad():
+        return self.sample_many([SampleCall(adapter_name, list(requests))])[0]
+
+    def sample_many(self, calls: Sequence[SampleCall]) -> list[list[list[SampledSequence]]]:
+        """The sample_batch calls of several adapters decoded together, each request's rows through
+        its own adapter (`mixed_adapters`); one result per call, in order. Every request is checked
+        before anything runs. Adapters that cannot share a pass (parameter LoRA) decode one after
+        another. Each sample is stamped with the version of the weights that generated it.
+        """
+        checked = [(call.adapter, [self.check_sample_request(request) for request in call.requests]) for call in calls]
+        adapters = sorted({call.adapter for call in calls if call.adapter is not None})
+        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
+        with self._lock, torch.no_grad():
             # Read under the lock that also guards every weight update: the weights that decode.
-            stamp = {"adapter_version": BASE_VERSION if adapter_name is None else self.get(adapter_name).version}
-            for chunk in _chunks(decodings, MAX_ROWS_PER_BATCH):
-                results += generate_batch(
-                    model, chunk, decode=lambda tokens: self.tokenizer.decode(tokens, skip_special_tokens=False)
-                )
-        return [[sample.model_copy(update=stamp) for sample in samples] for samples in results]
+            stamps = {None: BASE_VERSION} | {name: self.get(name).version for name in adapters}
+            if len(checked) == 1 or not can_mix(self.model, adapters):
+                results = []
+                for adapter, decodings in checked:
+                    with self._use(adapter) as model:
+                        results.append(
+                            [
+                                g
+                                for chunk in _chunks(decodings, MAX_ROWS_PER_BATCH)
+                                for g in generate_batch(model, chunk, decode=decode)
+                            ]
+                        )
+            else:
+                self._settle_active(adapters[0])
+                flat = [(adapter, decoding) for adapter, decodings in checked for decoding in decodings]
+                samples: list[list[SampledSequence]] = []
+                for chunk in _chunks([decoding for _, decoding in flat], MAX_ROWS_PER_BATCH):
+                    owners = [adapter for adapter, _ in flat[len(samples) : len(samples) + len(chunk)]]
+                    samples += generate_batch(self.model, chunk, decode=decode, rows_context=self._rows_through(owners))
+                results, start = [], 0
+                for _, decodings in checked:
+                    results.append(samples[start : start + len(decodings)])
+                    start += len(decodings)
+        return [
+            [[sample.model_copy(update={"adapter_version": stamps[adapter]}) for sample in group] for group in groups]
+            for (adapter, _), groups in zip(checked, results, strict=True)
+        ]
+
+    def _rows_through(
+        self, owners: Sequence[str | None]
+    ) -> Callable[[list[tuple[int, int]]], AbstractContextManager[Any]]:
+        """For `generate_batch`: each live request's rows through its owner's adapter (None: the base)."""
+
+        def rows_context(rows: list[tuple[int, int]]) -> AbstractContextManager[Any]:
+            spans, start = [], 0
+            for index, units in rows:
+                spans.append(Span(owners[index], start, start + units))
+                start += units
+            return mixed_adapters(self._peft, spans)
+
+        return rows_context
 
     def sample_with(
         self, adapter_name: str | None, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int
@@ -572,9 +636,15 @@ class TrainingSession:
         return self.base.sample_with(self.session_id, prompt_tokens, params, num_samples)
 
     def sample_batch(self, requests: Sequence[SampleRequest]) -> list[list[SampledSequence]]:
-        """Sample every request under this adapter, decoded together; one list of samples per request."""
+        """Sample every request under this adapter, decoded together; one list of samples per request.
+
+        Checked here, so that a bad request fails this call alone; then decoded in one batch with
+        the sample_batch calls of other sessions that overlap it (`ResidentBase.sampling_passes`).
+        """
         self._live_optimizer()
-        return self.base.sample_batch(self.session_id, requests)
+        for request in requests:
+            self.base.check_sample_request(request)
+        return self.base.sampling_passes.submit(SampleCall(self.session_id, list(requests)))
 
     # ---- checkpoints ------------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ import torch
 
 from mint.trainer.mixed_adapters import can_mix
 from mint.trainer.scoring import ScoreRequest
-from mint.trainer.session import BackwardCall, ResidentBase, TrainingSession
-from mint.trainer.types import AdamParams, Datum, ForwardOutput
+from mint.trainer.session import BackwardCall, ResidentBase, SampleCall, TrainingSession
+from mint.trainer.types import AdamParams, Datum, ForwardOutput, SampleRequest, SamplingParams
 
 ATTENTION_ONLY = {"train_mlp": False, "train_experts": False, "seed": 0}
 
@@ -174,3 +174,28 @@ def test_bad_data_fail_only_their_own_call(
     with pytest.raises(Exception, match="lacks loss_fn_inputs"):
         a.forward_backward([sft([5, 6, 7, 8])], "ppo")
     assert a.forward_backward(_rl_data(sft, 9), "ppo").logprobs
+
+
+def test_sessions_sampling_together_decode_as_they_would_alone(
+    resident: ResidentBase, open_session: Callable[..., TrainingSession]
+) -> None:
+    a, b = open_session(**ATTENTION_ONLY), open_session(**{**ATTENTION_ONLY, "seed": 1})
+    _trained(a, 1)
+    _trained(b, 2)
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+    prompts = [[17, 932, 4401, 88], [5, 19000, 23, 23, 640, 12, 7], [3001, 42]]
+    calls = [
+        SampleCall(a.session_id, [SampleRequest(prompts[0], params, 3), SampleRequest(prompts[1], params, 2)]),
+        SampleCall(None, [SampleRequest(prompts[2], params, 2)]),
+        SampleCall(b.session_id, [SampleRequest(prompts[1], params.model_copy(update={"max_tokens": 3}), 2)]),
+    ]
+    together = resident.sample_many(calls)
+    for call, got in zip(calls, together, strict=True):
+        alone = resident.sample_batch(call.adapter, call.requests)
+        version = resident.get(call.adapter).version if call.adapter else "base"
+        for got_group, alone_group in zip(got, alone, strict=True):
+            assert [s.tokens for s in got_group] == [s.tokens for s in alone_group]
+            assert _close([s.logprobs for s in got_group], [s.logprobs for s in alone_group])
+            assert {s.adapter_version for s in got_group} == {version}
+    # The adapters did act: a's and b's samples of the same prompt differ from each other.
+    assert [s.tokens for s in together[0][1]] != [s.tokens for s in together[2][0]]
