@@ -164,6 +164,9 @@ class CountingPolicy:
     def version(self) -> str:
         return self.session.version
 
+    def looping(self) -> Any:
+        return self.session.looping()
+
     def sample_batch(self, requests: Any) -> Any:
         return self.session.sample_batch(requests)
 
@@ -178,23 +181,29 @@ class CountingPolicy:
         return self.session.optim_step(adam)
 
 
-def run_mint(args: argparse.Namespace) -> list[dict[str, float]]:
-    from mint.chat.render import render_prompt
+def mint_base(args: argparse.Namespace) -> Any:
     from mint.config import get_settings
     from mint.schemas.base_models import get_base_model_spec
-    from mint.trainer.recipes.rl import RlConfig, RlPrompt, run_rl
     from mint.trainer.session import ResidentBase
-    from mint.trainer.types import LoraOptions
 
     settings = get_settings()
-    resident = ResidentBase(get_base_model_spec(args.base, settings.model_configs_dir), settings.models_cache_dir)
+    return ResidentBase(get_base_model_spec(args.base, settings.model_configs_dir), settings.models_cache_dir)
+
+
+def run_mint(args: argparse.Namespace, resident: Any = None, seed: int = SEED) -> list[dict[str, float]]:
+    """One RL run on its own session of `resident` (loaded here if not given)."""
+    from mint.chat.render import render_prompt
+    from mint.trainer.recipes.rl import RlConfig, RlPrompt, run_rl
+    from mint.trainer.types import LoraOptions
+
+    resident = resident or mint_base(args)
     tokenizer = resident.tokenizer
     prompts = [
         RlPrompt(prompt_tokens=render_prompt(tokenizer, chat(question)), reference=targets, grader=TargetWords())
         for question, targets in PROMPTS
     ]
     session = resident.create_session(
-        LoraOptions(rank=16, alpha=32, dropout=0.0, train_attn=True, train_mlp=True, train_unembed=False, seed=SEED)
+        LoraOptions(rank=16, alpha=32, dropout=0.0, train_attn=True, train_mlp=True, train_unembed=False, seed=seed)
     )
     config = RlConfig(
         steps=args.steps,
@@ -204,7 +213,7 @@ def run_mint(args: argparse.Namespace) -> list[dict[str, float]]:
         temperature=args.temperature,
         learning_rate=LEARNING_RATE,
         grad_clip_norm=GRAD_CLIP_NORM,
-        seed=SEED,
+        seed=seed,
         max_steps_without_signal=args.steps + 1,  # never stop early: every step is timed
     )
     clock = StepClock(args.prompts_per_step * args.group_size)
@@ -219,6 +228,45 @@ def run_mint(args: argparse.Namespace) -> list[dict[str, float]]:
     return [
         {**step, "reward": report.metrics["reward"], "groups_with_signal": report.metrics["groups_with_signal"]}
         for step, report in zip(clock.steps, reports, strict=True)
+    ]
+
+
+def run_mint_jobs(args: argparse.Namespace, *, together: bool) -> list[dict[str, float]]:
+    """`--jobs` RL runs (sessions with seeds SEED, SEED+1, ...) on one resident base: one after
+    another, or at once on as many threads, whose sampling and forward_backward calls then share
+    passes (`ResidentBase.sampling_passes`, `backward_passes`). One entry: the whole wall time."""
+    import threading
+
+    resident = mint_base(args)
+    runs: list[list[dict[str, float]]] = [[] for _ in range(args.jobs)]
+
+    def job(index: int) -> None:
+        runs[index] = run_mint(args, resident, seed=SEED + index)
+
+    started = time.perf_counter()
+    if together:
+        threads = [threading.Thread(target=job, args=(index,)) for index in range(args.jobs)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    else:
+        for index in range(args.jobs):
+            job(index)
+    seconds = time.perf_counter() - started
+    samples = sum(step["samples"] for run in runs for step in run)
+    if len(runs) != args.jobs or any(len(run) != args.steps for run in runs):
+        raise RuntimeError("a job did not finish all its steps")
+    return [
+        {
+            "seconds": seconds,
+            "samples": samples,
+            "trained_tokens": sum(step["trained_tokens"] for run in runs for step in run),
+            "reward": statistics.fmean(step["reward"] for run in runs for step in run),
+            "groups_with_signal": statistics.fmean(step["groups_with_signal"] for run in runs for step in run),
+            "sampling_passes": resident.sampling_passes.batches_run,
+            "backward_passes": resident.backward_passes.batches_run,
+        }
     ]
 
 
@@ -312,6 +360,7 @@ def run_trl(args: argparse.Namespace) -> list[dict[str, float]]:
 # ---- the comparison ----------------------------------------------------------------------------
 
 CONTESTANTS = ("mint", "trl")
+JOB_CONTESTANTS = ("one-after-another", "at-once")
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -319,7 +368,10 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
-    steps = run_mint(args) if name == "mint" else run_trl(args)
+    if name in JOB_CONTESTANTS:
+        steps = run_mint_jobs(args, together=name == "at-once")
+    else:
+        steps = run_mint(args) if name == "mint" else run_trl(args)
     # The machine's 1-minute load average around the run: other work on the cores skews the timings.
     load = (load_before, os.getloadavg()[0])
     return {"name": name, "steps": steps, "peak_rss_mb": peak_rss_mb(), "load": load}
@@ -380,7 +432,11 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each contestant")
-    parser.add_argument("--only", choices=CONTESTANTS, help=argparse.SUPPRESS)  # one contestant, in a child process
+    parser.add_argument("--jobs", type=int, default=4, help="Mint RL jobs on one base, then at once (0: skip)")
+    parser.add_argument("--skip-trl", action="store_true", help="only the K-jobs comparison")
+    parser.add_argument(
+        "--only", choices=CONTESTANTS + JOB_CONTESTANTS, help=argparse.SUPPRESS
+    )  # one contestant, in a child process
     args = parser.parse_args()
     if len(PROMPTS) % args.prompts_per_step:
         # Mint's batch plan cuts an epoch's last batch short; TRL's batches are all full.
@@ -393,7 +449,41 @@ def main() -> None:
         *("--base", args.base, "--prompts-per-step", str(args.prompts_per_step)),
         *("--group-size", str(args.group_size), "--max-tokens", str(args.max_tokens)),
         *("--temperature", str(args.temperature), "--steps", str(args.steps), "--threads", str(args.threads)),
+        *("--jobs", str(args.jobs)),
     ]
+    if not args.skip_trl:
+        compare_with_trl(args, argv)
+    if args.jobs:
+        compare_jobs(args, argv)
+
+
+def compare_jobs(args: argparse.Namespace, argv: list[str]) -> None:
+    """K Mint RL jobs on one base: one after another, then at once; wall time and the ratio."""
+    results = {name: run_contestant(__file__, name, argv, threads=args.threads) for name in JOB_CONTESTANTS}
+    print(f"\n{args.jobs} RL jobs on one resident base, {args.steps} steps each, same settings as above\n")
+    widths = [18, 10, 10, 14, 12, 16, 16]
+    print(
+        table_row(
+            ["jobs", "wall s", "samples/s", "trained tok/s", "peak RSS MB", "sampling passes", "backward passes"],
+            widths,
+        )
+    )
+    for name, result in results.items():
+        run = result["steps"][0]
+        cells = [
+            f"{run['seconds']:.1f}",
+            f"{run['samples'] / run['seconds']:.2f}",
+            f"{run['trained_tokens'] / run['seconds']:.1f}",
+            f"{result['peak_rss_mb']:.0f}",
+            str(run["sampling_passes"]),
+            str(run["backward_passes"]),
+        ]
+        print(table_row([name, *cells], widths))
+    one, both = (results[name]["steps"][0]["seconds"] for name in JOB_CONTESTANTS)
+    print(f"at once / one after another: {one / both:.2f}x the throughput")
+
+
+def compare_with_trl(args: argparse.Namespace, argv: list[str]) -> None:
     summaries = {}
     for name in CONTESTANTS:
         result = run_contestant(__file__, name, argv, threads=args.threads)

@@ -1,15 +1,19 @@
 """Calls from concurrent threads run together: while one batch runs, the calls that arrive wait,
 and the next caller to find the engine free runs all of them at once (flat combining).
 
-No timer and no batching window: a call that finds nothing running runs at once, alone. Calls
-batch exactly when they overlap, which is when batching pays: several RL jobs or Tinker models
-on one resident base whose steps arrive while another's pass is running.
+A call that finds nothing running runs at once: calls batch when they overlap, e.g. Tinker
+models on one worker whose requests arrive while another's pass runs. Loops that call again and
+again (RL jobs on one base, each a thread) declare themselves with `Loops.looping()`, shared by
+the combiners they call (sampling, forward_backward): while two or more loops run, a leader
+waits, before it starts, until every loop waits in one of those combiners (at most `gather_s`),
+so that loops share every pass instead of taking turns, and fall back in step if they drift.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -25,6 +29,45 @@ class _Call(Generic[RequestT]):
     error: BaseException | None = None
 
 
+class Loops:
+    """The looping threads of a group of combiners, and which of them wait in one now."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self._members: set[int] = set()
+        self._parked: set[int] = set()
+
+    @contextmanager
+    def looping(self) -> Iterator[None]:
+        """While open, the calling thread is a loop that will call the group's combiners again soon."""
+        me = threading.get_ident()
+        with self.cond:
+            self._members.add(me)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self._members.discard(me)
+                self.cond.notify_all()
+
+    @contextmanager
+    def parked(self) -> Iterator[None]:
+        """The calling thread waits in a combiner (called with `cond` held)."""
+        me = threading.get_ident()
+        self._parked.add(me)
+        self.cond.notify_all()
+        try:
+            yield
+        finally:
+            self._parked.discard(me)
+
+    def should_gather(self) -> bool:
+        return len(self._members) > 1
+
+    def all_parked(self) -> bool:
+        return self._members <= self._parked
+
+
 class Combiner(Generic[RequestT, ResultT]):
     """Runs `run_many` over the requests that are waiting, at most `max_batch` at a time.
 
@@ -32,12 +75,20 @@ class Combiner(Generic[RequestT, ResultT]):
     raises, each request is run again alone, so an error reaches only the call that caused it.
     """
 
-    def __init__(self, run_many: Callable[[Sequence[RequestT]], list[ResultT]], max_batch: int = 8) -> None:
+    def __init__(
+        self,
+        run_many: Callable[[Sequence[RequestT]], list[ResultT]],
+        max_batch: int = 8,
+        loops: Loops | None = None,
+        gather_s: float = 1.0,
+    ) -> None:
         self._run_many = run_many
         self._max_batch = max_batch
+        self._loops = loops or Loops()
+        self._gather_s = gather_s
         self._waiting: list[_Call[RequestT]] = []
         self._running = False
-        self._cond = threading.Condition()
+        self._cond = self._loops.cond
         self.batches_run = 0
         self.largest_batch = 0
 
@@ -51,12 +102,15 @@ class Combiner(Generic[RequestT, ResultT]):
         call: _Call[RequestT] = _Call(request)
         with self._cond:
             self._waiting.append(call)
-            self._cond.notify_all()  # for whoever watches the queue (`waiting`)
-            while self._running and not call.done:
-                self._cond.wait()
-            leader = not call.done
+            with self._loops.parked():
+                while self._running and not call.done:
+                    self._cond.wait()
+                leader = not call.done
+                if leader:
+                    self._running = True
+                    if self._loops.should_gather():  # the other loops' calls may be on their way
+                        self._cond.wait_for(self._loops.all_parked, timeout=self._gather_s)
             if leader:
-                self._running = True
                 batch = [call] + [other for other in self._waiting if other is not call][: self._max_batch - 1]
                 self._waiting = [other for other in self._waiting if other not in batch]
         if leader:

@@ -36,7 +36,7 @@ from torch import nn
 from mint.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
-from mint.trainer.combining import Combiner
+from mint.trainer.combining import Combiner, Loops
 from mint.trainer.mixed_adapters import Span, can_mix, mixed_adapters
 from mint.trainer.models import load_base_model, tensors_fingerprint
 from mint.trainer.optimizer import AdapterOptimizer
@@ -178,9 +178,11 @@ class ResidentBase:
         self.limits = ModelLimits.of(model, spec.context_length)
         self.eos_token_ids = end_of_sequence_ids(tokenizer, model)
         # forward_backward calls that overlap in time, from any sessions, run as one pass.
-        self.backward_passes = Combiner(self.forward_backward_many, max_batch=MAX_SESSIONS_PER_PASS)
-        # So do sessions' sample_batch calls: one decoding batch for all of them.
-        self.sampling_passes = Combiner(self.sample_many, max_batch=MAX_SESSIONS_PER_PASS)
+        # So do sessions' sample_batch calls: one decoding batch for all of them. Training loops
+        # of several sessions (`TrainingSession.looping`) keep in step across the two.
+        self.loops = Loops()
+        self.backward_passes = Combiner(self.forward_backward_many, MAX_SESSIONS_PER_PASS, self.loops)
+        self.sampling_passes = Combiner(self.sample_many, MAX_SESSIONS_PER_PASS, self.loops)
 
     @classmethod
     def shared(
@@ -634,6 +636,14 @@ class TrainingSession:
         """Sample continuations under this adapter; logprobs as `forward` computes them."""
         self._live_optimizer()
         return self.base.sample_with(self.session_id, prompt_tokens, params, num_samples)
+
+    @contextmanager
+    def looping(self) -> Iterator[None]:
+        """Declare the calling thread a training loop (an RL run): while several sessions' loops run
+        at once on this base, their sample and forward_backward calls wait briefly for each
+        other and share passes (`mint.trainer.combining`)."""
+        with self.base.loops.looping():
+            yield
 
     def sample_batch(self, requests: Sequence[SampleRequest]) -> list[list[SampledSequence]]:
         """Sample every request under this adapter, decoded together; one list of samples per request.

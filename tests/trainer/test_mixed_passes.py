@@ -199,3 +199,36 @@ def test_sessions_sampling_together_decode_as_they_would_alone(
             assert {s.adapter_version for s in got_group} == {version}
     # The adapters did act: a's and b's samples of the same prompt differ from each other.
     assert [s.tokens for s in together[0][1]] != [s.tokens for s in together[2][0]]
+
+
+def test_rl_runs_of_two_sessions_at_once_share_their_sampling_passes(
+    resident: ResidentBase, open_session: Callable[..., TrainingSession]
+) -> None:
+    from mint.chat.render import render_prompt
+    from mint.evals.builtin import load_builtin
+    from mint.evals.graders import GraderSpec
+    from mint.trainer.recipes.rl import RlConfig, RlPrompt, run_rl
+
+    grader = GraderSpec(type="regex", config={"pattern": "^[A-Z]", "mode": "search"})
+    prompts = [
+        RlPrompt(render_prompt(resident.tokenizer, task.messages), None, grader)
+        for task in load_builtin("format", "train", 4, seed=0)
+    ]
+    sessions = [open_session(**{**ATTENTION_ONLY, "seed": 20 + i}) for i in range(2)]
+    config = RlConfig(steps=3, prompts_per_step=2, group_size=4, max_tokens=3, learning_rate=5e-3)
+    reports: dict[int, list[object]] = {}
+    passes = resident.sampling_passes.batches_run
+
+    def run(i: int) -> None:
+        reports[i] = run_rl(sessions[i], prompts, config, decode=resident.tokenizer.decode)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [len(reports[i]) for i in range(2)] == [3, 3]
+    # Both runs' sampling shared passes: fewer than one per run and step. (Not always all of
+    # them: a run that starts first samples its first step before the other has joined.)
+    assert resident.sampling_passes.batches_run - passes < 6
+    assert resident.sampling_passes.largest_batch >= 2

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -273,6 +274,22 @@ def run_rl(
     if config.kl_beta > 0 and reference is None:
         raise ValueError("kl_beta > 0 needs a reference scorer (the base model)")
     plan = batch_plan(len(prompts), batch_size=config.prompts_per_step, steps=config.steps, seed=config.seed)
+    # A session declares its loop, so that RL runs of several sessions on one base share passes.
+    with getattr(policy, "looping", nullcontext)():
+        return _rl_steps(policy, prompts, config, plan, decode, reference, start_step, on_step, tokenizer)
+
+
+def _rl_steps(
+    policy: Policy,
+    prompts: Sequence[RlPrompt],
+    config: RlConfig,
+    plan: list[list[int]],
+    decode: Callable[[list[int]], str],
+    reference: Scorer | None,
+    start_step: int,
+    on_step: OnStep | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+) -> list[StepReport]:
     reports = []
     steps_without_signal = 0
     for step in range(start_step, config.steps):
