@@ -59,6 +59,7 @@ demo: install
 bench: install
 	$(PIP) install -q -e ".[train,serve,test,bench]"
 	$(PY) bench/train_throughput.py
+	$(PY) bench/rl_throughput.py
 
 lint: install
 	$(VENV)/bin/ruff check mint tests migrations
