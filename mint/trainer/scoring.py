@@ -104,8 +104,9 @@ def input_tensors(datum: Datum, device: torch.device) -> dict[str, torch.Tensor]
 
 
 # Given each part's span of positions in the packed row, the context the forward and backward run
-# in: which adapter each span runs through, and train-mode switches such as LoRA dropout. It may
-# yield a `scope(i)` in which the output head's chunks of span i run (`mixed_adapters.MixedPass`).
+# in: which adapter each span runs through, and train-mode switches such as LoRA dropout. It
+# yields None, or the `scope(i)` in which the output head's chunks of span i run
+# (`mixed_adapters.MixedPass`).
 RunningFn = Callable[[list[tuple[int, int]]], AbstractContextManager[Any]]
 
 
@@ -160,7 +161,7 @@ def score_parts(
         start = stop
     outputs = []
     with torch.set_grad_enabled(backward), running(spans) as span_scope:
-        logprobs = packed_logprobs(model, batch, spans, span_scope if callable(span_scope) else None)
+        logprobs = packed_logprobs(model, batch, spans, span_scope)
         values = []
         offset = 0
         for part, part_inputs in zip(parts, inputs, strict=True):

@@ -9,10 +9,10 @@ The primitives are Tinker's: `forward`, `forward_backward` (built-in losses by n
 `forward_backward_custom`, `optim_step`, `save_state` / `load_state`,
 `save_weights_for_sampler` and `sample`. peft keeps one active adapter per model, so every
 primitive takes the base's lock and activates its own adapter first: a process runs one
-primitive at a time. The exception is `forward_backward`: calls of several sessions that
-arrive together from concurrent threads (RL jobs, Tinker models on one worker) run as ONE
-packed pass in which each session's tokens go through its own adapter (`mixed_adapters`),
-each session receiving only its own gradients.
+primitive at a time. The exceptions are `forward_backward` and `sample_batch`: calls of
+several sessions that arrive together from concurrent threads (RL jobs, Tinker models on one
+worker) run as ONE pass in which each session's tokens go through its own adapter
+(`mixed_adapters`), each session receiving only its own gradients.
 """
 
 from __future__ import annotations
@@ -374,8 +374,8 @@ class ResidentBase:
         of the row through its own adapter; one result per call, in order.
 
         Each session's loss depends on its own tokens only and its gradient reaches its own
-        adapter only. Sessions that cannot share a pass (adapters on parameters or on the output
-        head, or one session twice) run one after another, under one lock all the same.
+        adapter only. Sessions that cannot share a pass (adapters on parameters, or one session
+        twice) run one after another, under one lock all the same.
         """
         names = [call.session.session_id for call in calls]
         with self._lock:
@@ -439,28 +439,16 @@ class ResidentBase:
         """
         checked = [(call.adapter, [self.check_sample_request(request) for request in call.requests]) for call in calls]
         adapters = sorted({call.adapter for call in calls if call.adapter is not None})
-        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
         with self._lock, torch.no_grad():
             # Read under the lock that also guards every weight update: the weights that decode.
             stamps = {None: BASE_VERSION} | {name: self.get(name).version for name in adapters}
-            if len(checked) == 1 or not can_mix(self.model, adapters):
-                results = []
-                for adapter, decodings in checked:
-                    with self._use(adapter) as model:
-                        results.append(
-                            [
-                                g
-                                for chunk in _chunks(decodings, MAX_ROWS_PER_BATCH)
-                                for g in generate_batch(model, chunk, decode=decode)
-                            ]
-                        )
+            if len({adapter for adapter, _ in checked}) > 1 and not can_mix(self.model, adapters):
+                results = [self._decode(decodings, [adapter] * len(decodings)) for adapter, decodings in checked]
             else:
-                self._settle_active(adapters[0])
-                flat = [(adapter, decoding) for adapter, decodings in checked for decoding in decodings]
-                samples: list[list[SampledSequence]] = []
-                for chunk in _chunks([decoding for _, decoding in flat], MAX_ROWS_PER_BATCH):
-                    owners = [adapter for adapter, _ in flat[len(samples) : len(samples) + len(chunk)]]
-                    samples += generate_batch(self.model, chunk, decode=decode, rows_context=self._rows_through(owners))
+                samples = self._decode(
+                    [decoding for _, decodings in checked for decoding in decodings],
+                    [adapter for adapter, decodings in checked for _ in decodings],
+                )
                 results, start = [], 0
                 for _, decodings in checked:
                     results.append(samples[start : start + len(decodings)])
@@ -469,6 +457,25 @@ class ResidentBase:
             [[sample.model_copy(update={"adapter_version": stamps[adapter]}) for sample in group] for group in groups]
             for (adapter, _), groups in zip(checked, results, strict=True)
         ]
+
+    def _decode(self, decodings: Sequence[Decoding], owners: Sequence[str | None]) -> list[list[SampledSequence]]:
+        """Decode in batches of at most MAX_ROWS_PER_BATCH rows, each request through its owner's
+        adapter: the plain one-adapter path when they all share one, else a mixed pass (the
+        caller holds the lock and has checked that the owners can mix)."""
+        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
+        if len(set(owners)) <= 1:
+            with self._use(next(iter(owners), None)) as model:
+                return [
+                    g
+                    for chunk in _chunks(decodings, MAX_ROWS_PER_BATCH)
+                    for g in generate_batch(model, chunk, decode=decode)
+                ]
+        self._settle_active(next(owner for owner in owners if owner is not None))
+        samples: list[list[SampledSequence]] = []
+        for chunk in _chunks(decodings, MAX_ROWS_PER_BATCH):
+            chunk_owners = owners[len(samples) : len(samples) + len(chunk)]
+            samples += generate_batch(self.model, chunk, decode=decode, rows_context=self._rows_through(chunk_owners))
+        return samples
 
     def _rows_through(
         self, owners: Sequence[str | None]
