@@ -170,6 +170,12 @@ class CountingPolicy:
     def sample_batch(self, requests: Any) -> Any:
         return self.session.sample_batch(requests)
 
+    def sampler_copy(self) -> Any:
+        return self.session.sampler_copy()
+
+    def copy_weights_to(self, copy: Any) -> None:
+        self.session.copy_weights_to(copy)
+
     def forward(self, data: Any, loss_fn: str | None = None, loss_fn_config: Any = None) -> Any:
         return self.session.forward(data, loss_fn, loss_fn_config)
 
@@ -215,6 +221,7 @@ def run_mint(args: argparse.Namespace, resident: Any = None, seed: int = SEED) -
         grad_clip_norm=GRAD_CLIP_NORM,
         seed=seed,
         max_steps_without_signal=args.steps + 1,  # never stop early: every step is timed
+        max_steps_off_policy=args.max_steps_off_policy,
     )
     clock = StepClock(args.prompts_per_step * args.group_size)
     clock.start()
@@ -435,6 +442,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=4, help="Mint RL jobs on one base, then at once (0: skip)")
     parser.add_argument("--skip-trl", action="store_true", help="only the K-jobs comparison")
     parser.add_argument(
+        "--max-steps-off-policy", type=int, default=0, help="Mint samples up to this many steps ahead of training"
+    )
+    parser.add_argument(
         "--only", choices=CONTESTANTS + JOB_CONTESTANTS, help=argparse.SUPPRESS
     )  # one contestant, in a child process
     args = parser.parse_args()
@@ -449,7 +459,7 @@ def main() -> None:
         *("--base", args.base, "--prompts-per-step", str(args.prompts_per_step)),
         *("--group-size", str(args.group_size), "--max-tokens", str(args.max_tokens)),
         *("--temperature", str(args.temperature), "--steps", str(args.steps), "--threads", str(args.threads)),
-        *("--jobs", str(args.jobs)),
+        *("--jobs", str(args.jobs), "--max-steps-off-policy", str(args.max_steps_off_policy)),
     ]
     if not args.skip_trl:
         compare_with_trl(args, argv)

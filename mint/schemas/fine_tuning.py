@@ -25,6 +25,7 @@ from mint.schemas.plans import (
     MAX_GROUP_SIZE,
     MAX_LEARNING_RATE_MULTIPLIER,
     MAX_STEPS,
+    MAX_STEPS_OFF_POLICY,
     MAX_TURNS,
     EnvironmentSpecIn,
 )
@@ -94,6 +95,14 @@ class ReinforcementHyperparameters(SupervisedHyperparameters):
         ge=1,
         le=MAX_TURNS,
         description="Assistant turns per episode in a row's tool environment (a prompt without one takes one).",
+    )
+    max_steps_off_policy: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_STEPS_OFF_POLICY,
+        description="Asynchronous RL: how many steps ahead of training a copy of the policy may sample (its "
+        "weights refreshed in memory after each update; the loss's importance ratio corrects for the lag). "
+        "0: every step samples with the policy it trains.",
     )
 
 

@@ -53,6 +53,8 @@ MAX_GROUP_SIZE = 256
 MAX_TURNS = 32
 # Enough for a look-up, an action and an answer; a prompt without tools takes one turn anyway.
 DEFAULT_MAX_TURNS = 4
+# Steps an RL run's sampler copy may sample ahead of its training (asynchronous RL).
+MAX_STEPS_OFF_POLICY = 8
 ENVIRONMENT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 
 
@@ -129,6 +131,12 @@ class RlPlan(_Plan):
     )
     loss_fn: RlLossName = Field(default="importance_sampling", description="The policy-gradient loss.")
     loss_fn_config: dict[str, float] = Field(default_factory=dict, description="The loss's options over its defaults.")
+    max_steps_off_policy: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_STEPS_OFF_POLICY,
+        description="Steps a sampler copy of the policy may sample ahead while it trains (0: on policy).",
+    )
 
     @field_validator("loss_fn_config")
     @classmethod

@@ -186,6 +186,7 @@ def resolve_plan(body: Schedule, method: Method, rows: int) -> TrainingPlan:
             "loss_fn": rl.loss_fn,
             "loss_fn_config": rl.loss_fn_config,
             "max_turns": rl.max_turns,
+            "max_steps_off_policy": rl.max_steps_off_policy,
         }
         if method.reinforcement.grader is not None:
             plan["grader"] = reward_spec(method.reinforcement.grader).model_dump()
@@ -441,7 +442,15 @@ def list_checkpoints(session: Session, job: TrainingJob) -> list[Checkpoint]:
 
 
 # The RL plan's own knobs, shown with the job's hyperparameters (null: the platform's default).
-RL_HYPERPARAMETERS = ("group_size", "max_tokens", "temperature", "kl_beta", "max_steps_without_signal", "max_turns")
+RL_HYPERPARAMETERS = (
+    "group_size",
+    "max_tokens",
+    "temperature",
+    "kl_beta",
+    "max_steps_without_signal",
+    "max_turns",
+    "max_steps_off_policy",
+)
 
 
 def _method_view(kind: str, plan: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

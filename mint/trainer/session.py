@@ -732,6 +732,26 @@ class TrainingSession:
                 parameter.grad = None
             self._version = None
 
+    def copy_weights_to(self, copy: TrainingSession) -> None:
+        """Make `copy`'s adapter weights this one's, in memory (no file): read and written under
+        the base's lock, so never half way through one of this session's updates."""
+        with self.base._lock:
+            weights = {name: p.detach() for name, p in self._parameters.items()}
+            copy.load_adapter_weights(weights, source=f"session {self.session_id!r}")
+
+    @contextmanager
+    def sampler_copy(self) -> Iterator[TrainingSession]:
+        """A second adapter on this base, holding a copy of this one's weights, that samples while
+        this one trains (RL with `max_steps_off_policy`); `copy_weights_to` brings it up to date.
+        Closed when the block ends."""
+        copy = self.base.create_session(self.options.model_copy(update={"seed": self.seed}))
+        try:
+            self.copy_weights_to(copy)
+            yield copy
+        finally:
+            if not copy.closed:
+                self.base.close(copy.session_id)
+
     def save_weights_for_sampler(self, folder: Path) -> Path:
         """The adapter in PEFT format (`adapter_config.json` + `adapter_model.safetensors`) in `folder`."""
         # Active while saving: peft's save_pretrained reads the active adapter's config, and the

@@ -169,7 +169,8 @@ def test_an_rl_job_runs_episodes_in_a_python_environment_named_by_the_job(
     client: TestClient, tenant: Tenant, workers: Workers
 ) -> None:
     """`account_deletion`, registered in Mint's code, named by the job and rewarding on its own
-    (no grader): the worker runs each sample as an episode in it and reports turns and tokens."""
+    (no grader): the worker runs each sample as an episode in it and reports turns and tokens.
+    The job runs asynchronously (`max_steps_off_policy: 1`)."""
     from mint.evals.agent_environments import account_deletion_rows
 
     workers.start("agent-rl")
@@ -186,15 +187,24 @@ def test_an_rl_job_runs_episodes_in_a_python_environment_named_by_the_job(
                 "type": "reinforcement",
                 "reinforcement": {
                     "environment": {"name": "account_deletion"},
-                    "hyperparameters": {"batch_size": 2, "group_size": 2, "max_tokens": 4, "max_turns": 2},
+                    "hyperparameters": {
+                        "batch_size": 2,
+                        "group_size": 2,
+                        "max_tokens": 4,
+                        "max_turns": 2,
+                        "max_steps_off_policy": 1,
+                    },
                 },
             },
         },
     ).json()
+    assert created["method"]["reinforcement"]["hyperparameters"]["max_steps_off_policy"] == 1
     job = _finished(client, tenant, created["id"])
     assert job["status"] == "succeeded", job
     steps = [e["data"] for e in _events(client, tenant, job["id"]) if e["type"] == "metrics"]
     assert [data["step"] for data in steps] == [1, 2]
+    # Step 2 was sampled by a copy of the policy while step 1 trained: at most one update behind.
+    assert steps[0]["off_policy_steps"] == 0 and 0 <= steps[1]["off_policy_steps"] <= 1
     for data in steps:
         # The tiny base never calls delete_account: declining earns 1 on unconfirmed rows, 0 on confirmed ones.
         assert data["turns"] >= 1 and data["episode_tokens"] > data["tokens"] > 0, data

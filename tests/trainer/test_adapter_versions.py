@@ -3,14 +3,17 @@ whose sampler served other weights than the policy's: updates reach the sampler 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 import pytest
 
 from mint.chat.render import render_prompt
+from mint.errors import InvalidRequest
 from mint.evals.builtin import Task, load_builtin
 from mint.evals.graders import GraderSpec
 from mint.trainer.recipes.rl import RlConfig, RlPrompt, StaleSampler, run_rl
+from mint.trainer.recipes.rollout_sources import Ahead, PolicyVersions
 from mint.trainer.session import BASE_VERSION, ResidentBase, TrainingSession
 from mint.trainer.types import AdamParams, Datum, ForwardOutput, LoraOptions, SampledSequence, SampleRequest
 
@@ -91,3 +94,83 @@ def test_rl_fails_loudly_when_its_sampler_keeps_serving_an_old_version(
     assert stale.value.type == "stale_sampler"
     assert stale.value.message.startswith("RL step 2 sampled with adapter version(s) ['"), stale.value.message
     assert "the sampler serves stale weights" in stale.value.message
+
+
+def test_off_policy_rl_samples_ahead_with_a_copy_refreshed_in_memory(
+    resident: ResidentBase, open_session: Callable[..., TrainingSession]
+) -> None:
+    """max_steps_off_policy=1: a copy of the policy samples the next step while the policy trains;
+    every step's samples are at most one update old, and the copy is closed at the end."""
+    grader = GraderSpec(type="regex", config={"pattern": "^[A-Z]", "mode": "search"})
+    tasks: list[Task] = load_builtin("format", "train", 4, seed=0)
+    prompts = [RlPrompt(render_prompt(resident.tokenizer, task.messages), None, grader) for task in tasks]
+    policy = open_session(LoraOptions(seed=0))
+    start = policy.version
+    sessions = len(resident.sessions)
+    config = RlConfig(
+        steps=4, prompts_per_step=2, group_size=8, max_tokens=3, learning_rate=5e-3, max_steps_off_policy=1
+    )
+    reports = run_rl(policy, prompts, config, decode=resident.tokenizer.decode)
+    assert [report.step for report in reports] == [1, 2, 3, 4]
+    assert reports[0].metrics["off_policy_steps"] == 0  # nothing to lag behind before the first update
+    assert all(0 <= report.metrics["off_policy_steps"] <= 1 for report in reports)
+    assert policy.version != start and policy.step == 4
+    assert len(resident.sessions) == sessions  # the sampler copy is gone
+
+
+def test_the_sampler_runs_ahead_by_at_most_max_steps_off_policy() -> None:
+    """`Ahead` samples step s only once the policy has taken s - k updates, and before the policy
+    has trained the steps in between: sampling overlaps training."""
+    sampled_after: dict[int, int] = {}
+    trained = [0]
+    step_one_sampled = threading.Event()
+
+    def sample_step(sampler: str, step: int) -> str:
+        sampled_after[step] = trained[0]
+        if step == 1:
+            step_one_sampled.set()
+        return f"{sampler}:{step}"
+
+    refreshed: list[int] = []
+    ahead = Ahead("copy", lambda: refreshed.append(trained[0]), sample_step, range(0, 4), max_steps_off_policy=1)
+    ahead.start()
+    try:
+        assert ahead.rollouts(0) == "copy:0"
+        assert step_one_sampled.wait(timeout=60)  # sampled while step 0 has not trained yet
+        for step in range(1, 4):
+            trained[0] = step
+            ahead.trained(step)
+            assert ahead.rollouts(step) == f"copy:{step}"
+    finally:
+        ahead.stop()
+    assert sampled_after[0] == sampled_after[1] == 0
+    assert all(step - sampled_after[step] <= 1 for step in range(4))
+    assert len(refreshed) == 4  # the copy took the policy's newest weights before each step
+
+
+def test_a_sample_older_than_allowed_is_refused_naming_the_bound() -> None:
+    versions = PolicyVersions("v0", 0)
+    versions.record("v1", 1)
+    versions.record("v2", 2)
+    assert versions.lag(2, ["v2", "v1", "v1"], max_steps_off_policy=1) == pytest.approx(2 / 3)
+    with pytest.raises(StaleSampler) as stale:
+        versions.lag(2, ["v2", "v0"], max_steps_off_policy=1)
+    assert "['v0']" in stale.value.message and "up to 1 updates before it" in stale.value.message
+    with pytest.raises(StaleSampler):
+        versions.lag(2, ["elsewhere"], max_steps_off_policy=8)  # weights the policy never had
+
+
+def test_an_error_while_sampling_ahead_reaches_the_training_thread() -> None:
+    def sample_step(sampler: str, step: int) -> str:
+        if step == 1:
+            raise InvalidRequest("prompt too long")
+        return "ok"
+
+    ahead = Ahead("copy", lambda: None, sample_step, range(0, 3), max_steps_off_policy=2)
+    ahead.start()
+    try:
+        assert ahead.rollouts(0) == "ok"
+        with pytest.raises(InvalidRequest, match="prompt too long"):
+            ahead.rollouts(1)
+    finally:
+        ahead.stop()
