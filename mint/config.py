@@ -54,6 +54,10 @@ class Settings(BaseSettings):
     job_lease_s: float = Field(default=120.0, gt=0)
     reconcile_every_s: float = Field(default=30.0, gt=0)
     requeue_grace_s: float = Field(default=30.0, ge=0)
+    # Auto mode: a run's driver ticks every `autotune_poll_s`; the reconciler restarts the driver
+    # of a run that has not ticked for `autotune_quiet_s` (its chain of messages broke).
+    autotune_poll_s: float = Field(default=2.0, gt=0, le=3600)
+    autotune_quiet_s: float = Field(default=120.0, gt=0)
     # A job or eval run is claimed at most this many times; work whose worker keeps dying
     # (a poison job) then fails with its last error instead of being queued again forever.
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1)

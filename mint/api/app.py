@@ -21,6 +21,7 @@ from mint.api.metrics import RequestMetrics
 from mint.api.routes import (
     adapters,
     api_keys,
+    autotune,
     base_models,
     benchmarks,
     datasets,
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
         benchmarks,
         evals,
         deployments,
+        autotune,
         openai,
     ):
         app.include_router(module.router, responses=ERROR_RESPONSES)

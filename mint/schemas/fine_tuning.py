@@ -119,7 +119,8 @@ class ReinforcementMethod(_Strict):
         default=None,
         description='A grader of Mint\'s closed registry, e.g. `{"type": "numeric", "config": {"abs_tol": 0.01}}`, '
         "optionally with `penalties` for steps and tokens; "
-        "needed unless `environment` gives the reward.",
+        "needed unless `environment` gives the reward. Rows with their own grader in `metadata.grader` (RL "
+        "prompts mined from a benchmark's failures) are scored by it.",
     )
     environment: EnvironmentSpecIn | None = Field(
         default=None,

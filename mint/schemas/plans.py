@@ -110,7 +110,8 @@ class RlPlan(_Plan):
     grader: GraderSpecIn | None = Field(
         default=None,
         description="Scores each episode; its options are checked by the grader registry. Needed unless "
-        "`environment` gives the reward.",
+        "`environment` gives the reward. A row with its own grader in `metadata.grader` (RL prompts mined from "
+        "a benchmark's failures) is scored by that one.",
     )
     max_turns: int = Field(
         default=DEFAULT_MAX_TURNS,

@@ -13,6 +13,7 @@ are conditional updates, so a run and a replacement racing each other cannot bot
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -236,6 +237,27 @@ def add_version(
         raise Conflict(
             f"another version of benchmark {benchmark.name!r} was added at the same time; send this one again"
         ) from None
+    return version
+
+
+def add_version_of_tasks(
+    session: Session,
+    store: ObjectStore,
+    benchmark: Benchmark,
+    tasks: list[BenchmarkTask],
+    grader: dict[str, Any],
+) -> BenchmarkVersion:
+    """The benchmark's next version holding `tasks` (already validated, e.g. an older version's
+    tasks with other splits) under the benchmark-level `grader`; an identical newest version is
+    reused."""
+    parsed = ParsedBenchmark(tasks=tasks, grader=GraderSpec.model_validate(grader) if grader else None)
+    newest = latest_version(session, benchmark.id)
+    if newest is not None and newest.sha256 == _sha256(canonical_jsonl(parsed.tasks)):
+        return newest
+    key, sha256 = _store(store, parsed)
+    version = _version_row(benchmark, (newest.version if newest else 0) + 1, key, sha256, parsed)
+    session.add(version)
+    session.flush()
     return version
 
 

@@ -52,6 +52,7 @@ class ReconcileReport:
     requeued_eval_runs: list[str] = field(default_factory=list)
     resent_eval_runs: list[str] = field(default_factory=list)
     gave_up: list[str] = field(default_factory=list)
+    resent_autotune_runs: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, list[str]]:
         return {
@@ -61,6 +62,7 @@ class ReconcileReport:
             "requeued_eval_runs": self.requeued_eval_runs,
             "resent_eval_runs": self.resent_eval_runs,
             "gave_up": self.gave_up,
+            "resent_autotune_runs": self.resent_autotune_runs,
         }
 
 

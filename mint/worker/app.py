@@ -41,7 +41,12 @@ def create_celery(settings: Settings | None = None) -> Celery:
         "mint",
         broker=settings.broker,
         backend=settings.result_backend,
-        include=["mint.worker.tasks", "mint.worker.eval_tasks", "mint.worker.tinker_tasks"],
+        include=[
+            "mint.worker.tasks",
+            "mint.worker.eval_tasks",
+            "mint.worker.tinker_tasks",
+            "mint.worker.autotune_tasks",
+        ],
     )
     bases = enabled_base_names(settings.model_configs_dir)
     app.conf.update(

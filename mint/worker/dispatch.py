@@ -9,6 +9,7 @@ holds it; upkeep to the system queue.
 from __future__ import annotations
 
 from mint.config import Settings
+from mint.services.autotune import resend_quiet_runs
 from mint.services.dispatch import WorkerRef
 from mint.services.reconciler import PendingTaskIds, ReconcileReport, reconcile_jobs
 from mint.storage.broker import queue_states
@@ -60,12 +61,15 @@ def pending_task_ids(settings: Settings) -> PendingTaskIds:
 
 def run_reconciler(settings: Settings) -> ReconcileReport:
     """One pass of the reconciler on `settings`' database and broker (beat's task, or an operator)."""
+    send = CeleryDispatch(settings)
     with session_scope(settings.database) as session:
-        return reconcile_jobs(
+        report = reconcile_jobs(
             session,
             lease_s=settings.job_lease_s,
             grace_s=settings.requeue_grace_s,
             pending=pending_task_ids(settings),
-            send=CeleryDispatch(settings),
+            send=send,
             max_attempts=settings.max_attempts,
         )
+        report.resent_autotune_runs = resend_quiet_runs(session, send, quiet_s=settings.autotune_quiet_s)
+        return report

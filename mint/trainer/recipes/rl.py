@@ -350,6 +350,9 @@ def _rl_steps(
 
 
 def _rl_prompt(inputs: RecipeInputs, plan: RlPlan, grader: Grader | None, row: Mapping[str, Any]) -> RlPrompt:
+    own = (row.get("metadata") or {}).get("grader")
+    if own is not None:  # a mined prompt scores its samples with its task's own grader, as the benchmark did
+        grader = inputs.grader_for(own)
     environment = inputs.environment_for(row, plan.environment.model_dump() if plan.environment else None)
     if environment is None:
         if grader is None:

@@ -1,0 +1,578 @@
+"""The auto-mode driver: one step of an auto run's state machine per tick.
+
+A run moves through four phases, each tick doing what it can without waiting and returning:
+
+- `baseline`: settle the benchmark version (one without a dev split gets a new version whose
+  `dev` is a quarter of `train`, by task-id hash), evaluate the base on train, dev and held-out
+  (and, for a delta target, the deployment's version on dev and held-out); then mine the base's
+  train failures into datasets (SFT rows, DPO pairs, RL prompts) and choose the methods
+  (`autotune_search.choose_methods`), each choice logged with its reason.
+- `search`: one trial at a time. A trial is an ordinary fine-tuning job with the parameters the
+  search chose, then an ordinary eval run of its version on dev. Before a trial starts, the
+  budget must cover its estimate; a running trial whose cost passes the budget is cancelled.
+  The search stops when the best dev pass rate reaches the target, at `max_trials`, after
+  `patience` trials without a better dev score, at the deadline, or at the budget.
+- `final`: the best version (if any) is evaluated on held-out and compared with the base (and
+  production), task by task with a paired bootstrap: the run `succeeded` if the held-out
+  target is met, else it `stopped`, naming the best version so far and why it stopped.
+- `done`.
+
+Everything a tick learns is in the database (the run's `state`, its trials, the jobs and eval
+runs themselves), so ticks are idempotent and a driver that dies loses nothing: the next tick,
+or the reconciler's re-send, carries on from the rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from mint.config import Settings
+from mint.errors import InvalidRequest, MintError, QuotaExceeded
+from mint.schemas.autotune import AutotuneCreate
+from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
+from mint.schemas.fine_tuning import FineTuningJobCreate
+from mint.services import benchmarks, deployments, evals, fine_tuning, pricing
+from mint.services.autotune import trials_of
+from mint.services.autotune_search import DATA_OF_METHOD, choose_methods, next_params
+from mint.services.dispatch import Dispatch
+from mint.services.principal import Principal
+from mint.services.quotas import QuotaDefaults
+from mint.storage.objects import ObjectStore
+from mint.storage.tables import AutotuneRun, AutotuneTrial, EvalRun, TrainingJob, new_id, utcnow
+
+# Share of the train split that becomes dev when the version has none.
+DEV_PERCENT = 25
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+class Tick:
+    """What one tick works with: the database session, the object store, how to send work,
+    the quota defaults, the settings."""
+
+    def __init__(
+        self, session: Session, store: ObjectStore, send: Dispatch, quotas: QuotaDefaults, settings: Settings
+    ) -> None:
+        self.session, self.store, self.send, self.quotas, self.settings = session, store, send, quotas, settings
+
+
+def decide(run: AutotuneRun, decision: str, reason: str) -> None:
+    """Log a decision with its reason on the run (shown by the API and the dashboard)."""
+    run.decisions = [*run.decisions, {"at": utcnow().isoformat(), "decision": decision, "reason": reason}]
+
+
+def _principal(run: AutotuneRun) -> Principal:
+    made = run.created_by
+    return Principal(
+        organization_id=run.organization_id, key_id=made.get("key_id"), role=made["role"], name=made["name"]
+    )
+
+
+def _request(run: AutotuneRun) -> AutotuneCreate:
+    return AutotuneCreate.model_validate(run.request)
+
+
+def _set_state(run: AutotuneRun, **changes: Any) -> None:
+    run.state = {**run.state, **changes}
+
+
+def _finish(run: AutotuneRun, status: str, reason: str, *, error: dict[str, Any] | None = None) -> bool:
+    run.status = status
+    run.finished_at = utcnow()
+    run.error = error
+    _set_state(run, phase="done", stop_reason=reason)
+    decide(run, f"finish: {status}", reason)
+    return True
+
+
+def advance(tick: Tick, run: AutotuneRun) -> bool:
+    """Move `run` on as far as it can go now; True when it is finished."""
+    if run.status in ("succeeded", "stopped", "failed", "cancelled"):
+        return True
+    if run.status == "queued":
+        run.status, run.started_at = "running", utcnow()
+        _set_state(run, phase="baseline")
+    run.cost_usd = spent(tick.session, run)
+    if run.cancel_requested_at is not None:
+        _cancel_running_trial(tick, run)
+        return _finish(run, "cancelled", "cancelled on request")
+    try:
+        phase = run.state.get("phase", "baseline")
+        if phase == "baseline":
+            return _baseline(tick, run)
+        if phase == "search":
+            return _search(tick, run)
+        if phase == "final":
+            return _final(tick, run)
+        return True
+    except QuotaExceeded as exc:  # the organization's jobs or eval runs are at their quota: wait
+        _set_state(run, waiting=exc.message)
+        return False
+    except MintError as exc:
+        return _finish(run, "failed", exc.message, error={"type": exc.type, "message": exc.message})
+
+
+# ---- money and time -------------------------------------------------------------------------
+
+
+def spent(session: Session, run: AutotuneRun) -> float:
+    """What the run has cost so far: its trials' jobs and its eval runs, at the price table."""
+    job_ids = [t.job_id for t in trials_of(session, run) if t.job_id is not None]
+    jobs = session.execute(select(TrainingJob).where(TrainingJob.id.in_(job_ids))).scalars() if job_ids else []
+    eval_ids = _eval_ids(session, run)
+    runs = session.execute(select(EvalRun).where(EvalRun.id.in_(eval_ids))).scalars() if eval_ids else []
+    return sum(pricing.job_cost(session, job) for job in jobs) + sum(pricing.eval_cost(session, r) for r in runs)
+
+
+def _eval_ids(session: Session, run: AutotuneRun) -> list[str]:
+    state = run.state
+    ids = [*state.get("base_evals", {}).values(), *state.get("production_evals", {}).values()]
+    ids += [t.eval_run_id for t in trials_of(session, run) if t.eval_run_id is not None]
+    if state.get("final_eval"):
+        ids.append(state["final_eval"])
+    return ids
+
+
+def elapsed_s(run: AutotuneRun) -> float:
+    started = run.started_at or run.created_at
+    return (utcnow() - _aware(started)).total_seconds()
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _out_of_budget(run: AutotuneRun, request: AutotuneCreate, next_cost: float = 0.0) -> str | None:
+    """Why the run cannot spend `next_cost` more (money, time or deadline), or None."""
+    budget = request.budget
+    if budget.usd is not None and run.cost_usd + next_cost > budget.usd:
+        return f"the budget of ${budget.usd:.4f} is spent: ${run.cost_usd:.4f} so far" + (
+            f", and the next trial is estimated at ${next_cost:.4f}" if next_cost else ""
+        )
+    if budget.seconds is not None and elapsed_s(run) >= budget.seconds:
+        return f"the time budget of {budget.seconds} s is spent ({elapsed_s(run):.0f} s so far)"
+    deadline = request.constraints.deadline
+    if deadline is not None and utcnow() >= _aware(deadline):
+        return f"the deadline {deadline.isoformat()} has passed"
+    return None
+
+
+# ---- baseline -------------------------------------------------------------------------------
+
+
+def _evaluate(tick: Tick, run: AutotuneRun, model: str, split: str) -> str:
+    request = _request(run)
+    body = EvalRunCreate(
+        benchmark_id=run.benchmark_id,
+        version=run.state["version"],
+        model=model,
+        split=split,
+        max_tokens=request.eval_max_tokens,
+        seed=request.seed,
+    )
+    created = evals.create_eval_run(
+        tick.session, _principal(run), body, send=tick.send, quotas=tick.quotas, store=tick.store
+    )
+    return created.id
+
+
+def _runs_done(session: Session, ids: dict[str, str]) -> dict[str, EvalRun] | None:
+    """The eval runs by role once all finished (None while one runs); a failed one raises."""
+    rows = {role: session.get(EvalRun, run_id) for role, run_id in ids.items()}
+    if any(row is None or row.status not in FINISHED for row in rows.values()):
+        return None
+    for role, row in rows.items():
+        assert row is not None
+        if row.status != "succeeded":
+            raise InvalidRequest(f"the {role} eval run {row.id} {row.status}: {row.error}", param="benchmark_id")
+    return rows  # type: ignore[return-value]
+
+
+def _settle_version(tick: Tick, run: AutotuneRun) -> None:
+    """Pick the benchmark version, giving it a dev split if it has none."""
+    request = _request(run)
+    benchmark = benchmarks.get_benchmark(tick.session, run.organization_id, run.benchmark_id)
+    version = benchmarks.get_version(tick.session, benchmark, request.version)
+    splits = request.splits
+    for role, name in (("train", splits.train), ("heldout", splits.heldout)):
+        if version.splits.get(name, 0) == 0:
+            raise InvalidRequest(
+                f"version {version.version} of benchmark {benchmark.name!r} has no {name!r} split for {role}; its "
+                f"splits: {version.splits}. Name the splits to use in `splits`",
+                param=f"splits.{role}",
+            )
+    if version.splits.get(splits.dev, 0) == 0:
+        tasks = benchmarks.load_tasks(tick.store, version.object_key, version.sha256)
+        carved = [
+            task.model_copy(update={"split": splits.dev})
+            if task.split == splits.train and _bucket(task.id) < DEV_PERCENT
+            else task
+            for task in tasks
+        ]
+        moved = sum(task.split == splits.dev for task in carved)
+        if moved == 0 or moved == version.splits[splits.train]:
+            raise InvalidRequest(
+                f"the {splits.train!r} split of benchmark {benchmark.name!r} has too few tasks "
+                f"({version.splits[splits.train]}) to set a dev split apart; add a {splits.dev!r} split",
+                param="splits.dev",
+            )
+        derived = benchmarks.add_version_of_tasks(tick.session, tick.store, benchmark, carved, version.grader)
+        decide(
+            run,
+            f"use benchmark {benchmark.name!r} version {derived.version}",
+            f"version {version.version} has no {splits.dev!r} split: version {derived.version} has the same tasks, "
+            f"with {moved} of the {version.splits[splits.train]} {splits.train!r} tasks (by task-id hash) as "
+            f"{splits.dev!r} for choosing among trials; {splits.heldout!r} is untouched",
+        )
+        version = derived
+    _set_state(run, version=version.version, benchmark_version_id=version.id, grader=version.grader)
+
+
+def _bucket(task_id: str) -> int:
+    return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) % 100
+
+
+def _production_model(tick: Tick, run: AutotuneRun) -> str | None:
+    target = _request(run).target
+    if target.deployment is None:
+        return None
+    deployment = deployments.get_deployment(tick.session, run.organization_id, target.deployment)
+    revision = deployments.current_revision(tick.session, deployment)
+    if revision.adapter_version_id is None:
+        raise InvalidRequest(
+            f"deployment {deployment.name!r} serves no single adapter version (a mixture or the base): "
+            "give target.pass_rate instead",
+            param="target.deployment",
+        )
+    from mint.services.adapters import model_ref_of_id
+
+    return model_ref_of_id(tick.session, revision.adapter_version_id)
+
+
+def _baseline(tick: Tick, run: AutotuneRun) -> bool:
+    request = _request(run)
+    splits = request.splits
+    if "version" not in run.state:
+        _settle_version(tick, run)
+    if "base_evals" not in run.state:
+        production = _production_model(tick, run)
+        base_evals = {role: _evaluate(tick, run, run.base_model, getattr(splits, role)) for role in ("train", "dev")}
+        base_evals["heldout"] = _evaluate(tick, run, run.base_model, splits.heldout)
+        state: dict[str, Any] = {"base_evals": base_evals}
+        if production is not None:
+            state["production"] = production
+            state["production_evals"] = {
+                role: _evaluate(tick, run, production, getattr(splits, role)) for role in ("dev", "heldout")
+            }
+        _set_state(run, **state)
+        decide(
+            run,
+            "evaluate the base",
+            f"{run.base_model} on {splits.train}, {splits.dev} and {splits.heldout}"
+            + (f", and production ({production}) on {splits.dev} and {splits.heldout}" if production else "")
+            + ": the starting point every trial is measured against",
+        )
+        return False
+    base = _runs_done(tick.session, run.state["base_evals"])
+    production = _runs_done(tick.session, run.state.get("production_evals", {}))
+    if base is None or production is None:
+        return False
+    dev = base["dev"].metrics
+    _set_state(
+        run,
+        base_dev={"accuracy": dev.get("accuracy", 0.0), "mean_score": dev.get("mean_score", 0.0)},
+        base_heldout=base["heldout"].metrics.get("accuracy", 0.0),
+        dev_target=_dev_target(run, production),
+    )
+    mined = _mine(tick, run, base["train"])
+    choice = choose_methods(request.constraints.methods, run.state["base_dev"], mined)
+    for decision, reason in choice.reasons:
+        decide(run, decision, reason)
+    if not choice.methods:
+        return _finish(
+            run,
+            "stopped",
+            "no allowed method has data to train on: the base's train failures gave no rows for "
+            f"{', '.join(request.constraints.methods)}",
+        )
+    _set_state(run, phase="search", datasets=mined, methods=choice.methods)
+    return False
+
+
+def _dev_target(run: AutotuneRun, production: dict[str, EvalRun] | None) -> float:
+    """The dev pass rate that stops the search: the target itself, or production's dev pass
+    rate plus the delta."""
+    target = _request(run).target
+    if target.pass_rate is not None:
+        return target.pass_rate
+    assert production is not None and target.delta_over_production is not None
+    return min(1.0, production["dev"].metrics.get("accuracy", 0.0) + target.delta_over_production)
+
+
+def _mine(tick: Tick, run: AutotuneRun, train_run: EvalRun) -> dict[str, str | None]:
+    """Datasets mined from the base's train failures, by kind (None: none could be written)."""
+    wanted = {DATA_OF_METHOD[method] for method in _request(run).constraints.methods}
+    mined: dict[str, str | None] = {}
+    for kind in ("chat", "preference", "prompts"):
+        if kind not in wanted:
+            continue
+        try:
+            dataset, result = evals.dataset_from_failures(
+                tick.session, tick.store, _principal(run), FromFailuresCreate(eval_id=train_run.id, kind=kind)
+            )
+        except InvalidRequest as exc:
+            decide(run, f"no {kind} data", exc.message)
+            mined[kind] = None
+            continue
+        mined[kind] = dataset.id
+        decide(
+            run,
+            f"mine {kind} data",
+            f"{dataset.row_count} rows from the base's failed {train_run.split} tasks ({dataset.id}); "
+            f"{len(result.skipped)} tasks gave none",
+        )
+    return mined
+
+
+# ---- search ---------------------------------------------------------------------------------
+
+
+def trial_score(trial: AutotuneTrial) -> float:
+    """What the search maximises: the dev pass rate, mean score breaking ties; 0 for a failed trial."""
+    if trial.dev_pass_rate is None:
+        return 0.0
+    return trial.dev_pass_rate + 1e-3 * (trial.dev_mean_score or 0.0)
+
+
+def _search(tick: Tick, run: AutotuneRun) -> bool:
+    request = _request(run)
+    trials = trials_of(tick.session, run)
+    current = next((t for t in trials if t.status in ("training", "evaluating")), None)
+    if current is not None:
+        _follow(tick, run, current, request)
+        return False
+    reason = _stop_reason(run, request, trials)
+    if reason is not None:
+        _set_state(run, phase="final", stop_reason=reason)
+        decide(run, "stop the search", reason)
+        return _final(tick, run)
+    finished = [(t.params, trial_score(t)) for t in trials if t.status in ("done", "failed")]
+    params = next_params(
+        finished,
+        run.state["methods"],
+        max_rank=request.constraints.max_rank,
+        max_steps=request.constraints.max_steps,
+        seed=request.seed,
+    )
+    body = _job_body(run, request, params, len(trials) + 1)
+    estimate = pricing.estimate_job(tick.session, run.organization_id, body)
+    over = _out_of_budget(run, request, estimate.cost_usd)
+    if over is not None:
+        _set_state(run, phase="final", stop_reason=over)
+        decide(run, "stop the search", over)
+        return _final(tick, run)
+    job = fine_tuning.create_job(tick.session, _principal(run), body, send=tick.send, quotas=tick.quotas)
+    number = len(trials) + 1
+    tick.session.add(
+        AutotuneTrial(
+            id=new_id("trial"),
+            run_id=run.id,
+            number=number,
+            method=params["method"],
+            params=params,
+            status="training",
+            job_id=job.id,
+            estimated_usd=estimate.cost_usd,
+        )
+    )
+    decide(
+        run,
+        f"start trial {number}: {params['method']}",
+        f"learning-rate multiplier {params['learning_rate_multiplier']:.3g}, rank {params['rank']}, "
+        f"{params['steps']} steps (job {job.id}, estimated ${estimate.cost_usd:.4f}, {estimate.seconds:.0f} s); "
+        + ("the default first trial" if number == 1 else "chosen by TPE from the trials so far"),
+    )
+    return False
+
+
+def _stop_reason(run: AutotuneRun, request: AutotuneCreate, trials: list[AutotuneTrial]) -> str | None:
+    done = [t for t in trials if t.status in ("done", "failed")]
+    best = max(done, key=trial_score, default=None)
+    if best is not None and (best.dev_pass_rate or 0.0) >= run.state["dev_target"]:
+        return (
+            f"trial {best.number} reached the target on {request.splits.dev}: pass rate "
+            f"{best.dev_pass_rate:.3f} >= {run.state['dev_target']:.3f}"
+        )
+    if len(trials) >= request.constraints.max_trials:
+        return f"all {request.constraints.max_trials} trials allowed have run"
+    if best is not None:
+        since_best = sum(1 for t in done if t.number > best.number)
+        if since_best >= request.constraints.patience:
+            return f"{since_best} trials in a row did not beat trial {best.number} on {request.splits.dev}"
+    return _out_of_budget(run, request)
+
+
+def _job_body(run: AutotuneRun, request: AutotuneCreate, params: dict[str, Any], number: int) -> FineTuningJobCreate:
+    datasets = run.state["datasets"]
+    method = params["method"]
+    multiplier = params["learning_rate_multiplier"]
+    rl = {"type": "reinforcement", "reinforcement": {"grader": run.state["grader"] or {"type": "exact"}}}
+    common: dict[str, Any] = {
+        "model": run.base_model,
+        "seed": (request.seed + number) % (2**31 - 1),
+        "suffix": request.suffix or f"auto-{run.id.removeprefix('auto_')[:12].lower()}",
+        "metadata": {"autotune_run": run.id, "trial": str(number)},
+        "lora": {"rank": params["rank"], "alpha": 2 * params["rank"]},
+    }
+    if method == "sft_rl":
+        half = max(1, params["steps"] // 2)
+        hyper = {"hyperparameters": {"learning_rate_multiplier": multiplier}}
+        stages = [
+            {"method": {"type": "supervised", "supervised": hyper}, "training_file": datasets["chat"], "steps": half},
+            {
+                "method": {**rl, "reinforcement": {**rl["reinforcement"], **hyper}},
+                "training_file": datasets["prompts"],
+                "steps": half,
+            },
+        ]
+        return FineTuningJobCreate.model_validate({**common, "stages": stages})
+    kinds = {"sft": "supervised", "dpo": "dpo", "rl": "reinforcement"}
+    section: dict[str, Any] = {"hyperparameters": {"learning_rate_multiplier": multiplier}}
+    if method == "rl":
+        section["grader"] = rl["reinforcement"]["grader"]
+    return FineTuningJobCreate.model_validate(
+        {
+            **common,
+            "training_file": datasets[DATA_OF_METHOD[method]],
+            "steps": params["steps"],
+            "method": {"type": kinds[method], kinds[method]: section},
+        }
+    )
+
+
+def _follow(tick: Tick, run: AutotuneRun, trial: AutotuneTrial, request: AutotuneCreate) -> None:
+    """Move a running trial on: its job to its dev eval, its dev eval to its score."""
+    session = tick.session
+    if trial.status == "training":
+        job = session.get(TrainingJob, trial.job_id)
+        assert job is not None
+        trial.cost_usd = pricing.job_cost(session, job)
+        if job.status == "succeeded":
+            trial.model_ref = fine_tuning.fine_tuned_model_of(session, job)
+            assert trial.model_ref is not None
+            trial.eval_run_id = _evaluate(tick, run, trial.model_ref, request.splits.dev)
+            trial.status = "evaluating"
+        elif job.status in ("failed", "cancelled"):
+            _end_trial(run, trial, "failed", f"job {job.id} {job.status}: {(job.error or {}).get('message', '')}")
+        else:
+            over = _out_of_budget(run, request)
+            if over is not None:
+                fine_tuning.cancel_job(session, _principal(run), job.id)
+                decide(run, f"cancel trial {trial.number}", over)
+        return
+    result = session.get(EvalRun, trial.eval_run_id)
+    assert result is not None
+    if result.status == "succeeded":
+        trial.dev_pass_rate = float(result.metrics.get("accuracy", 0.0))
+        trial.dev_mean_score = float(result.metrics.get("mean_score", 0.0))
+        best = max((t for t in trials_of(session, run) if t.status == "done"), key=trial_score, default=None)
+        better = best is None or trial_score(trial) > trial_score(best)
+        if better:
+            _set_state(
+                run,
+                best={
+                    "trial": trial.number,
+                    "model": trial.model_ref,
+                    "dev_pass_rate": trial.dev_pass_rate,
+                    "dev_mean_score": trial.dev_mean_score,
+                },
+            )
+        _end_trial(
+            run,
+            trial,
+            "done",
+            f"{trial.model_ref}: {request.splits.dev} pass rate {trial.dev_pass_rate:.3f}, mean score "
+            f"{trial.dev_mean_score:.3f}" + (" (best so far)" if better else ""),
+        )
+    elif result.status in ("failed", "cancelled"):
+        _end_trial(run, trial, "failed", f"dev eval run {result.id} {result.status}")
+
+
+def _end_trial(run: AutotuneRun, trial: AutotuneTrial, status: str, reason: str) -> None:
+    trial.status, trial.finished_at = status, utcnow()
+    decide(run, f"trial {trial.number} {status}", reason)
+
+
+def _cancel_running_trial(tick: Tick, run: AutotuneRun) -> None:
+    for trial in trials_of(tick.session, run):
+        if trial.status == "training" and trial.job_id is not None:
+            job = tick.session.get(TrainingJob, trial.job_id)
+            if job is not None and job.status not in FINISHED:
+                fine_tuning.cancel_job(tick.session, _principal(run), job.id)
+            _end_trial(run, trial, "failed", "the run was cancelled")
+
+
+# ---- final ----------------------------------------------------------------------------------
+
+
+def _final(tick: Tick, run: AutotuneRun) -> bool:
+    request = _request(run)
+    best = run.state.get("best")
+    reason = run.state.get("stop_reason", "")
+    if best is None:
+        return _finish(run, "stopped", f"{reason}; no trial produced a version that could be evaluated")
+    if "final_eval" not in run.state:
+        _set_state(run, final_eval=_evaluate(tick, run, best["model"], request.splits.heldout))
+        decide(run, "evaluate the best version on held-out", f"{best['model']} (trial {best['trial']})")
+        return False
+    done = _runs_done(tick.session, {"held-out": run.state["final_eval"]})
+    if done is None:
+        return False
+    final = done["held-out"]
+    session, org = tick.session, run.organization_id
+    against_base = evals.compare_eval_runs(session, org, run.state["base_evals"]["heldout"], final.id)
+    result: dict[str, Any] = {
+        "model": best["model"],
+        "heldout_pass_rate": final.metrics.get("accuracy", 0.0),
+        "base_heldout_pass_rate": run.state["base_heldout"],
+        "against_base": _comparison_summary(against_base),
+        "stop_reason": reason,
+    }
+    target = request.target
+    if target.pass_rate is not None:
+        met = result["heldout_pass_rate"] >= target.pass_rate
+        goal = f"held-out pass rate {result['heldout_pass_rate']:.3f} against the target {target.pass_rate:.3f}"
+    else:
+        production_run = run.state["production_evals"]["heldout"]
+        against_production = evals.compare_eval_runs(session, org, production_run, final.id)
+        result["against_production"] = _comparison_summary(against_production)
+        result["production"] = run.state["production"]
+        assert target.delta_over_production is not None
+        met = against_production.accuracy_delta >= target.delta_over_production
+        goal = (
+            f"held-out gain over production {against_production.accuracy_delta:+.3f} against the target "
+            f"{target.delta_over_production:+.3f}"
+        )
+    _set_state(run, result=result)
+    verdict = "met" if met else "not met"
+    return _finish(
+        run,
+        "succeeded" if met else "stopped",
+        f"{reason}. Best version {best['model']}: {goal} ({verdict}); against the base "
+        f"{against_base.accuracy_delta:+.3f} [{against_base.interval.low:+.3f}, {against_base.interval.high:+.3f}]",
+    )
+
+
+def _comparison_summary(comparison: Any) -> dict[str, Any]:
+    return {
+        "accuracy_delta": comparison.accuracy_delta,
+        "interval": [comparison.interval.low, comparison.interval.high],
+        "significant": comparison.significant,
+        "fixed": len(comparison.fixed),
+        "broken": len(comparison.broken),
+        "tasks": comparison.tasks,
+    }

@@ -1,0 +1,137 @@
+"""What auto mode tries: which methods the base and the mined data allow, and each trial's
+method and hyperparameters.
+
+The methods follow from the base's dev results and the data mining could write:
+- SFT (on mined failures with their references) whenever mining wrote chat rows;
+- DPO when mining wrote preference pairs (the reference preferred over what the base said);
+- RL when the reward gives signal: the base passes at least `RL_SIGNAL_PASS_RATE` of dev, or
+  earns partial credit (`RL_SIGNAL_MEAN_SCORE`); otherwise every group would score the same;
+- SFT then RL (one chained job) when both are allowed and RL alone has no signal: SFT gives
+  RL the starting point its reward needs.
+
+Trials after the first come from an Optuna TPE study (ask and tell) rebuilt, at every call,
+from the finished trials stored in the database: the database is the study's memory, so a
+driver that restarts loses nothing and the same trials give the same next choice. The first
+trial is the plain default (the preferred method, learning-rate multiplier 1, the largest rank
+allowed up to 16, the most steps allowed): the search starts from what a person would try first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+RL_SIGNAL_PASS_RATE = 0.1
+RL_SIGNAL_MEAN_SCORE = 0.2
+RANKS = (4, 8, 16, 32, 64, 128)
+DEFAULT_RANK = 16
+# Which mined dataset kind each method trains on.
+DATA_OF_METHOD = {"sft": "chat", "dpo": "preference", "rl": "prompts", "sft_rl": "chat"}
+# Preferred first: the method the first trial uses among those allowed.
+PREFERENCE = ("sft", "sft_rl", "dpo", "rl")
+
+
+@dataclass(frozen=True)
+class MethodChoice:
+    """The methods trials may use, and why each allowed one is in or out."""
+
+    methods: list[str]
+    reasons: list[tuple[str, str]]
+
+
+def choose_methods(
+    allowed: Sequence[str], base_dev: Mapping[str, float], mined: Mapping[str, str | None]
+) -> MethodChoice:
+    """The trial methods among `allowed` (sft, dpo, rl) that the base's dev results
+    (`accuracy`, `mean_score`) and the mined datasets (kind -> dataset id or None) support."""
+    pass_rate, mean_score = base_dev.get("accuracy", 0.0), base_dev.get("mean_score", 0.0)
+    signal = pass_rate >= RL_SIGNAL_PASS_RATE or mean_score >= RL_SIGNAL_MEAN_SCORE
+    methods: list[str] = []
+    reasons: list[tuple[str, str]] = []
+    if "sft" in allowed:
+        if mined.get("chat"):
+            methods.append("sft")
+            reasons.append(("try SFT", f"mining wrote SFT rows from the base's train failures ({mined['chat']})"))
+        else:
+            reasons.append(("skip SFT", "mining wrote no SFT rows: no failed train task has a reference answer"))
+    if "dpo" in allowed:
+        if mined.get("preference"):
+            methods.append("dpo")
+            reasons.append(("try DPO", f"mining wrote preference pairs ({mined['preference']})"))
+        else:
+            reasons.append(("skip DPO", "mining wrote no preference pairs"))
+    if "rl" in allowed:
+        if not mined.get("prompts"):
+            reasons.append(("skip RL", "mining wrote no RL prompts"))
+        elif signal:
+            methods.append("rl")
+            reasons.append(
+                (
+                    "try RL",
+                    f"the reward gives signal: the base passes {pass_rate:.0%} of dev with mean score {mean_score:.2f}",
+                )
+            )
+        elif "sft" in methods:
+            methods.append("sft_rl")
+            reasons.append(
+                (
+                    "try SFT then RL",
+                    f"the base passes {pass_rate:.0%} of dev (mean score {mean_score:.2f}): RL alone would see "
+                    "no reward signal, so it runs after an SFT stage",
+                )
+            )
+        else:
+            reasons.append(
+                ("skip RL", f"the base passes {pass_rate:.0%} of dev: no reward signal, and no SFT to start")
+            )
+    ordered = [method for method in PREFERENCE if method in methods]
+    return MethodChoice(ordered, reasons)
+
+
+def ranks_up_to(max_rank: int) -> list[int]:
+    return [rank for rank in RANKS if rank <= max_rank] or [max_rank]
+
+
+def _space(methods: Sequence[str], max_rank: int, max_steps: int) -> dict[str, Any]:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    return {
+        "method": CategoricalDistribution(list(methods)),
+        "learning_rate_multiplier": FloatDistribution(0.25, 4.0, log=True),
+        "rank": CategoricalDistribution(ranks_up_to(max_rank)),
+        "steps": IntDistribution(max(1, max_steps // 4), max_steps, log=True),
+    }
+
+
+def first_params(methods: Sequence[str], max_rank: int, max_steps: int) -> dict[str, Any]:
+    ranks = ranks_up_to(max_rank)
+    return {
+        "method": methods[0],
+        "learning_rate_multiplier": 1.0,
+        "rank": max(rank for rank in ranks if rank <= DEFAULT_RANK) if min(ranks) <= DEFAULT_RANK else ranks[0],
+        "steps": max_steps,
+    }
+
+
+def next_params(
+    finished: Sequence[tuple[Mapping[str, Any], float]],
+    methods: Sequence[str],
+    *,
+    max_rank: int,
+    max_steps: int,
+    seed: int,
+) -> dict[str, Any]:
+    """The next trial's parameters: the default first, then TPE's choice given `finished`
+    (each trial's parameters and dev score; a failed trial scores 0)."""
+    if not finished:
+        return first_params(methods, max_rank, max_steps)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = _space(methods, max_rank, max_steps)
+    sampler = optuna.samplers.TPESampler(seed=seed + len(finished), n_startup_trials=2)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for params, value in finished:  # every trial's parameters come from this run's one space
+        study.add_trial(optuna.trial.create_trial(params=dict(params), distributions=space, value=value))
+    return dict(study.ask(space).params)

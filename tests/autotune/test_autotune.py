@@ -1,0 +1,128 @@
+"""Auto mode on real workers: a goal and a budget in, trials as ordinary jobs and eval runs, the
+best version out with its held-out comparison, every decision with its reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from mint.services.autotune_search import choose_methods, next_params
+from tests.conftest import Tenant, Workers, wait_for
+
+BASE = "tiny-glm-moe"
+FAST_TICKS = {"MINT_AUTOTUNE_POLL_S": "0.2"}
+
+
+def _benchmark(client: TestClient, tenant: Tenant, n: int = 12) -> dict[str, Any]:
+    body = {"name": "format-auto", "builtin": "format", "n": n}
+    response = client.post("/v1/benchmarks", headers=tenant.headers("developer"), json=body)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def _auto(client: TestClient, tenant: Tenant, run_id: str) -> dict[str, Any]:
+    return client.get(f"/v1/autotune/{run_id}", headers=tenant.headers("viewer")).json()
+
+
+def _finished(client: TestClient, tenant: Tenant, run_id: str) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        run = _auto(client, tenant, run_id)
+        return run if run["status"] not in ("queued", "running") else None
+
+    return wait_for(done, f"auto run {run_id} to finish", timeout=900)
+
+
+@pytest.mark.torch
+def test_an_auto_run_out_of_trials_stops_with_the_best_version_and_its_held_out_comparison(
+    client: TestClient, tenant: Tenant, workers: Workers
+) -> None:
+    """The tiny random base cannot reach a held-out pass rate of 1: the run evaluates the base,
+    mines its failures, runs its two trials (ordinary jobs and dev eval runs), then evaluates
+    the best version on held-out and stops, saying why."""
+    workers.start("auto", env=FAST_TICKS)
+    benchmark = _benchmark(client, tenant)
+    body = {
+        "model": BASE,
+        "benchmark_id": benchmark["id"],
+        "target": {"pass_rate": 1.0},
+        "budget": {"usd": 100.0},
+        "constraints": {"methods": ["sft", "rl"], "max_trials": 2, "max_steps": 2},
+        "eval_max_tokens": 8,
+    }
+    created = client.post("/v1/autotune", headers=tenant.headers("developer"), json=body)
+    assert created.status_code == 201, created.text
+    run = _finished(client, tenant, created.json()["id"])
+    assert run["status"] == "stopped", run
+    decisions = [d["decision"] for d in run["decisions"]]
+    # The version without a dev split got one, the base was evaluated, its failures mined.
+    assert decisions[0].startswith("use benchmark 'format-auto' version 2"), decisions
+    assert "evaluate the base" in decisions and "mine chat data" in decisions and "try SFT" in decisions
+    assert "skip RL" in decisions or "try SFT then RL" in decisions  # the random base earns no reward
+    assert [t["number"] for t in run["trials"]] == [1, 2]
+    first = run["trials"][0]
+    assert first["method"] == "sft" and first["params"]["learning_rate_multiplier"] == 1.0
+    for trial in run["trials"]:
+        job = client.get(f"/v1/fine_tuning/jobs/{trial['job_id']}", headers=tenant.headers("viewer")).json()
+        assert job["status"] == "succeeded", (job["error"], trial)
+        assert job["metadata"]["autotune_run"] == run["id"]
+        assert trial["model"] == job["fine_tuned_model"] and trial["dev_pass_rate"] is not None
+        dev = client.get(f"/v1/evals/{trial['eval_id']}", headers=tenant.headers("viewer")).json()
+        assert dev["split"] == "dev" and dev["model"] == trial["model"]
+    assert run["best"]["model"] in {t["model"] for t in run["trials"]}
+    result = run["result"]
+    assert result["stop_reason"] == "all 2 trials allowed have run"
+    assert result["model"] == run["best"]["model"] and 0 <= result["heldout_pass_rate"] < 1.0
+    assert result["against_base"]["tasks"] > 0 and len(result["against_base"]["interval"]) == 2
+    assert decisions[-1] == "finish: stopped" and run["phase"] == "done"
+    assert run["cost_usd"] > 0 and run["finished_at"] is not None
+
+
+def test_a_goal_without_a_budget_or_with_two_targets_is_refused_naming_the_field(
+    client: TestClient, tenant: Tenant
+) -> None:
+    benchmark = _benchmark(client, tenant, n=4)
+    base = {"model": BASE, "benchmark_id": benchmark["id"], "target": {"pass_rate": 0.5}, "budget": {"usd": 1}}
+    cases = [
+        ({**base, "budget": {}}, "budget"),
+        ({**base, "target": {"pass_rate": 0.5, "delta_over_production": 0.1}}, "target"),
+        ({**base, "target": {"delta_over_production": 0.1}}, "deployment"),
+        ({**base, "splits": {"train": "train", "dev": "train"}}, "splits"),
+        ({**base, "constraints": {"methods": ["ppo"]}}, "methods"),
+    ]
+    for body, field in cases:
+        response = client.post("/v1/autotune", headers=tenant.headers("developer"), json=body)
+        assert response.status_code == 422 and field in response.text, (body, response.text)
+    other = client.post("/v1/autotune", headers=tenant.headers("developer"), json={**base, "benchmark_id": "bench_x"})
+    assert other.status_code == 404
+    viewer = client.post("/v1/autotune", headers=tenant.headers("viewer"), json=base)
+    assert viewer.status_code == 403
+    assert client.get("/v1/autotune", headers=tenant.headers("viewer")).json()["data"] == []
+
+
+def test_methods_follow_the_base_results_and_the_mined_data() -> None:
+    mined = {"chat": "ds_1", "preference": "ds_2", "prompts": "ds_3"}
+    never = choose_methods(["sft", "dpo", "rl"], {"accuracy": 0.0, "mean_score": 0.0}, mined)
+    assert never.methods == ["sft", "sft_rl", "dpo"]  # no reward signal: RL only after SFT
+    sometimes = choose_methods(["sft", "dpo", "rl"], {"accuracy": 0.3, "mean_score": 0.4}, mined)
+    assert sometimes.methods == ["sft", "dpo", "rl"]
+    only_rl = choose_methods(["rl"], {"accuracy": 0.0, "mean_score": 0.0}, mined)
+    assert only_rl.methods == [] and only_rl.reasons[0][0] == "skip RL"
+    no_data = choose_methods(["sft", "dpo"], {"accuracy": 0.0}, {"chat": None, "preference": None})
+    assert no_data.methods == [] and [d for d, _ in no_data.reasons] == ["skip SFT", "skip DPO"]
+
+
+def test_the_search_starts_from_the_default_then_explores_the_space_deterministically() -> None:
+    first = next_params([], ["sft", "dpo"], max_rank=8, max_steps=16, seed=3)
+    assert first == {"method": "sft", "learning_rate_multiplier": 1.0, "rank": 8, "steps": 16}
+    history: list[tuple[dict[str, Any], float]] = [(first, 0.25)]
+    chosen = []
+    for score in (0.1, 0.5, 0.2):
+        params = next_params(history, ["sft", "dpo"], max_rank=8, max_steps=16, seed=3)
+        assert params["method"] in ("sft", "dpo") and params["rank"] in (4, 8) and 4 <= params["steps"] <= 16
+        assert 0.25 <= params["learning_rate_multiplier"] <= 4.0
+        history.append((params, score))
+        chosen.append(params)
+    again = [next_params(history[: i + 1], ["sft", "dpo"], max_rank=8, max_steps=16, seed=3) for i in range(3)]
+    assert again == chosen  # the database is the study's memory: the same trials, the same choice
