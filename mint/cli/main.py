@@ -15,7 +15,19 @@ import sys
 import typer
 
 from mint import errors
-from mint.cli import adapters, benchmarks, datasets, demo, deployments, evals, jobs, models, organization, processes
+from mint.cli import (
+    adapters,
+    autotune,
+    benchmarks,
+    datasets,
+    demo,
+    deployments,
+    evals,
+    jobs,
+    models,
+    organization,
+    processes,
+)
 from mint.cli.admin import admin
 from mint.cli.chat import chat
 from mint.cli.output import errors as stderr
@@ -33,6 +45,7 @@ app.command("up")(processes.up)
 app.add_typer(datasets.app, name="datasets")
 app.add_typer(benchmarks.app, name="benchmarks")
 app.add_typer(evals.app, name="evals")
+app.add_typer(autotune.app, name="auto")
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(adapters.app, name="adapters")
 app.add_typer(deployments.app, name="deployments")

@@ -27,6 +27,7 @@ from mint.sdk._http import (
     resolve_base_url,
 )
 from mint.sdk.adapters import Adapters, AsyncAdapters
+from mint.sdk.autotune import AsyncAutotune, Autotune
 from mint.sdk.benchmarks import AsyncBenchmarks, Benchmarks
 from mint.sdk.chat import AsyncChat, AsyncCompletions, Chat, Completions
 from mint.sdk.deployments import AsyncDeployments, Deployments
@@ -59,6 +60,7 @@ class Mint:
         self.datasets = Datasets(self._http)
         self.benchmarks = Benchmarks(self._http)
         self.evals = Evals(self._http)
+        self.autotune = Autotune(self._http)
         self.fine_tuning = FineTuning(self._http)
         self.jobs = self.fine_tuning.jobs
         self.adapters = Adapters(self._http)
@@ -104,6 +106,7 @@ class AsyncMint:
         self.datasets = AsyncDatasets(self._http)
         self.benchmarks = AsyncBenchmarks(self._http)
         self.evals = AsyncEvals(self._http)
+        self.autotune = AsyncAutotune(self._http)
         self.fine_tuning = AsyncFineTuning(self._http)
         self.jobs = self.fine_tuning.jobs
         self.adapters = AsyncAdapters(self._http)

@@ -225,3 +225,22 @@ def test_lists_keep_every_column_at_80_columns(cli: Cli, trained: list[Job]) -> 
     wide = cli("jobs", "list", COLUMNS="200").stdout  # one line per job when the terminal has room
     row = next(line for line in wide.splitlines() if trained[0].id in line)
     assert all(value in row for value in ("succeeded", "supervised", "3/3", trained[0].fine_tuned_model or ""))
+
+
+@pytest.mark.torch
+def test_auto_start_waits_for_the_run_and_shows_its_trials_and_decisions(cli: Cli, worker: Any) -> None:
+    """`mint auto start --wait` on a built-in benchmark: one SFT trial on the tiny base, which
+    cannot reach a held-out pass rate of 1, so the run stops (exit 1) naming its best version."""
+    bench = as_json(cli("benchmarks", "create", "format-auto-cli", "--builtin", "format", "--n", "8", "--json"))
+    done = cli(
+        "auto", "start", "--benchmark", bench["id"], "--model", BASE, "--target", "1.0", "--budget-usd", "50",
+        "--method", "sft", "--max-trials", "1", "--max-steps", "1", "--eval-max-tokens", "8", "--wait", "--json",
+        code=1,
+    )  # fmt: skip
+    run = as_json(done)
+    assert run["status"] == "stopped" and run["result"]["stop_reason"] == "all 1 trials allowed have run"
+    assert [t["method"] for t in run["trials"]] == ["sft"] and run["best"]["model"] == run["trials"][0]["model"]
+    assert "auto run" in done.stderr and "stopped" in done.stderr
+    shown = cli("auto", "get", run["id"]).stdout
+    assert "start trial 1: sft" in shown and "finish: stopped" in shown
+    assert run["id"] in {row["id"] for row in as_json(cli("auto", "list", "--json"))}
