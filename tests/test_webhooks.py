@@ -152,7 +152,7 @@ def test_a_failing_receiver_is_retried_and_each_attempt_is_logged(
     webhook = _create(client, tenant, receiver.url, ["eval.run.completed"]).json()
     receiver.statuses = [500, 503]
     sent = client.post(f"/v1/webhooks/{webhook['id']}/test", headers=tenant.headers("developer"))
-    assert sent.status_code == 202, sent.text
+    assert sent.status_code == 201, sent.text
     assert sent.json()["event_type"] == "webhook.test" and sent.json()["status"] == "pending"
 
     def finished() -> dict[str, Any] | None:
@@ -176,7 +176,7 @@ def test_a_failing_receiver_is_retried_and_each_attempt_is_logged(
     assert delivery["status"] == "failed" and [a["status_code"] for a in delivery["attempt_log"]] == [500] * 3
     path = f"/v1/webhooks/{webhook['id']}/deliveries/{delivery['id']}/redeliver"
     again = client.post(path, headers=tenant.headers("developer"))
-    assert again.status_code == 202, again.text
+    assert again.status_code == 201, again.text
     assert again.json()["event_id"] == delivery["event_id"] and again.json()["id"] != delivery["id"]
     redelivered = wait_for(finished, "the redelivery")
     assert redelivered["id"] == again.json()["id"] and redelivered["status"] == "succeeded"
@@ -243,17 +243,15 @@ def test_the_resend_sweep_sends_deliveries_whose_message_was_lost(
     crashed = client.post(f"/v1/webhooks/{webhook['id']}/test", headers=tenant.headers("developer")).json()
     later = client.post(f"/v1/webhooks/{webhook['id']}/test", headers=tenant.headers("developer")).json()
     long_ago = utcnow() - timedelta(hours=1)
+    changes = {
+        lost["id"]: {"next_attempt_at": long_ago},
+        # A worker claimed its attempt and died: its claim ran out an hour ago.
+        crashed["id"]: {"attempts": 1, "next_attempt_at": long_ago},
+        later["id"]: {"next_attempt_at": utcnow() + timedelta(hours=1)},
+    }
     with session_scope(prepared.database) as session:
-        # `crashed`: a worker claimed its attempt and died (its claim ran out an hour ago).
-        session.execute(
-            update(WebhookDelivery).where(WebhookDelivery.id == crashed["id"]).values(attempts=1, next_attempt_at=long_ago)
-        )
-        session.execute(update(WebhookDelivery).where(WebhookDelivery.id == lost["id"]).values(next_attempt_at=long_ago))
-        session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.id == later["id"])
-            .values(next_attempt_at=utcnow() + timedelta(hours=1))
-        )
+        for delivery_id, values in changes.items():
+            session.execute(update(WebhookDelivery).where(WebhookDelivery.id == delivery_id).values(**values))
     sent: list[tuple[str, list[str]]] = []
     due = webhook_delivery.resend_due(
         prepared, lambda task, **message: sent.append((task, message["args"])), grace_s=60
@@ -301,7 +299,8 @@ def test_webhooks_belong_to_one_organization_and_viewers_only_read(
         assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
     assert client.get("/v1/webhooks", headers=other_tenant.headers()).json()["data"] == []
 
-    updated = client.post(path, headers=tenant.headers("developer"), json={"enabled": False, "events": ["eval.run.failed"]})
+    change = {"enabled": False, "events": ["eval.run.failed"]}
+    updated = client.post(path, headers=tenant.headers("developer"), json=change)
     assert updated.status_code == 200, updated.text
     assert updated.json()["enabled"] is False and updated.json()["events"] == ["eval.run.failed"]
     assert updated.json()["url"] == url

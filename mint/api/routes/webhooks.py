@@ -90,7 +90,7 @@ def list_deliveries(
     return page_of(result, DeliveryPublic)
 
 
-@router.post("/{webhook_id}/deliveries/{delivery_id}/redeliver", response_model=DeliveryPublic, status_code=202)
+@router.post("/{webhook_id}/deliveries/{delivery_id}/redeliver", response_model=DeliveryPublic, status_code=201)
 def redeliver(
     webhook_id: WebhookId, delivery_id: DeliveryId, session: SessionDep, principal: CurrentPrincipal, send: DispatchDep
 ) -> WebhookDelivery:
@@ -98,7 +98,7 @@ def redeliver(
     return webhooks.redeliver(session, principal, webhook_id, delivery_id, send=send)
 
 
-@router.post("/{webhook_id}/test", response_model=DeliveryPublic, status_code=202)
+@router.post("/{webhook_id}/test", response_model=DeliveryPublic, status_code=201)
 def send_test(
     webhook_id: WebhookId, session: SessionDep, principal: CurrentPrincipal, send: DispatchDep
 ) -> WebhookDelivery:
