@@ -11,6 +11,7 @@ a delivery whose message was lost. Endpoints are per organization; viewers only 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,11 +26,13 @@ from standardwebhooks.webhooks import Webhook as Verifier
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from mint.config import Settings
+from mint.sdk import BadRequestError, Mint
 from mint.services import webhook_delivery
 from mint.storage.db import session_scope
 from mint.storage.tables import WebhookDelivery, utcnow
-from tests.conftest import Tenant, Workers, register_versions, wait_for
+from tests.conftest import LiveServer, Tenant, Workers, register_versions, wait_for
 from tests.jobs.conftest import BASE, chat_rows, upload
+from tests.test_cli import mint
 
 # Retries at once, and few of them, so a failing receiver is given up within the test.
 FAST_RETRIES = {"MINT_WEBHOOK_RETRY_S": "0", "MINT_WEBHOOK_MAX_ATTEMPTS": "3"}
@@ -325,3 +328,45 @@ def test_bad_webhooks_name_the_field(client: TestClient, tenant: Tenant, body: d
     assert error["param"] == param, error
     if param == "url":
         assert "http:// or https://" in error["message"]
+
+
+@pytest.mark.client_surface
+def test_the_sdk_and_the_cli_manage_webhooks_and_read_their_deliveries(
+    live_server: LiveServer, tenant: Tenant, receiver: Receiver, prepared: Settings
+) -> None:
+    with Mint(live_server.url, tenant.keys["developer"]) as sdk:
+        hook = sdk.webhooks.create(receiver.url, events=["eval.run.completed"], description="ci")
+        assert hook.secret.startswith("whsec_") and hook.events == ["eval.run.completed"]
+        assert [w.id for w in sdk.webhooks.list()] == [hook.id]
+        assert sdk.webhooks.update(hook.id, events=["eval.run.failed"]).events == ["eval.run.failed"]
+        delivery = sdk.webhooks.test(hook.id)
+        assert _deliver_here(prepared, delivery.id) == "succeeded"
+        (logged,) = list(sdk.webhooks.deliveries(hook.id))
+        assert logged.status == "succeeded" and logged.attempt_log[0].status_code == 200
+        again = sdk.webhooks.redeliver(hook.id, logged.id)
+        assert again.event_id == logged.event_id
+        with pytest.raises(BadRequestError) as refused:  # checked before sending, with the server's schema
+            sdk.webhooks.create("ftp://example.com", events=["eval.run.failed"])
+        assert refused.value.param == "url"
+
+    environment = {**os.environ, "MINT_BASE_URL": live_server.url, "MINT_API_KEY": tenant.keys["developer"]}
+    created = json.loads(
+        mint(
+            "webhooks",
+            "create",
+            "https://example.com/hook",
+            "--event",
+            "deployment.promoted",
+            "--json",
+            env=environment,
+        ).stdout
+    )
+    assert created["secret"].startswith("whsec_") and created["events"] == ["deployment.promoted"]
+    listed = json.loads(mint("webhooks", "list", "--json", env=environment).stdout)
+    assert [w["id"] for w in listed] == [created["id"], hook.id]
+    deliveries = json.loads(mint("webhooks", "deliveries", hook.id, "--json", env=environment).stdout)
+    assert [d["id"] for d in deliveries] == [again.id, logged.id]
+    table = mint("webhooks", "deliveries", hook.id, env=environment).stdout
+    assert "webhook.test" in table and "HTTP 200" in table
+    mint("webhooks", "delete", created["id"], "--json", env=environment)
+    assert [w["id"] for w in json.loads(mint("webhooks", "list", "--json", env=environment).stdout)] == [hook.id]

@@ -1,7 +1,7 @@
 """The `mint` command: one module per command group, assembled here.
 
 User commands (datasets, benchmarks, evals, jobs, adapters, deployments, chat, models, keys,
-audit, usage) speak HTTP through the SDK and share their connection and `--json` options
+audit, usage, webhooks) speak HTTP through the SDK and share their connection and `--json` options
 (`mint.cli.options`); `mint admin` acts on the database; `api | worker | beat | serve | up`
 run the processes.
 Errors Mint raises on purpose print their message and exit with a code that scripts can
@@ -15,7 +15,19 @@ import sys
 import typer
 
 from mint import errors
-from mint.cli import adapters, benchmarks, datasets, demo, deployments, evals, jobs, models, organization, processes
+from mint.cli import (
+    adapters,
+    benchmarks,
+    datasets,
+    demo,
+    deployments,
+    evals,
+    jobs,
+    models,
+    organization,
+    processes,
+    webhooks,
+)
 from mint.cli.admin import admin
 from mint.cli.chat import chat
 from mint.cli.output import errors as stderr
@@ -43,6 +55,7 @@ app.command("chat")(chat)
 app.add_typer(models.app, name="models")
 app.add_typer(organization.keys, name="keys")
 app.command("audit")(organization.audit)
+app.add_typer(webhooks.app, name="webhooks")
 app.command("usage")(usage)
 app.add_typer(admin, name="admin")
 
