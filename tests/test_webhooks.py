@@ -27,7 +27,7 @@ from standardwebhooks.webhooks import WebhookVerificationError
 
 from mint.config import Settings
 from mint.sdk import BadRequestError, Mint
-from mint.services import webhook_delivery
+from mint.services import webhook_delivery, webhooks
 from mint.storage.db import session_scope
 from mint.storage.tables import WebhookDelivery, utcnow
 from tests.conftest import LiveServer, Tenant, Workers, register_versions, wait_for
@@ -370,3 +370,26 @@ def test_the_sdk_and_the_cli_manage_webhooks_and_read_their_deliveries(
     assert "webhook.test" in table and "HTTP 200" in table
     mint("webhooks", "delete", created["id"], "--json", env=environment)
     assert [w["id"] for w in json.loads(mint("webhooks", "list", "--json", env=environment).stdout)] == [hook.id]
+
+
+def test_events_are_sent_only_after_their_transaction_commits(
+    client: TestClient, tenant: Tenant, receiver: Receiver, prepared: Settings
+) -> None:
+    webhook = _create(client, tenant, receiver.url, ["autotune.run.completed"]).json()
+    sent: list[list[str]] = []
+
+    def send(task: str, **message: Any) -> None:
+        sent.append(message["args"])
+
+    run = {"id": "autotune_x", "status": "succeeded"}
+    with session_scope(prepared.database) as session:
+        webhooks.autotune_event(session, organization_id=tenant.organization_id, data=run, completed=True, send=send)
+        webhooks.autotune_event(session, organization_id=tenant.organization_id, data=run, completed=False, send=send)
+        assert sent == []  # not before the commit: a worker would not find the row yet
+    (delivery,) = _deliveries(client, tenant, webhook["id"])  # `failed` has no subscriber
+    assert sent == [[delivery["id"]]] and delivery["payload"]["data"] == run
+
+    with pytest.raises(RuntimeError), session_scope(prepared.database) as session:
+        webhooks.autotune_event(session, organization_id=tenant.organization_id, data=run, completed=True, send=send)
+        raise RuntimeError("the change fails")
+    assert len(_deliveries(client, tenant, webhook["id"])) == 1 and len(sent) == 1  # rolled back with it

@@ -277,6 +277,15 @@ def deployment_event(
     emit(session, organization_id=deployment.organization_id, event_type=event_type, data=data, send=send)
 
 
+def autotune_event(
+    session: Session, *, organization_id: str, data: dict[str, Any], completed: bool, send: Dispatch | None
+) -> None:
+    """`autotune.run.completed` or `autotune.run.failed`, for auto mode to call in the
+    transaction that ends a run; `data` summarizes the run (at least its `id` and `status`)."""
+    event_type = "autotune.run.completed" if completed else "autotune.run.failed"
+    emit(session, organization_id=organization_id, event_type=event_type, data=data, send=send)
+
+
 # --- the delivery log ---------------------------------------------------------------------
 
 
