@@ -29,8 +29,8 @@ from mint.config import Settings
 from mint.sdk import BadRequestError, Mint
 from mint.services import webhook_delivery, webhooks
 from mint.storage.db import session_scope
-from mint.storage.tables import WebhookDelivery, utcnow
-from tests.conftest import LiveServer, Tenant, Workers, register_versions, wait_for
+from mint.storage.tables import TrainingJob, WebhookDelivery, utcnow
+from tests.conftest import LiveServer, Tenant, Workers, reconcile_after, register_versions, wait_for
 from tests.jobs.conftest import BASE, chat_rows, upload
 from tests.test_cli import mint
 
@@ -393,3 +393,28 @@ def test_events_are_sent_only_after_their_transaction_commits(
         webhooks.autotune_event(session, organization_id=tenant.organization_id, data=run, completed=True, send=send)
         raise RuntimeError("the change fails")
     assert len(_deliveries(client, tenant, webhook["id"])) == 1 and len(sent) == 1  # rolled back with it
+
+
+def test_a_job_the_reconciler_gives_up_and_one_cancelled_report_their_end(
+    client: TestClient, tenant: Tenant, receiver: Receiver, prepared: Settings
+) -> None:
+    events = ["fine_tuning.job.failed", "fine_tuning.job.cancelled"]
+    webhook = _create(client, tenant, receiver.url, events).json()
+    file = upload(client, tenant, chat_rows(6))
+    body = {"model": "tiny-qwen3-moe", "training_file": file["id"], "steps": 2}  # no worker here runs it
+    poison, cancelled = (
+        client.post("/v1/fine_tuning/jobs", headers=tenant.headers("developer"), json=body).json()["id"]
+        for _ in range(2)
+    )
+    assert client.post(f"/v1/fine_tuning/jobs/{cancelled}/cancel", headers=tenant.headers()).status_code == 200
+    lost = {poison: {"attempts": 500, "enqueued_at": utcnow() - timedelta(hours=1)}}
+    report, sent = reconcile_after(prepared, TrainingJob, lost)
+    assert poison in report.gave_up
+
+    rows = _deliveries(client, tenant, webhook["id"])
+    by_type = {row["event_type"]: row for row in rows}
+    assert sorted(by_type) == sorted(events) and len(rows) == 2
+    failed = by_type["fine_tuning.job.failed"]["payload"]["data"]
+    assert failed["id"] == poison and failed["error"]["code"] == "max_attempts_exceeded"
+    assert by_type["fine_tuning.job.cancelled"]["payload"]["data"]["id"] == cancelled
+    assert ("mint.webhooks.deliver", [by_type["fine_tuning.job.failed"]["id"]]) in sent  # sent once committed
