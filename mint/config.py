@@ -95,6 +95,19 @@ class Settings(BaseSettings):
         le=7 * 24 * 3600,
         description="Seconds without a heartbeat before a Tinker session expires.",
     )
+    # Webhooks (mint.services.webhook_delivery): each delivery is tried up to
+    # `webhook_max_attempts` times; after a network error or a non-2xx answer the next attempt
+    # waits `webhook_retry_s`, doubling per attempt up to `webhook_retry_max_s`.
+    webhook_max_attempts: int = Field(default=8, ge=1, le=50, description="Attempts of one webhook delivery.")
+    webhook_retry_s: float = Field(
+        default=30.0, ge=0, le=24 * 3600, description="Wait before a webhook delivery's second attempt (0: at once)."
+    )
+    webhook_retry_max_s: float = Field(
+        default=6 * 3600.0, ge=0, le=7 * 24 * 3600, description="Longest wait between attempts of a delivery."
+    )
+    webhook_timeout_s: float = Field(
+        default=10.0, gt=0, le=120, description="How long one webhook POST may take before it counts as failed."
+    )
     # RL jobs stop with `no_reward_signal` after this many steps in a row in which no group of
     # samples had reward signal (a job's `max_steps_without_signal` overrides it).
     rl_max_steps_without_signal: int = Field(default=5, ge=1, le=1_000_000)

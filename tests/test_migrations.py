@@ -31,6 +31,6 @@ def test_data_model_covers_design_section_4() -> None:
         "organizations", "api_keys", "base_models", "datasets", "benchmarks", "benchmark_versions",
         "eval_runs", "trajectories", "training_jobs", "job_events", "checkpoints", "adapters",
         "adapter_versions", "deployments", "deployment_revisions", "training_sessions", "futures",
-        "usage_records", "audit_log",
+        "usage_records", "audit_log", "webhooks", "webhook_deliveries",
     }  # fmt: skip
     assert expected <= set(Base.metadata.tables)

@@ -30,6 +30,7 @@ from mint.api.routes import (
     fine_tuning,
     health,
     organization,
+    webhooks,
 )
 from mint.config import Settings, get_settings
 from mint.services.dispatch import Dispatch
@@ -67,6 +68,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
         evals,
         deployments,
         autotune,
+        webhooks,
         openai,
     ):
         app.include_router(module.router, responses=ERROR_RESPONSES)

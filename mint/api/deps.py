@@ -97,6 +97,16 @@ def get_dispatch(request: Request) -> Dispatch:
 DispatchDep = Annotated[Dispatch, Depends(get_dispatch)]
 
 
+def get_dispatch_if_any(request: Request) -> Dispatch | None:
+    """The app's `Dispatch`, or None: for routes whose messages can wait for beat's sweep
+    (webhook deliveries of a change), so they work in an app made without one."""
+    dispatch: Dispatch | None = request.app.state.dispatch
+    return dispatch
+
+
+OptionalDispatchDep = Annotated[Dispatch | None, Depends(get_dispatch_if_any)]
+
+
 def get_principal_briefly(
     request: Request,
     settings: SettingsDep,

@@ -1,7 +1,7 @@
 """The `mint` command: one module per command group, assembled here.
 
 User commands (datasets, benchmarks, evals, jobs, adapters, deployments, chat, models, keys,
-audit, usage) speak HTTP through the SDK and share their connection and `--json` options
+audit, usage, webhooks) speak HTTP through the SDK and share their connection and `--json` options
 (`mint.cli.options`); `mint admin` acts on the database; `api | worker | beat | serve | up`
 run the processes.
 Errors Mint raises on purpose print their message and exit with a code that scripts can
@@ -27,6 +27,7 @@ from mint.cli import (
     models,
     organization,
     processes,
+    webhooks,
 )
 from mint.cli.admin import admin
 from mint.cli.chat import chat
@@ -56,6 +57,7 @@ app.command("chat")(chat)
 app.add_typer(models.app, name="models")
 app.add_typer(organization.keys, name="keys")
 app.command("audit")(organization.audit)
+app.add_typer(webhooks.app, name="webhooks")
 app.command("usage")(usage)
 app.add_typer(admin, name="admin")
 

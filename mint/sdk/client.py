@@ -36,6 +36,7 @@ from mint.sdk.files import AsyncDatasets, AsyncFiles, Datasets, Files
 from mint.sdk.jobs import AsyncFineTuning, FineTuning
 from mint.sdk.models import AsyncBaseModels, AsyncModels, BaseModels, Models
 from mint.sdk.organization import ApiKeys, AsyncApiKeys, AsyncOrganization, Organization
+from mint.sdk.webhooks import AsyncWebhooks, Webhooks
 
 
 class Mint:
@@ -71,6 +72,7 @@ class Mint:
         self.base_models = BaseModels(self._http)
         self.organization = Organization(self._http)
         self.api_keys = ApiKeys(self._http)
+        self.webhooks = Webhooks(self._http)
 
     def close(self) -> None:
         """Close the connections; the client cannot be used after."""
@@ -117,6 +119,7 @@ class AsyncMint:
         self.base_models = AsyncBaseModels(self._http)
         self.organization = AsyncOrganization(self._http)
         self.api_keys = AsyncApiKeys(self._http)
+        self.webhooks = AsyncWebhooks(self._http)
 
     async def close(self) -> None:
         await self._http.close()

@@ -22,8 +22,10 @@ from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.evals.gates import GateSpec, GateVerdict
+from mint.services import webhooks
 from mint.services.adapters import ResolvedModel, resolve_model_ref
 from mint.services.audit import record_audit
+from mint.services.dispatch import Dispatch
 from mint.services.evals import check_gate
 from mint.services.principal import Principal
 from mint.serving.mixture import MixtureSpec
@@ -140,7 +142,10 @@ def _add_revision(
     *,
     reason: str,
     verdict: dict[str, Any] | None = None,
+    send: Dispatch | None = None,
 ) -> DeploymentRevision:
+    """Add the deployment's next revision, its audit entry, and its webhook event (promote,
+    rollback, withdraw), all in the caller's transaction; `send` sends the event once it commits."""
     revision = DeploymentRevision(
         id=new_id("deprev"),
         deployment_id=deployment.id,
@@ -164,6 +169,7 @@ def _add_revision(
         deployment.id,
         {"revision": revision.revision, "routing": revision.routing, "reason": reason, "gate": verdict},
     )
+    webhooks.deployment_event(session, deployment, revision, send)
     return revision
 
 
@@ -315,6 +321,7 @@ def promote(
     model: str | None,
     mixture: dict[str, Any] | None,
     reason: str,
+    send: Dispatch | None = None,
 ) -> Deployment:
     deployment = get_deployment(session, principal.organization_id, deployment_id)
     target = resolve_target(session, principal.organization_id, model=model, mixture=mixture)
@@ -328,12 +335,18 @@ def promote(
         raise InvalidRequest(f"deployment {deployment.name!r} is a {deployment.kind} deployment", param="model")
     verdict = _gate(session, principal, deployment, target, production=_last_in_production(session, deployment))
     deployment.status = "active"
-    _add_revision(session, principal, deployment, "promote", target, reason=reason, verdict=verdict)
+    _add_revision(session, principal, deployment, "promote", target, reason=reason, verdict=verdict, send=send)
     return deployment
 
 
 def rollback(
-    session: Session, principal: Principal, deployment_id: str, *, to_revision: int | None, reason: str
+    session: Session,
+    principal: Principal,
+    deployment_id: str,
+    *,
+    to_revision: int | None,
+    reason: str,
+    send: Dispatch | None = None,
 ) -> Deployment:
     """Serve again what an earlier revision served (by default the one before the current)."""
     deployment = get_deployment(session, principal.organization_id, deployment_id)
@@ -351,17 +364,20 @@ def rollback(
         if version is None or version.status != "ready":
             raise Conflict(f"revision {wanted} serves a version that was withdrawn", param="to_revision")
     deployment.status = "active"
-    _add_revision(session, principal, deployment, "rollback", target, reason=reason or f"rollback to revision {wanted}")
+    reason = reason or f"rollback to revision {wanted}"
+    _add_revision(session, principal, deployment, "rollback", target, reason=reason, send=send)
     return deployment
 
 
-def withdraw(session: Session, principal: Principal, deployment_id: str, *, reason: str) -> Deployment:
+def withdraw(
+    session: Session, principal: Principal, deployment_id: str, *, reason: str, send: Dispatch | None = None
+) -> Deployment:
     """Stop serving: requests to the deployment are refused until a version is promoted again."""
     deployment = get_deployment(session, principal.organization_id, deployment_id)
     if deployment.status == "withdrawn":
         raise Conflict(f"deployment {deployment.name!r} is already withdrawn", param="deployment_id")
     deployment.status = "withdrawn"
-    _add_revision(session, principal, deployment, "withdraw", None, reason=reason)
+    _add_revision(session, principal, deployment, "withdraw", None, reason=reason, send=send)
     return deployment
 
 

@@ -40,7 +40,7 @@ from mint.evals.runner import (
     summarize,
 )
 from mint.schemas.inference import AdapterOnNode
-from mint.services import adapters, benchmarks, evals, node_client, tinker_runner
+from mint.services import adapters, benchmarks, evals, node_client, tinker_runner, webhooks
 from mint.services.dispatch import Dispatch
 from mint.services.evals import FINISHED
 from mint.services.leases import (
@@ -73,16 +73,25 @@ JUDGE_MAX_TOKENS = 256
 LoadBase = Callable[[str], "ResidentBase"]
 
 
-def _finish(session: Session, eval_run_id: str, worker_id: str, status: str, **values: Any) -> bool:
-    """Move the run this worker holds to `status`; False if it was cancelled, or queued again
-    after this worker's lease ran out, meanwhile."""
+def _finish(
+    session: Session, eval_run_id: str, worker_id: str, status: str, send: Dispatch | None, **values: Any
+) -> bool:
+    """Move the run this worker holds to `status`, with its webhook event in the same
+    transaction; False if it was cancelled, or queued again after this worker's lease ran out,
+    meanwhile."""
     changed = session.execute(
         update(EvalRun)
         .where(*held_by(EvalRun, eval_run_id, worker_id))
         .values(status=status, finished_at=utcnow(), **values)
         .execution_options(synchronize_session=False)
     )
-    return bool(changed.rowcount)  # type: ignore[attr-defined]
+    if not changed.rowcount:  # type: ignore[attr-defined]
+        return False
+    run = session.get(EvalRun, eval_run_id)
+    assert run is not None
+    session.refresh(run)
+    webhooks.eval_run_event(session, run, send)
+    return True
 
 
 def _still_held(settings: Settings, eval_run_id: str, worker_id: str) -> bool:
@@ -366,12 +375,12 @@ def execute_eval_run(
         if not claim_row(session, EvalRun, eval_run_id, worker_id, settings.max_attempts, started_at=started_at):
             session.refresh(run)
             if run.status == "queued" and exhausted(run, settings.max_attempts):
-                evals.give_up(run, WORKER_STOPPED)  # its worker kept dying: no more attempts
+                evals.give_up(session, run, WORKER_STOPPED, send)  # its worker kept dying: no more attempts
                 return "failed"
             return "not-claimed"  # another worker holds it; the reconciler requeues it if that one died
     with LeaseKeeper(settings, EvalRun, eval_run_id, worker_id):
         try:
-            return _execute(settings, run, load_base, batch_tasks, worker_id)
+            return _execute(settings, run, load_base, batch_tasks, worker_id, send)
         except NoCapacity as exc:
             log.info("eval run %s waits for capacity: %s", eval_run_id, exc.message)
             return wait_for_capacity(settings, eval_run_id, worker_id, exc.message, send)
@@ -403,7 +412,9 @@ def wait_for_capacity(settings: Settings, eval_run_id: str, worker_id: str, reas
     return "waiting-for-capacity"
 
 
-def _execute(settings: Settings, run: EvalRun, load_base: LoadBase, batch_tasks: int, worker_id: str) -> str:
+def _execute(
+    settings: Settings, run: EvalRun, load_base: LoadBase, batch_tasks: int, worker_id: str, send: Dispatch | None
+) -> str:
     eval_run_id = run.id
     try:
         todo = _todo(settings, run)
@@ -428,7 +439,7 @@ def _execute(settings: Settings, run: EvalRun, load_base: LoadBase, batch_tasks:
                 ran += len(_write(settings, run, records))
         metrics = _metrics(settings, run, ran, wall_s) | {"generator": model.generator}
         with session_scope(settings.database) as session:
-            finished = _finish(session, run.id, worker_id, "succeeded", metrics=metrics)
+            finished = _finish(session, run.id, worker_id, "succeeded", send, metrics=metrics)
         return "succeeded" if finished else "cancelled"
     except NoCapacity:
         raise  # the run waits (execute_eval_run)
@@ -438,5 +449,5 @@ def _execute(settings: Settings, run: EvalRun, load_base: LoadBase, batch_tasks:
         log.exception("eval run %s failed", eval_run_id)
         error = {"type": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
     with session_scope(settings.database) as session:
-        _finish(session, eval_run_id, worker_id, "failed", error=error)
+        _finish(session, eval_run_id, worker_id, "failed", send, error=error)
     return "failed"

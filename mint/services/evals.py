@@ -39,7 +39,7 @@ from mint.evals.compare import (
 from mint.evals.gates import GateSpec, GateVerdict, evaluate_gate
 from mint.evals.mining import MiningResult, mine_failures
 from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
-from mint.services import adapters, benchmarks
+from mint.services import adapters, benchmarks, webhooks
 from mint.services.datasets import create_dataset_from_rows
 from mint.services.dispatch import Dispatch
 from mint.services.judges import resolve_judges
@@ -129,11 +129,13 @@ def mark_queued(run: EvalRun) -> None:
     run.heartbeat_at = None
 
 
-def give_up(run: EvalRun, last_error: str) -> None:
-    """Fail a run that has had all its attempts, with its last error; the caller commits."""
+def give_up(session: Session, run: EvalRun, last_error: str, send: Dispatch | None = None) -> None:
+    """Fail a run that has had all its attempts, with its last error; the caller commits (and
+    `send` then sends the webhook deliveries of its failure)."""
     run.status, run.finished_at = "failed", utcnow()
     run.worker_id, run.heartbeat_at = None, None
     run.error = {"type": "max_attempts_exceeded", "message": gave_up(run.attempts, last_error)}
+    webhooks.eval_run_event(session, run, send)
 
 
 def send_run(run: EvalRun, send: Dispatch, *, countdown_s: float | None = None) -> None:

@@ -40,6 +40,7 @@ from mint.evals.graders import reward_spec
 from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.fine_tuning import FineTuningJobCreate, Method, StageCreate
 from mint.schemas.plans import TrainingPlan, parse_plan
+from mint.services import webhooks
 from mint.services.adapters import adapter_for_base, model_ref_of, model_ref_of_id, resolve_version_ref
 from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
 from mint.services.dispatch import Dispatch
@@ -377,13 +378,15 @@ def mark_queued(session: Session, job: TrainingJob, *, reason: str) -> None:
     emit_event(session, job.id, reason, data={"task_id": job.task_id})
 
 
-def give_up(session: Session, job: TrainingJob, last_error: str) -> None:
-    """Fail a job that has had all its attempts, with its last error; the caller commits."""
+def give_up(session: Session, job: TrainingJob, last_error: str, send: Dispatch | None = None) -> None:
+    """Fail a job that has had all its attempts, with its last error; the caller commits (and
+    `send` then sends the webhook deliveries of its failure)."""
     message = gave_up(job.attempts, last_error)
     job.status, job.finished_at = "failed", utcnow()
     job.worker_id, job.heartbeat_at = None, None
     job.error = {"code": "max_attempts_exceeded", "message": message, "param": None}
     emit_event(session, job.id, f"Job failed: {message}", level="error")
+    webhooks.job_event(session, job, send)
 
 
 def send_job(job: TrainingJob, send: Dispatch, *, countdown_s: float | None = None) -> None:
@@ -399,8 +402,9 @@ def get_job(session: Session, organization_id: str, job_id: str) -> TrainingJob:
     return get_owned(session, TrainingJob, job_id, organization_id=organization_id, noun="fine-tuning job")
 
 
-def cancel_job(session: Session, principal: Principal, job_id: str) -> TrainingJob:
-    """A queued job is cancelled at once; a running one stops after its current optimizer step."""
+def cancel_job(session: Session, principal: Principal, job_id: str, send: Dispatch | None = None) -> TrainingJob:
+    """A queued job is cancelled at once; a running one stops after its current optimizer step
+    (its worker then reports it). `send` sends the webhook deliveries of a cancel at once."""
     job = get_job(session, principal.organization_id, job_id)
     if job.status in ("succeeded", "failed", "cancelled"):
         raise Conflict(f"job {job.id} already {job.status}; only queued or running jobs can be cancelled")
@@ -417,6 +421,8 @@ def cancel_job(session: Session, principal: Principal, job_id: str) -> TrainingJ
         emit_event(session, job.id, "Cancellation requested; the job stops after its current step")
     session.flush()
     session.refresh(job)
+    if cancelled:
+        webhooks.job_event(session, job, send)
     return job
 
 

@@ -51,7 +51,7 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.errors import InvalidRequest, MintError, NoCapacity
 from mint.schemas.plans import TrainingPlan, parse_plan
-from mint.services import adapters, datasets, tinker_runner
+from mint.services import adapters, datasets, tinker_runner, webhooks
 from mint.services.dispatch import Dispatch
 from mint.services.fine_tuning import emit_event, give_up, send_job
 from mint.services.leases import (
@@ -184,12 +184,12 @@ def claim(session: Session, job_id: str, worker_id: str, max_attempts: int) -> T
     return job
 
 
-def give_up_exhausted(session: Session, job_id: str, max_attempts: int) -> bool:
+def give_up_exhausted(session: Session, job_id: str, max_attempts: int, send: Dispatch | None = None) -> bool:
     """Fail a queued job that has had `max_attempts` (its workers kept dying); True if it did."""
     job = session.get(TrainingJob, job_id)
     if job is None or job.status != "queued" or not exhausted(job, max_attempts):
         return False
-    give_up(session, job, WORKER_STOPPED)
+    give_up(session, job, WORKER_STOPPED, send)
     return True
 
 
@@ -200,8 +200,11 @@ def _checkpoint_key(job_id: str, step: int) -> str:
 class JobRun:
     """One attempt at one job on this worker's resident base."""
 
-    def __init__(self, settings: Settings, resident: ResidentBase, context: JobContext) -> None:
+    def __init__(
+        self, settings: Settings, resident: ResidentBase, context: JobContext, send: Dispatch | None = None
+    ) -> None:
         self.settings = settings
+        self.send = send  # sends the webhook deliveries of the job's end
         self.store: ObjectStore = object_store_for(settings)
         self.resident = resident
         self.context = context
@@ -518,6 +521,7 @@ class JobRun:
                     return True
                 job.status, job.finished_at = "cancelled", utcnow()
                 emit_event(session, job.id, f"Job cancelled after stage {stage.number}")
+                webhooks.job_event(session, job, self.send, model=ref)
                 return False
             job.status, job.finished_at = "succeeded", utcnow()
             job.result_adapter_version_id = version.id
@@ -527,6 +531,7 @@ class JobRun:
                 f"Job succeeded: {ref} ({training.step} optimizer steps)",
                 data={"model": ref, "adapter_version_id": version.id, **self._label()},
             )
+            webhooks.job_event(session, job, self.send, model=ref)
             return True
 
     def stop_cancelled(self) -> None:
@@ -534,6 +539,7 @@ class JobRun:
             job = self._require_ours(session)
             job.status, job.finished_at = "cancelled", utcnow()
             emit_event(session, job.id, f"Job cancelled after step {job.completed_steps}")
+            webhooks.job_event(session, job, self.send)
 
 
 SHOWN = ("loss", "reward", "reward_std", "groups_with_signal", "kl", "turns", "accuracy", "tokens_per_second")
@@ -543,7 +549,9 @@ def _rounded(metrics: dict[str, float]) -> dict[str, float]:
     return {name: round(float(value), 6) for name, value in metrics.items()}
 
 
-def fail(settings: Settings, job_id: str, worker_id: str, code: str, message: str) -> None:
+def fail(
+    settings: Settings, job_id: str, worker_id: str, code: str, message: str, send: Dispatch | None = None
+) -> None:
     with session_scope(settings.database) as session:
         failed = session.execute(
             update(TrainingJob)
@@ -552,6 +560,9 @@ def fail(settings: Settings, job_id: str, worker_id: str, code: str, message: st
         ).rowcount
         if failed:
             emit_event(session, job_id, f"Job failed: {message}", level="error")
+            job = session.get(TrainingJob, job_id)
+            assert job is not None
+            webhooks.job_event(session, job, send)
 
 
 def _failure_code(exc: MintError) -> str:
@@ -610,21 +621,21 @@ def run_job(
     with session_scope(settings.database) as session:
         job = claim(session, job_id, worker_id, settings.max_attempts)
         if job is None:
-            return "failed" if give_up_exhausted(session, job_id, settings.max_attempts) else "not-claimed"
+            return "failed" if give_up_exhausted(session, job_id, settings.max_attempts, send) else "not-claimed"
         try:
             context = JobContext.claimed(job, worker_id)
         except InvalidRequest as exc:
             refused = exc
     if refused is not None:  # failed once (after the claim commits), not retried: no retry can fix the row
         message = f"the job's plan is not valid: {refused.message}; create the job again"
-        fail(settings, job_id, worker_id, "invalid_plan", message)
+        fail(settings, job_id, worker_id, "invalid_plan", message, send)
         return "failed"
     started = time.perf_counter()
     try:
         with LeaseKeeper(settings, TrainingJob, job_id, worker_id):
             resident = load_base(context.base_model)
             tinker_runner.release_idle_models(settings)  # slots of ended Tinker sessions first
-            JobRun(settings, resident, context).run()
+            JobRun(settings, resident, context, send).run()
     except LostLease:
         log.warning("job %s is no longer this worker's; stopped", job_id)
         return "lost-lease"
@@ -632,11 +643,11 @@ def run_job(
         log.info("job %s waits for capacity: %s", job_id, exc.message)
         return wait_for_capacity(settings, job_id, worker_id, exc.message, send)
     except MintError as exc:
-        fail(settings, job_id, worker_id, _failure_code(exc), exc.message)
+        fail(settings, job_id, worker_id, _failure_code(exc), exc.message, send)
         return "failed"
     except Exception as exc:
         log.exception("job %s failed", job_id)
-        fail(settings, job_id, worker_id, "internal_error", f"{type(exc).__name__}: {exc}")
+        fail(settings, job_id, worker_id, "internal_error", f"{type(exc).__name__}: {exc}", send)
         return "failed"
     log.info("job %s done in %.1f s", job_id, time.perf_counter() - started)
     return "done"

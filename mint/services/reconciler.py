@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from mint.config import DEFAULT_MAX_ATTEMPTS
 from mint.errors import Conflict, NotFound
-from mint.services import evals
+from mint.services import evals, webhooks
 from mint.services.dispatch import Dispatch
 from mint.services.fine_tuning import emit_event, give_up, mark_queued, send_job
 from mint.services.leases import WORKER_STOPPED, exhausted
@@ -114,10 +114,11 @@ def reconcile_jobs(
         if job.cancel_requested_at is not None:
             job.status, job.finished_at = "cancelled", utcnow()
             emit_event(session, job.id, f"Job cancelled; its worker {job.worker_id} had stopped")
+            webhooks.job_event(session, job, send)
             report.cancelled.append(job.id)
             continue
         if exhausted(job, max_attempts):
-            give_up(session, job, _lost_worker(job))
+            give_up(session, job, _lost_worker(job), send)
             report.gave_up.append(job.id)
             continue
         mark_queued(
@@ -130,7 +131,7 @@ def reconcile_jobs(
         to_send.append(job)
     for job in _stranded_queued(session, TrainingJob, grace_s, pending):
         if exhausted(job, max_attempts):
-            give_up(session, job, WORKER_STOPPED)
+            give_up(session, job, WORKER_STOPPED, send)
             report.gave_up.append(job.id)
             continue
         mark_queued(session, job, reason="The job's queue message was lost; sent again")
@@ -139,7 +140,7 @@ def reconcile_jobs(
     runs: list[EvalRun] = []
     for run in _expired_running(session, EvalRun, lease_s):
         if exhausted(run, max_attempts):
-            evals.give_up(run, _lost_worker(run))
+            evals.give_up(session, run, _lost_worker(run), send)
             report.gave_up.append(run.id)
             continue
         evals.mark_queued(run)  # its next worker skips the tasks already written
@@ -147,7 +148,7 @@ def reconcile_jobs(
         runs.append(run)
     for run in _stranded_queued(session, EvalRun, grace_s, pending):
         if exhausted(run, max_attempts):
-            evals.give_up(run, WORKER_STOPPED)
+            evals.give_up(session, run, WORKER_STOPPED, send)
             report.gave_up.append(run.id)
             continue
         evals.mark_queued(run)

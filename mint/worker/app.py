@@ -77,6 +77,12 @@ def create_celery(settings: Settings | None = None) -> Celery:
                 "schedule": settings.reconcile_every_s,
                 "options": {"expires": settings.reconcile_every_s},
             },
+            # Webhook deliveries whose message was lost, or whose worker died mid-attempt.
+            "resend-webhooks": {
+                "task": "mint.webhooks.resend_due",
+                "schedule": settings.reconcile_every_s,
+                "options": {"expires": settings.reconcile_every_s},
+            },
             "retention": {
                 "task": "mint.system.retention",
                 "schedule": settings.retention_every_s,

@@ -15,6 +15,7 @@ from celery import shared_task
 from mint.config import get_settings
 from mint.services.job_runner import run_job
 from mint.services.retention import enforce_retention
+from mint.services.webhook_delivery import deliver, resend_due
 from mint.services.workers import prune_stale_workers
 from mint.storage.db import session_scope
 from mint.worker import signals
@@ -57,3 +58,17 @@ def reconcile() -> dict[str, list[str]]:
 def retention() -> dict[str, list[str]]:
     """Delete expired Tinker checkpoints and the old checkpoints of finished jobs, rows then objects."""
     return enforce_retention(get_settings()).as_dict()
+
+
+@shared_task(name="mint.webhooks.deliver", acks_late=True, ignore_result=True, time_limit=300)
+def deliver_webhook(delivery_id: str) -> str:
+    """Make one webhook delivery's next attempt; a failed one sends the next with its backoff."""
+    settings = get_settings()
+    return deliver(settings, delivery_id, CeleryDispatch(settings))
+
+
+@shared_task(name="mint.webhooks.resend_due", acks_late=True, ignore_result=True, time_limit=120)
+def resend_due_webhooks() -> list[str]:
+    """Send again the webhook deliveries whose message was lost or whose worker died."""
+    settings = get_settings()
+    return resend_due(settings, CeleryDispatch(settings), grace_s=settings.requeue_grace_s)

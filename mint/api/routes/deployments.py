@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, BackgroundTasks
 from fastapi.responses import JSONResponse
 
-from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from mint.api.deps import CurrentPrincipal, OptionalDispatchDep, SessionDep, SettingsDep
 from mint.api.pagination import After, Limit, id_path, page_from
 from mint.schemas.common import Page
 from mint.schemas.deployments import (
@@ -97,11 +97,12 @@ def promote(
     settings: SettingsDep,
     principal: CurrentPrincipal,
     tasks: BackgroundTasks,
+    send: OptionalDispatchDep,
 ) -> DeploymentPublic | JSONResponse:
     """Serve another version; a gated deployment first checks the candidate's eval against production's."""
     try:
         deployment = deployments.promote(
-            session, principal, deployment_id, model=body.model, mixture=body.mixture, reason=body.reason
+            session, principal, deployment_id, model=body.model, mixture=body.mixture, reason=body.reason, send=send
         )
     except deployments.GateRefused as refused:
         error = {"type": refused.type, "message": refused.message, "param": refused.param, "verdict": refused.verdict}
@@ -112,18 +113,27 @@ def promote(
 
 @router.post("/{deployment_id}/rollback", response_model=DeploymentPublic)
 def rollback(
-    deployment_id: DeploymentId, body: RollbackRequest, session: SessionDep, principal: CurrentPrincipal
+    deployment_id: DeploymentId,
+    body: RollbackRequest,
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    send: OptionalDispatchDep,
 ) -> DeploymentPublic:
     """Serve again what an earlier revision served (the previous one by default)."""
     deployment = deployments.rollback(
-        session, principal, deployment_id, to_revision=body.to_revision, reason=body.reason
+        session, principal, deployment_id, to_revision=body.to_revision, reason=body.reason, send=send
     )
     return _public(session, deployment)
 
 
 @router.post("/{deployment_id}/withdraw", response_model=DeploymentPublic)
 def withdraw(
-    deployment_id: DeploymentId, body: WithdrawRequest, session: SessionDep, principal: CurrentPrincipal
+    deployment_id: DeploymentId,
+    body: WithdrawRequest,
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    send: OptionalDispatchDep,
 ) -> DeploymentPublic:
     """Stop serving until a version is promoted again."""
-    return _public(session, deployments.withdraw(session, principal, deployment_id, reason=body.reason))
+    deployment = deployments.withdraw(session, principal, deployment_id, reason=body.reason, send=send)
+    return _public(session, deployment)

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 
-from mint.api.deps import CurrentPrincipal, DispatchDep, QuotasDep, SessionDep
+from mint.api.deps import CurrentPrincipal, DispatchDep, OptionalDispatchDep, QuotasDep, SessionDep
 from mint.api.pagination import After, Limit, id_path, page_from
 from mint.schemas.common import ID_PATTERN, Page
 from mint.schemas.fine_tuning import (
@@ -81,9 +81,11 @@ def get_job(job_id: JobId, session: SessionDep, principal: CurrentPrincipal) -> 
 
 
 @router.post("/{job_id}/cancel", response_model=FineTuningJob)
-def cancel_job(job_id: JobId, session: SessionDep, principal: CurrentPrincipal) -> FineTuningJob:
+def cancel_job(
+    job_id: JobId, session: SessionDep, principal: CurrentPrincipal, send: OptionalDispatchDep
+) -> FineTuningJob:
     """Cancel a queued job at once, or a running one after its current optimizer step."""
-    return _view(session, fine_tuning.cancel_job(session, principal, job_id))
+    return _view(session, fine_tuning.cancel_job(session, principal, job_id, send))
 
 
 @router.get("/{job_id}/events", response_model=EventPage)

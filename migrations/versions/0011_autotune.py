@@ -1,8 +1,8 @@
 """Auto mode: `autotune_runs` (a goal, a budget, where the run is, its decisions and cost) and
 `autotune_trials` (the search's choices, each a job and a dev eval run).
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-04 08:48:09.031483
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0010"
-down_revision: str | None = "0009"
+revision: str = "0011"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
