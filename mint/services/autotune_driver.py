@@ -36,7 +36,7 @@ from mint.errors import InvalidRequest, MintError, QuotaExceeded
 from mint.schemas.autotune import AutotuneCreate
 from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
 from mint.schemas.fine_tuning import FineTuningJobCreate
-from mint.services import benchmarks, deployments, evals, fine_tuning, pricing
+from mint.services import benchmarks, deployments, evals, fine_tuning, pricing, webhooks
 from mint.services.autotune import trials_of
 from mint.services.autotune_search import DATA_OF_METHOD, choose_methods, next_params
 from mint.services.dispatch import Dispatch
@@ -80,12 +80,17 @@ def _set_state(run: AutotuneRun, **changes: Any) -> None:
     run.state = {**run.state, **changes}
 
 
-def _finish(run: AutotuneRun, status: str, reason: str, *, error: dict[str, Any] | None = None) -> bool:
+def _finish(tick: Tick, run: AutotuneRun, status: str, reason: str, *, error: dict[str, Any] | None = None) -> bool:
+    """End the run with `status`, saying why; its webhook event is written in the same transaction."""
     run.status = status
     run.finished_at = utcnow()
     run.error = error
     _set_state(run, phase="done", stop_reason=reason)
     decide(run, f"finish: {status}", reason)
+    data = {"id": run.id, "status": status, "reason": reason, "best": run.state.get("best"), "cost_usd": run.cost_usd}
+    webhooks.autotune_event(
+        tick.session, organization_id=run.organization_id, data=data, completed=status != "failed", send=tick.send
+    )
     return True
 
 
@@ -99,7 +104,7 @@ def advance(tick: Tick, run: AutotuneRun) -> bool:
     run.cost_usd = spent(tick.session, run)
     if run.cancel_requested_at is not None:
         _cancel_running_trial(tick, run)
-        return _finish(run, "cancelled", "cancelled on request")
+        return _finish(tick, run, "cancelled", "cancelled on request")
     try:
         phase = run.state.get("phase", "baseline")
         if phase == "baseline":
@@ -113,7 +118,7 @@ def advance(tick: Tick, run: AutotuneRun) -> bool:
         _set_state(run, waiting=exc.message)
         return False
     except MintError as exc:
-        return _finish(run, "failed", exc.message, error={"type": exc.type, "message": exc.message})
+        return _finish(tick, run, "failed", exc.message, error={"type": exc.type, "message": exc.message})
 
 
 # ---- money and time -------------------------------------------------------------------------
@@ -294,6 +299,7 @@ def _baseline(tick: Tick, run: AutotuneRun) -> bool:
         decide(run, decision, reason)
     if not choice.methods:
         return _finish(
+            tick,
             run,
             "stopped",
             "no allowed method has data to train on: the base's train failures gave no rows for "
@@ -524,7 +530,7 @@ def _final(tick: Tick, run: AutotuneRun) -> bool:
     best = run.state.get("best")
     reason = run.state.get("stop_reason", "")
     if best is None:
-        return _finish(run, "stopped", f"{reason}; no trial produced a version that could be evaluated")
+        return _finish(tick, run, "stopped", f"{reason}; no trial produced a version that could be evaluated")
     if "final_eval" not in run.state:
         _set_state(run, final_eval=_evaluate(tick, run, best["model"], request.splits.heldout))
         decide(run, "evaluate the best version on held-out", f"{best['model']} (trial {best['trial']})")
