@@ -31,6 +31,9 @@ from mint.storage.tables import AutotuneRun, AutotuneTrial, new_id, utcnow
 
 TICK_TASK = "mint.autotune.tick"
 ACTIVE = ("queued", "running")
+# Ticks in a row that may raise an unexpected error (a database blip, a worker restart) before
+# the run fails with that error instead of retrying for ever.
+MAX_TICK_ERRORS = 5
 
 
 def _new_tick_id() -> str:
@@ -162,19 +165,35 @@ def tick(settings: Settings, run_id: str, tick_id: str, send: Dispatch) -> str:
         ticking = Tick(session, object_store_for(settings), send, QuotaDefaults.of(settings), settings)
         try:
             done = advance(ticking, run)
-        except Exception:
+        except Exception as exc:
             session.rollback()
-            # Keep the chain: the next tick tries again from what the database holds.
             run = session.get(AutotuneRun, run_id)
             assert run is not None
             run.tick_id = following
+            errors = run.state.get("tick_errors", 0) + 1
+            run.state = {**run.state, "tick_errors": errors}
+            if errors >= MAX_TICK_ERRORS:
+                _fail_on_error(ticking, run, exc)
+                session.commit()
+                raise
+            # Keep the chain: the next tick tries again from what the database holds.
             session.commit()
             send_tick(run, send, countdown_s=settings.autotune_poll_s)
             raise
+        if run.state.get("tick_errors"):
+            run.state = {key: value for key, value in run.state.items() if key != "tick_errors"}
         session.commit()
         if not done:
             send_tick(run, send, countdown_s=settings.autotune_poll_s)
         return f"{run.status} ({run.state.get('phase')})"
+
+
+def _fail_on_error(ticking: Any, run: AutotuneRun, exc: Exception) -> None:
+    """End `run` as failed after `MAX_TICK_ERRORS` ticks in a row raised `exc`'s kind of error."""
+    from mint.services.autotune_driver import finish
+
+    message = f"the driver failed {MAX_TICK_ERRORS} ticks in a row, last with {type(exc).__name__}: {exc}"
+    finish(ticking, run, "failed", message, error={"type": "internal_error", "message": message})
 
 
 def resend_quiet_runs(session: Session, send: Dispatch, *, quiet_s: float) -> list[str]:

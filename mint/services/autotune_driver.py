@@ -80,7 +80,7 @@ def _set_state(run: AutotuneRun, **changes: Any) -> None:
     run.state = {**run.state, **changes}
 
 
-def _finish(tick: Tick, run: AutotuneRun, status: str, reason: str, *, error: dict[str, Any] | None = None) -> bool:
+def finish(tick: Tick, run: AutotuneRun, status: str, reason: str, *, error: dict[str, Any] | None = None) -> bool:
     """End the run with `status`, saying why; its webhook event is written in the same transaction."""
     run.status = status
     run.finished_at = utcnow()
@@ -104,7 +104,7 @@ def advance(tick: Tick, run: AutotuneRun) -> bool:
     run.cost_usd = spent(tick.session, run)
     if run.cancel_requested_at is not None:
         _cancel_running_trial(tick, run)
-        return _finish(tick, run, "cancelled", "cancelled on request")
+        return finish(tick, run, "cancelled", "cancelled on request")
     try:
         phase = run.state.get("phase", "baseline")
         if phase == "baseline":
@@ -118,7 +118,7 @@ def advance(tick: Tick, run: AutotuneRun) -> bool:
         _set_state(run, waiting=exc.message)
         return False
     except MintError as exc:
-        return _finish(tick, run, "failed", exc.message, error={"type": exc.type, "message": exc.message})
+        return finish(tick, run, "failed", exc.message, error={"type": exc.type, "message": exc.message})
 
 
 # ---- money and time -------------------------------------------------------------------------
@@ -298,7 +298,7 @@ def _baseline(tick: Tick, run: AutotuneRun) -> bool:
     for decision, reason in choice.reasons:
         decide(run, decision, reason)
     if not choice.methods:
-        return _finish(
+        return finish(
             tick,
             run,
             "stopped",
@@ -530,7 +530,7 @@ def _final(tick: Tick, run: AutotuneRun) -> bool:
     best = run.state.get("best")
     reason = run.state.get("stop_reason", "")
     if best is None:
-        return _finish(tick, run, "stopped", f"{reason}; no trial produced a version that could be evaluated")
+        return finish(tick, run, "stopped", f"{reason}; no trial produced a version that could be evaluated")
     if "final_eval" not in run.state:
         _set_state(run, final_eval=_evaluate(tick, run, best["model"], request.splits.heldout))
         decide(run, "evaluate the best version on held-out", f"{best['model']} (trial {best['trial']})")
@@ -565,7 +565,8 @@ def _final(tick: Tick, run: AutotuneRun) -> bool:
         )
     _set_state(run, result=result)
     verdict = "met" if met else "not met"
-    return _finish(
+    return finish(
+        tick,
         run,
         "succeeded" if met else "stopped",
         f"{reason}. Best version {best['model']}: {goal} ({verdict}); against the base "

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from mint.config import Settings
 from mint.services.autotune_search import choose_methods, next_params
 from tests.conftest import Tenant, Workers, wait_for
 
@@ -126,3 +127,36 @@ def test_the_search_starts_from_the_default_then_explores_the_space_deterministi
         chosen.append(params)
     again = [next_params(history[: i + 1], ["sft", "dpo"], max_rank=8, max_steps=16, seed=3) for i in range(3)]
     assert again == chosen  # the database is the study's memory: the same trials, the same choice
+
+
+def test_a_driver_that_keeps_failing_ends_the_run_with_its_error_instead_of_ticking_for_ever(
+    client: TestClient, tenant: Tenant, prepared: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each tick that raises is retried by the next one, until MAX_TICK_ERRORS in a row: then the
+    run fails with the error, and its webhook event is written like any other ending. (The error
+    is injected: nothing here can make the driver fail for real on demand.)"""
+    from mint.services import autotune, autotune_driver
+    from mint.storage.db import session_scope
+    from mint.storage.tables import AutotuneRun
+
+    benchmark = _benchmark(client, tenant, n=4)
+    body = {"model": BASE, "benchmark_id": benchmark["id"], "target": {"pass_rate": 0.5}, "budget": {"usd": 1}}
+    run_id = client.post("/v1/autotune", headers=tenant.headers("developer"), json=body).json()["id"]
+
+    def broken(tick: Any, run: Any) -> bool:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(autotune_driver, "advance", broken)
+    sent: list[list[str]] = []
+    for attempt in range(1, autotune.MAX_TICK_ERRORS + 1):
+        with session_scope(prepared.database) as session:
+            run = session.get(AutotuneRun, run_id)
+            assert run is not None and run.status == "queued", (attempt, run and run.status)
+            tick_id = run.tick_id
+        assert tick_id is not None
+        with pytest.raises(RuntimeError, match="disk full"):
+            autotune.tick(prepared, run_id, tick_id, lambda task, **kw: sent.append(kw["args"]))
+    failed = _auto(client, tenant, run_id)
+    assert failed["status"] == "failed" and "RuntimeError: disk full" in failed["error"]["message"], failed
+    assert len(sent) == autotune.MAX_TICK_ERRORS - 1  # no tick follows the last one
+    assert failed["decisions"][-1]["decision"] == "finish: failed"

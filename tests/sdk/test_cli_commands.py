@@ -35,6 +35,7 @@ def cli(live_server: LiveServer, owner: Tenant) -> Cli:
             capture_output=True,
             text=True,
             env=environment | env,
+            timeout=900,  # a command that never returns fails its test instead of stalling the suite
         )
         assert done.returncode == code, f"mint {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
         return done
