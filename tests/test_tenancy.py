@@ -43,6 +43,8 @@ SELF_ROUTES = {
     "/api/v1/sessions",
     "/api/v1/training_runs",
     "/api/v1/checkpoints",
+    "/v1/autotune",
+    "/v1/webhooks",
 }
 # Routes that name other resources by id in the query or the body, not the path; their
 # tenancy (another organization's ids are 404) is checked in tests/evals/test_evals_api.py.
@@ -197,7 +199,37 @@ def _tinker_sampler(client: TestClient, owner: Tenant) -> str:
     return str(response.json()["sampling_session_id"])
 
 
+def _autotune_run(client: TestClient, owner: Tenant) -> str:
+    # No worker of this module consumes its ticks: the run stays queued.
+    body = {"model": "tiny-qwen3-moe", "benchmark_id": _benchmark(client, owner), "target": {"pass_rate": 1.0}}
+    response = client.post("/v1/autotune", headers=owner.headers("developer"), json={**body, "budget": {"usd": 1}})
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+# The last webhook made for each organization: a delivery route names a webhook and one of its deliveries.
+_LAST_WEBHOOK: dict[str, str] = {}
+
+
+def _webhook(client: TestClient, owner: Tenant) -> str:
+    body = {"url": "https://hooks.example.com/mint", "events": ["fine_tuning.job.succeeded"]}
+    response = client.post("/v1/webhooks", headers=owner.headers("admin"), json=body)
+    assert response.status_code == 201, response.text
+    _LAST_WEBHOOK[owner.organization_id] = response.json()["id"]
+    return str(response.json()["id"])
+
+
+def _delivery(client: TestClient, owner: Tenant) -> str:
+    webhook_id = _LAST_WEBHOOK[owner.organization_id]
+    response = client.post(f"/v1/webhooks/{webhook_id}/test", headers=owner.headers("admin"))
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
 RESOURCE_MAKERS: dict[str, ResourceMaker] = {
+    "run_id": _autotune_run,
+    "webhook_id": _webhook,
+    "delivery_id": _delivery,
     "deployment_id": _deployment,
     "key_id": lambda client, owner: owner.key_ids["viewer"],
     "model": lambda client, owner: _model_ref(client, owner),
