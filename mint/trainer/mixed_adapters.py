@@ -1,19 +1,19 @@
 """Several sessions' LoRA adapters in one forward/backward pass, each span of tokens through its own.
 
 peft runs one active adapter at a time (`set_adapter`), and its mixed-batch mode
-(`adapter_names`) is for inference only and splits by batch row, not by span of a packed row.
-Here the data of several sessions are packed end to end in one row (`packing.pack`), each
-session's data a contiguous span, and every LoRA linear layer computes
+(`adapter_names`) is for inference only. Here the data of several sessions are the rows of one
+batch (`packing.pack`, one datum per row), each session's data a contiguous span of rows, and
+every LoRA linear layer computes
 
     y = W x                                  over the whole row (the base runs once),
     y[span] += s_a * B_a A_a dropout_a(x[span])   for each span, with that span's adapter a,
 
 with peft's own adapters switched off for the pass and a forward hook adding the spans. Autograd
 then sends each session's gradient to its own A and B only, from its own tokens only: the other
-sessions' tokens never pass through its adapter, attention is block-diagonal across data, and
+sessions' tokens never pass through its adapter, attention never crosses rows, and
 the caller adds the sessions' losses, whose derivatives do not mix.
 
-The output head runs in chunks of positions (`packing.packed_logprobs`), each inside one span:
+The output head runs in chunks of real positions (`packing.packed_logprobs`), each inside one span:
 the pass's `scope(i)` tells the layers that what they see now is span i alone. Only plain
 linear LoRA layers can be mixed. Adapters on parameters (peft's `ParamWrapper`, e.g. the routed
 experts of a MoE base) change the weight itself: `can_mix` says when the sessions must run one
@@ -33,8 +33,8 @@ from torch import nn
 
 @dataclass(frozen=True)
 class Span:
-    """Units [start, stop) that run through `adapter` (None: the base only). A unit is a position
-    of the packed row in training, or a batch row (all its positions) when decoding a batch."""
+    """Units [start, stop) that run through `adapter` (None: the base only). A unit is a batch
+    row (all its positions), in training and in decoding alike."""
 
     adapter: str | None
     start: int
@@ -118,14 +118,14 @@ def mixed_adapters(
     """Run `peft_model`'s forward (and the backward of what it computes) with each span through
     its own adapter; `trainable` are the parameters that get gradients.
 
-    The spans must tile the units in order: positions of one packed row, or the rows of a
-    decoding batch, whose every position then runs through its row's adapter. peft's adapters
+    The spans must tile the rows of the batch in order; every position of a row runs through
+    its row's adapter. peft's adapters
     are switched off for the duration (`disable_adapter`, which also restores which adapter is
     active and trainable on exit). Yields the pass, whose `scope` the output head's chunks use.
     """
     adapters = {span.adapter for span in spans if span.adapter is not None}
     if any(a.stop != b.start for a, b in zip(spans, spans[1:], strict=False)) or (spans and spans[0].start != 0):
-        raise ValueError("spans must tile the packed row from position 0, in order")
+        raise ValueError("spans must tile the batch rows from row 0, in order")
     if not can_mix(peft_model, sorted(adapters)):
         raise ValueError("these adapters cannot share a pass (they adapt parameters); run them one by one")
     mixed = MixedPass(spans)

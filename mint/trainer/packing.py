@@ -1,11 +1,17 @@
-"""Packed forward passes: many data in one row, no padding, and their per-token logprobs.
+"""Batched forward passes: one datum per row, right-padded, and their per-token logprobs.
 
-The data are concatenated into one row of N tokens whose position ids restart at 0 for each
-datum. With no attention mask and no cache, transformers (5.x `masking_utils`) reads the
-restarts as packed-sequence boundaries and builds a block-diagonal causal mask for sdpa, eager
-and flash attention alike, so no token attends across data and RoPE positions are per datum.
-Routed experts act per token, so MoE layers need nothing more. The tests check that packed
-logprobs equal one-forward-per-datum logprobs.
+The data become a [B, L] batch, datum i in row i, padded on the right to the longest. No
+attention mask is needed: attention is causal, so a real token never sees the padding after it,
+and no token of one row sees another row. With `attention_mask=None` and no cache, transformers
+hands attention to sdpa as plain causal attention (`is_causal`), which takes the fused
+flash/memory-efficient kernels: memory linear in L per row. (An earlier layout put all data in
+one row with restarting position ids; transformers then builds a block-diagonal mask, which
+forces sdpa's math path, quadratic in the whole row's length: 11 GB for 4 data of 800 tokens.)
+Routed experts act per token, so MoE layers need nothing more; the padding's outputs are dropped
+before the head. The tests check that batched logprobs equal one-forward-per-datum logprobs.
+
+The real positions are then gathered, in data order, into one flat run of N tokens: the head,
+the losses and the callers see data end to end, as before.
 
 `token_logprobs` is THE logprob computation: `forward`, `forward_backward` and `sample` all use
 it, so that sampled logprobs and trained logprobs agree (no train/inference mismatch in RL).
@@ -14,8 +20,8 @@ it, so that sampled logprobs and trained logprobs agree (no train/inference mism
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,26 +31,32 @@ from torch.utils.checkpoint import checkpoint
 
 from mint.trainer.types import Datum
 
+# The token id the padding holds: any id the model embeds; its outputs are never read.
+PAD_TOKEN_ID = 0
+
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """Data laid end to end in one row."""
+    """Data as a right-padded batch, one datum per row, and where their real tokens are."""
 
-    input_ids_1_N: torch.Tensor
-    position_ids_1_N: torch.Tensor
-    targets_N: torch.Tensor
+    input_ids_B_L: torch.Tensor
+    position_ids_B_L: torch.Tensor
+    real_B_L: torch.Tensor  # True at a datum's own tokens, False at padding
+    targets_N: torch.Tensor  # the real positions' next-token targets, data end to end
     lengths: list[int]
 
 
 def pack(data: Sequence[Datum], device: torch.device) -> PackedBatch:
-    """Concatenate `data` into one row with per-datum positions and next-token targets."""
+    """Lay `data` out one per row, right-padded, with next-token targets for their real tokens."""
     lengths = [datum.length for datum in data]
-    input_ids = [token for datum in data for token in datum.model_input]
+    width = max(lengths)
+    input_ids = [list(datum.model_input) + [PAD_TOKEN_ID] * (width - datum.length) for datum in data]
+    real = [[True] * length + [False] * (width - length) for length in lengths]
     targets = [token for datum in data for token in datum.target_tokens]
-    positions = [position for length in lengths for position in range(length)]
     return PackedBatch(
-        input_ids_1_N=torch.tensor([input_ids], dtype=torch.long, device=device),
-        position_ids_1_N=torch.tensor([positions], dtype=torch.long, device=device),
+        input_ids_B_L=torch.tensor(input_ids, dtype=torch.long, device=device),
+        position_ids_B_L=torch.arange(width, device=device).expand(len(data), width),
+        real_B_L=torch.tensor(real, dtype=torch.bool, device=device),
         targets_N=torch.tensor(targets, dtype=torch.long, device=device),
         lengths=lengths,
     )
@@ -59,6 +71,46 @@ def token_logprobs(logits_N_V: torch.Tensor, targets_N: torch.Tensor) -> torch.T
     logits_N_V = logits_N_V.float()
     picked_N = logits_N_V.gather(-1, targets_N.unsqueeze(-1)).squeeze(-1)
     return picked_N - torch.logsumexp(logits_N_V, dim=-1)
+
+
+# Padded positions of a pass with gradients above which each decoder layer keeps only its input and
+# recomputes the rest in the backward pass (activation checkpointing). Activations are linear in
+# tokens and large: SmolLM2-135M in float32 with LoRA on every linear layer keeps about 2.5 MB per
+# token (8 GB for 3,200 tokens), which sank an RL step of 16 multi-turn episodes. Checkpointed, it
+# keeps one layer's worth plus a hidden state per layer, for about a third more compute; below
+# this size the plain pass is faster and small enough.
+CHECKPOINT_LAYERS_ABOVE_TOKENS = 1024
+
+
+@contextmanager
+def checkpointed_layers(model: nn.Module) -> Iterator[None]:
+    """While open, every decoder layer (transformers' `GradientCheckpointingLayer`) of `model`
+    runs under `torch.utils.checkpoint` in a pass with gradients: its activations are recomputed
+    in the backward pass, with the same dropout masks (the RNG state is replayed).
+
+    transformers checkpoints a layer when the layer's own `training` flag is set; the model stays
+    in eval mode, so the flag is set on the layer objects alone, never on their children (LoRA
+    dropout and attention dropout keep theirs).
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
+    saved = [
+        (layer.gradient_checkpointing, layer.training, layer.__dict__.get("_gradient_checkpointing_func"))
+        for layer in layers
+    ]
+    for layer in layers:
+        layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
+        layer.gradient_checkpointing, layer.training = True, True
+    try:
+        yield
+    finally:
+        for layer, (enabled, training, func) in zip(layers, saved, strict=True):
+            layer.gradient_checkpointing, layer.training = enabled, training
+            if func is None:
+                layer.__dict__.pop("_gradient_checkpointing_func", None)
+            else:
+                layer._gradient_checkpointing_func = func
 
 
 # Architectures whose logits are exactly lm_head(final hidden state): no logit scaling or
@@ -90,30 +142,32 @@ def packed_logprobs(
     spans: Sequence[tuple[int, int]] | None = None,
     span_scope: Callable[[int], AbstractContextManager[Any]] | None = None,
 ) -> list[torch.Tensor]:
-    """One forward over the packed row; returns each datum's `logprobs_T` (with grad if enabled).
+    """One forward over the batch; returns each datum's `logprobs_T` (with grad if enabled).
 
     For plain-head architectures the decoder runs once and the output head runs in chunks of
-    positions; with gradients on, each chunk is recomputed in the backward pass instead of
+    real positions; with gradients on, each chunk is recomputed in the backward pass instead of
     keeping the whole (N, V) logits table alive, which is most of the activation memory of
-    a small model with a large vocabulary. Chunks never cross the boundaries of `spans` (the
-    parts of a mixed-session pass), so a part's head runs on the same chunks as it would alone,
-    inside `span_scope(i)` for span i (forward and recomputation alike).
+    a small model with a large vocabulary. `spans` are ranges of the N real positions (data end
+    to end) that chunks never cross (the parts of a mixed-session pass), so a part's head runs
+    on the same chunks as it would alone, inside `span_scope(i)` for span i (forward and
+    recomputation alike).
     """
     causal = _causal_lm(model)
     architectures = getattr(causal.config, "architectures", None) or [type(causal).__name__]
+    inputs = {
+        "input_ids": batch.input_ids_B_L,
+        "position_ids": batch.position_ids_B_L,
+        "attention_mask": None,  # causal attention alone: right padding never reaches a real token
+        "use_cache": False,
+    }
+    large = torch.is_grad_enabled() and batch.input_ids_B_L.numel() > CHECKPOINT_LAYERS_ABOVE_TOKENS
+    layers_scope = checkpointed_layers(causal) if large else nullcontext()
     if architectures[0] not in PLAIN_HEAD_ARCHITECTURES or not hasattr(causal, "get_decoder"):
-        output = model(
-            input_ids=batch.input_ids_1_N,
-            position_ids=batch.position_ids_1_N,
-            # attention_mask=None and no cache: the position restarts are the packing boundaries.
-            attention_mask=None,
-            use_cache=False,
-        )
-        logprobs_N = token_logprobs(output.logits[0], batch.targets_N)
-        return list(torch.split(logprobs_N, batch.lengths))
-    hidden_N_H = causal.get_decoder()(
-        input_ids=batch.input_ids_1_N, position_ids=batch.position_ids_1_N, attention_mask=None, use_cache=False
-    ).last_hidden_state[0]
+        with layers_scope:
+            logits_N_V = model(**inputs).logits[batch.real_B_L]
+        return list(torch.split(token_logprobs(logits_N_V, batch.targets_N), batch.lengths))
+    with layers_scope:
+        hidden_N_H = causal.get_decoder()(**inputs).last_hidden_state[batch.real_B_L]
     head = causal.get_output_embeddings()
     chunks = []
     for index, (span_start, span_stop) in enumerate(spans or [(0, hidden_N_H.shape[0])]):

@@ -1,4 +1,4 @@
-"""Scoring data under the model as it stands: checks, one packed forward, a loss and its gradient.
+"""Scoring data under the model as it stands: checks, one batched forward, a loss and its gradient.
 
 Shared by the base (every adapter disabled) and by each session (its adapter active): the caller
 chooses the adapter and holds the lock; this module only turns data into numbers.
@@ -103,8 +103,8 @@ def input_tensors(datum: Datum, device: torch.device) -> dict[str, torch.Tensor]
     }
 
 
-# Given each part's span of positions in the packed row, the context the forward and backward run
-# in: which adapter each span runs through, and train-mode switches such as LoRA dropout. It
+# Given each part's span of batch rows (one datum per row, parts in order), the context the forward
+# and backward run in: which adapter each span runs through, and train-mode switches such as LoRA dropout. It
 # yields None, or the `scope(i)` in which the output head's chunks of span i run
 # (`mixed_adapters.MixedPass`).
 RunningFn = Callable[[list[tuple[int, int]]], AbstractContextManager[Any]]
@@ -122,12 +122,21 @@ def score(
 ) -> ForwardOutput:
     """Per-datum logprobs of the targets, plus `loss` (and its gradient with `backward`).
 
-    One packed forward. With `backward`, the loss's gradient is added to `.grad` of whatever
+    One batched forward. With `backward`, the loss's gradient is added to `.grad` of whatever
     requires grad (the caller's active adapter only). `reference(data)` gives reference logprobs
     for losses that need them and were not sent; `train_mode` wraps the forward (LoRA dropout).
     """
     part = ScoreRequest(data, loss, dict(config))
     return score_parts(model, [part], backward=backward, reference=reference, running=lambda _: train_mode())[0]
+
+
+def _spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive [start, stop) ranges of the given sizes, from 0."""
+    spans, start = [], 0
+    for size in sizes:
+        spans.append((start, start + size))
+        start += size
+    return spans
 
 
 def score_parts(
@@ -138,9 +147,10 @@ def score_parts(
     reference: ReferenceFn,
     running: RunningFn,
 ) -> list[ForwardOutput]:
-    """`score` for several checked requests (parts) in ONE packed forward (and one backward of the sum of their losses).
+    """`score` for several checked requests (parts) in ONE batched forward, and one backward of
+    the sum of their losses.
 
-    The parts' data are laid end to end, each part a contiguous span; `running(spans)` is the
+    The parts' data are rows of one batch, each part a contiguous span of rows; `running(spans)` is the
     context of the pass (e.g. `mixed_adapters`, one adapter per span). Each part's loss is a
     function of its own logprobs only, so the gradient of the sum is, part by part, the gradient
     of its own loss. References are computed first, outside `running`.
@@ -154,14 +164,11 @@ def score_parts(
                 x.setdefault("ref_logprobs", ref_T.float())
         inputs.append(part_inputs)
     batch = pack([datum for part in parts for datum in part.data], device)
-    spans, start = [], 0
-    for part in parts:
-        stop = start + sum(datum.length for datum in part.data)
-        spans.append((start, stop))
-        start = stop
+    row_spans = _spans([len(part.data) for part in parts])
+    token_spans = _spans([sum(datum.length for datum in part.data) for part in parts])
     outputs = []
-    with torch.set_grad_enabled(backward), running(spans) as span_scope:
-        logprobs = packed_logprobs(model, batch, spans, span_scope)
+    with torch.set_grad_enabled(backward), running(row_spans) as span_scope:
+        logprobs = packed_logprobs(model, batch, token_spans, span_scope)
         values = []
         offset = 0
         for part, part_inputs in zip(parts, inputs, strict=True):

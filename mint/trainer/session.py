@@ -37,6 +37,7 @@ from mint.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
 from mint.trainer.combining import Combiner, Loops
+from mint.trainer.host_memory import return_large_blocks
 from mint.trainer.mixed_adapters import Span, can_mix, mixed_adapters
 from mint.trainer.models import load_base_model, tensors_fingerprint
 from mint.trainer.optimizer import AdapterOptimizer
@@ -161,6 +162,8 @@ class ResidentBase:
         device: str = "cpu",
         max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
+        if device == "cpu":  # training passes on the host: freed activations go back to the system
+            return_large_blocks()
         model, tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
         model.requires_grad_(False)
         model.eval()
@@ -370,8 +373,8 @@ class ResidentBase:
             )[0]
 
     def forward_backward_many(self, calls: Sequence[BackwardCall]) -> list[ForwardOutput]:
-        """The forward_backward of several sessions in ONE packed pass, each session's data a span
-        of the row through its own adapter; one result per call, in order.
+        """The forward_backward of several sessions in ONE batched pass, each session's data a span
+        of rows through its own adapter; one result per call, in order.
 
         Each session's loss depends on its own tokens only and its gradient reaches its own
         adapter only. Sessions that cannot share a pass (adapters on parameters, or one session

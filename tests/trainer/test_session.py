@@ -21,7 +21,7 @@ from mint.trainer.lora import wrapped_targets
 from mint.trainer.models import load_base_model
 from mint.trainer.packing import token_logprobs
 from mint.trainer.session import ResidentBase, TrainingSession
-from mint.trainer.types import AdamParams, Datum
+from mint.trainer.types import AdamParams, Datum, ForwardOutput
 
 pytestmark = pytest.mark.backend_free
 
@@ -72,6 +72,48 @@ def test_packed_logprobs_equal_one_forward_per_datum(
     packed = session.forward(toy_data).logprobs
     one_by_one = [session.forward([datum]).logprobs[0] for datum in toy_data]
     assert max_gap(packed, one_by_one) < 1e-5
+
+
+def test_a_large_pass_recomputes_each_layer_in_the_backward_with_the_same_numbers(
+    resident: ResidentBase,
+    open_session: Callable[..., TrainingSession],
+    toy_data: list[Datum],
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Above `CHECKPOINT_LAYERS_ABOVE_TOKENS` each decoder layer runs twice (forward, then again
+    in the backward) and keeps only its input; logprobs, loss and gradients stay those of the
+    plain pass, LoRA dropout included (its masks are replayed), and the layers leave as they came."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from mint.trainer import packing
+
+    session = open_session(seed=4, train_mlp=False, train_experts=False, dropout=0.1)
+    train(session, toy_data)
+    layer = next(m for m in resident.model.modules() if isinstance(m, GradientCheckpointingLayer))
+    calls: list[int] = []
+    # transformers replays the layer's `forward`, not its `__call__`: a hook on a part of it sees the replay.
+    hook = next(layer.children()).register_forward_hook(lambda *args: calls.append(1))
+    request.addfinalizer(hook.remove)
+
+    def backward_pass() -> tuple[ForwardOutput, dict[str, torch.Tensor]]:
+        clear_grads(session)
+        torch.manual_seed(7)  # the same dropout masks in both passes
+        output = session.forward_backward(toy_data, "cross_entropy")
+        return output, {name: p.grad.clone() for name, p in session.named_parameters().items() if p.grad is not None}
+
+    plain, plain_grads = backward_pass()
+    assert len(calls) == 1
+    calls.clear()
+    monkeypatch.setattr(packing, "CHECKPOINT_LAYERS_ABOVE_TOKENS", 0)
+    recomputed, grads = backward_pass()
+    assert len(calls) == 2  # the forward, and its replay in the backward
+    assert max_gap(recomputed.logprobs, plain.logprobs) < 1e-6
+    assert recomputed.metrics["loss:sum"] == pytest.approx(plain.metrics["loss:sum"], rel=1e-6)
+    assert grads.keys() == plain_grads.keys() and grads
+    for name, grad in grads.items():
+        assert torch.allclose(grad, plain_grads[name], rtol=1e-4, atol=1e-7), name
+    assert not layer.training and not layer.gradient_checkpointing
 
 
 def test_eight_sessions_share_the_base_and_stay_isolated(
@@ -291,3 +333,13 @@ def test_sampler_weights_load_with_plain_peft(
     assert session.forward(toy_data[2:]).logprobs[0] == pytest.approx(
         token_logprobs(expected, torch.tensor(toy_data[2].target_tokens)).tolist(), abs=1e-5
     )
+
+
+def test_the_trainer_process_maps_large_blocks_on_their_own() -> None:
+    """glibc takes the fixed mmap and trim thresholds (mallopt answers 1), so freed activations go
+    back to the system; `bench/pass_memory.py` measures what that saves."""
+    import sys
+
+    from mint.trainer.host_memory import return_large_blocks
+
+    assert return_large_blocks() is sys.platform.startswith("linux")
