@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from mint.trainer.host_memory import returning_large_blocks
 from mint.trainer.types import Datum
 
 # The token id the padding holds: any id the model embeds; its outputs are never read.
@@ -73,13 +74,33 @@ def token_logprobs(logits_N_V: torch.Tensor, targets_N: torch.Tensor) -> torch.T
     return picked_N - torch.logsumexp(logits_N_V, dim=-1)
 
 
-# Padded positions of a pass with gradients above which each decoder layer keeps only its input and
-# recomputes the rest in the backward pass (activation checkpointing). Activations are linear in
-# tokens and large: SmolLM2-135M in float32 with LoRA on every linear layer keeps about 2.5 MB per
-# token (8 GB for 3,200 tokens), which sank an RL step of 16 multi-turn episodes. Checkpointed, it
-# keeps one layer's worth plus a hidden state per layer, for about a third more compute; below
-# this size the plain pass is faster and small enough.
-CHECKPOINT_LAYERS_ABOVE_TOKENS = 1024
+# A pass with gradients whose activations would take more than this (by `activation_bytes`) is a
+# large pass: each decoder layer keeps only its input and recomputes the rest in the backward
+# pass (`checkpointed_layers`), and on the host freed blocks go back to the system
+# (`host_memory.returning_large_blocks`). Measured with `bench/pass_memory.py` on SmolLM2-135M, 4
+# data x 800 tokens: 5.0 GB over the loaded model in 11.9 s as an ordinary pass, 1.3 GB in 17.5 s
+# as a large one (and up to 8.4 GB for the ordinary pass, as glibc's heaps happen to grow). Below
+# the limit the ordinary pass is faster and small enough.
+LARGE_PASS_ACTIVATION_BYTES = 2 << 30
+
+
+def activation_bytes(config: Any, positions: int) -> int:
+    """A rough size of what a pass with gradients keeps for its backward: per position and layer,
+    about four hidden-sized and three MLP-sized tensors (norms, attention, residuals; the MLP's
+    gate, up and product), in the parameters' precision (float32 on the host)."""
+    hidden = int(getattr(config, "hidden_size", 0))
+    mlp = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
+    layers = int(getattr(config, "num_hidden_layers", 1))
+    return positions * layers * (4 * hidden + 3 * mlp) * 4
+
+
+def _large_pass(model: nn.Module) -> AbstractContextManager[None]:
+    stack = ExitStack()
+    stack.enter_context(checkpointed_layers(model))
+    device = next(model.parameters()).device
+    if device.type == "cpu":
+        stack.enter_context(returning_large_blocks())
+    return stack
 
 
 @contextmanager
@@ -160,8 +181,10 @@ def packed_logprobs(
         "attention_mask": None,  # causal attention alone: right padding never reaches a real token
         "use_cache": False,
     }
-    large = torch.is_grad_enabled() and batch.input_ids_B_L.numel() > CHECKPOINT_LAYERS_ABOVE_TOKENS
-    layers_scope = checkpointed_layers(causal) if large else nullcontext()
+    large = torch.is_grad_enabled() and (
+        activation_bytes(causal.config, batch.input_ids_B_L.numel()) > LARGE_PASS_ACTIVATION_BYTES
+    )
+    layers_scope = _large_pass(causal) if large else nullcontext()
     if architectures[0] not in PLAIN_HEAD_ARCHITECTURES or not hasattr(causal, "get_decoder"):
         with layers_scope:
             logits_N_V = model(**inputs).logits[batch.real_B_L]

@@ -37,7 +37,6 @@ from mint.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
 from mint.trainer.combining import Combiner, Loops
-from mint.trainer.host_memory import return_large_blocks
 from mint.trainer.mixed_adapters import Span, can_mix, mixed_adapters
 from mint.trainer.models import load_base_model, tensors_fingerprint
 from mint.trainer.optimizer import AdapterOptimizer
@@ -162,8 +161,6 @@ class ResidentBase:
         device: str = "cpu",
         max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
-        if device == "cpu":  # training passes on the host: freed activations go back to the system
-            return_large_blocks()
         model, tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
         model.requires_grad_(False)
         model.eval()
