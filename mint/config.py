@@ -108,6 +108,11 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = Field(
         default=10.0, gt=0, le=120, description="How long one webhook POST may take before it counts as failed."
     )
+    # Endpoints whose host resolves to a loopback, private or link-local address are refused
+    # (mint.services.egress) unless this allows them: for endpoints inside the operator's network.
+    webhook_allow_private_networks: bool = Field(
+        default=False, description="Allow webhook endpoints on private, loopback and link-local addresses."
+    )
     # RL jobs stop with `no_reward_signal` after this many steps in a row in which no group of
     # samples had reward signal (a job's `max_steps_without_signal` overrides it).
     rl_max_steps_without_signal: int = Field(default=5, ge=1, le=1_000_000)

@@ -161,7 +161,14 @@ def settings(
     # No per-key rate limit: the OpenAPI fuzz alone sends about 1,800 requests with one key in
     # 20 s, which would meet 429s instead of the routes under test. tests/test_rate_limits.py
     # gives its own apps a limit.
-    env = {"MINT_HOME": str(home), "HF_HUB_OFFLINE": "1", "MINT_RATE_LIMIT": ""}
+    # Webhook receivers in tests listen on 127.0.0.1, which Mint refuses by default;
+    # tests/test_webhooks.py checks the refusal with its own settings.
+    env = {
+        "MINT_HOME": str(home),
+        "HF_HUB_OFFLINE": "1",
+        "MINT_RATE_LIMIT": "",
+        "MINT_WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1",
+    }
     database: PostgresDatabase | None = None
     if backend == "services":
         import redis

@@ -418,3 +418,52 @@ def test_a_job_the_reconciler_gives_up_and_one_cancelled_report_their_end(
     assert failed["id"] == poison and failed["error"]["code"] == "max_attempts_exceeded"
     assert by_type["fine_tuning.job.cancelled"]["payload"]["data"]["id"] == cancelled
     assert ("mint.webhooks.deliver", [by_type["fine_tuning.job.failed"]["id"]]) in sent  # sent once committed
+
+
+def test_endpoints_on_private_networks_are_refused_unless_the_operator_allows_them(
+    prepared: Settings, tenant: Tenant, receiver: Receiver
+) -> None:
+    """With the default settings a URL whose host is loopback, private, link-local (the cloud
+    metadata service) or an IPv4-mapped private address is a 400 at create and at update, the
+    stored URL unchanged; a delivery whose host has come to resolve to such an address (its URL
+    changed under it here, as a DNS change would) is a failed attempt that never reaches it."""
+    from mint.api.app import create_app
+
+    strict = prepared.model_copy(update={"webhook_allow_private_networks": False})
+    headers = tenant.headers("developer")
+    # Deliveries are made by calling `deliver` here, not by a worker: the app's dispatch drops them.
+    with TestClient(create_app(strict, dispatch=lambda task, **kw: None), raise_server_exceptions=False) as client:
+        for url in (
+            receiver.url,
+            "http://169.254.169.254/latest/meta-data",
+            "http://10.1.2.3/hooks",
+            "http://[::1]:8000/hooks",
+            "http://[::ffff:192.168.0.7]/hooks",
+            "http://100.64.0.1/hooks",
+            "http://localhost:5432/",
+        ):
+            refused = _create(client, tenant, url, ["eval.run.completed"])
+            assert refused.status_code == 400, (url, refused.text)
+            error = refused.json()["error"]
+            assert error["param"] == "url" and "not a public address" in error["message"], error
+            assert "MINT_WEBHOOK_ALLOW_PRIVATE_NETWORKS" in error["message"]
+        public = _create(client, tenant, "https://93.184.216.34/hooks", ["eval.run.completed"])
+        assert public.status_code == 201, public.text
+        webhook_id = public.json()["id"]
+        moved = client.post(f"/v1/webhooks/{webhook_id}", headers=headers, json={"url": receiver.url})
+        assert moved.status_code == 400 and moved.json()["error"]["param"] == "url", moved.text
+        assert client.get(f"/v1/webhooks/{webhook_id}", headers=headers).json()["url"] == "https://93.184.216.34/hooks"
+        tested = client.post(f"/v1/webhooks/{webhook_id}/test", headers=headers)
+        assert tested.status_code == 201, tested.text
+        delivery_id = tested.json()["id"]
+    with session_scope(prepared.database) as session:
+        from mint.storage.tables import Webhook
+
+        stored = session.get(Webhook, webhook_id)
+        assert stored is not None
+        stored.url = receiver.url
+    assert webhook_delivery.deliver(strict, delivery_id, None) == "retrying"
+    assert receiver.received == []
+    with session_scope(prepared.database) as session:
+        delivery = session.get(WebhookDelivery, delivery_id)
+        assert delivery is not None and "not a public address" in delivery.attempt_log[-1]["error"]

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from standardwebhooks.webhooks import Webhook as Signer
 
 from mint.config import Settings
+from mint.services import egress
 from mint.services.dispatch import Dispatch
 from mint.services.webhooks import send_delivery
 from mint.storage.db import session_scope
@@ -158,7 +159,8 @@ def deliver(settings: Settings, delivery_id: str, send: Dispatch | None) -> str:
         request = _claim(session, settings, delivery_id)
     if request is None:
         return "not-due"
-    outcome = post(request, settings.webhook_timeout_s)
+    refused = egress.refusal(request.url, settings.webhook_allow_private_networks)  # its DNS may have changed
+    outcome = Outcome(None, "", refused, 0.0) if refused else post(request, settings.webhook_timeout_s)
     with session_scope(settings.database) as session:
         wait_s = _record(session, settings, delivery_id, request, outcome)
     if outcome.ok:

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from mint.errors import InvalidRequest
 from mint.schemas.webhooks import EVENT_TYPES, TEST_EVENT
+from mint.services import egress
 from mint.services.audit import record_audit
 from mint.services.dispatch import Dispatch
 from mint.services.principal import Principal
@@ -62,10 +63,19 @@ def _audited(session: Session, principal: Principal, action: str, webhook: Webho
 
 
 def create_webhook(
-    session: Session, principal: Principal, *, url: str, events: Sequence[str], description: str, enabled: bool
+    session: Session,
+    principal: Principal,
+    *,
+    url: str,
+    events: Sequence[str],
+    description: str,
+    enabled: bool,
+    allow_private: bool = False,
 ) -> Webhook:
-    """Add an endpoint to the caller's organization with a new secret (developer or admin)."""
+    """Add an endpoint to the caller's organization with a new secret (developer or admin); its
+    host must be public unless `allow_private` (`egress`)."""
     principal.require("developer")
+    egress.check_public(url, allow_private=allow_private)
     webhook = Webhook(
         id=new_id("wh"),
         organization_id=principal.organization_id,
@@ -98,12 +108,14 @@ def update_webhook(
     events: Sequence[str] | None = None,
     description: str | None = None,
     enabled: bool | None = None,
+    allow_private: bool = False,
 ) -> Webhook:
-    """Change the fields given; the others stay."""
+    """Change the fields given; the others stay. A new URL is checked as at create."""
     principal.require("developer")
     webhook = get_webhook(session, principal.organization_id, webhook_id)
     changed: dict[str, Any] = {}
     if url is not None:
+        egress.check_public(url, allow_private=allow_private)
         webhook.url = changed["url"] = url
     if events is not None:
         webhook.event_types = changed["events"] = sorted(set(events))

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter
 
-from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep
+from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep, SettingsDep
 from mint.api.pagination import After, Limit, id_path, page_of
 from mint.schemas.common import Page
 from mint.schemas.webhooks import DeliveryPublic, WebhookCreate, WebhookPublic, WebhookUpdate, WebhookWithSecret
@@ -32,10 +32,19 @@ def _with_secret(webhook: Webhook) -> WebhookWithSecret:
 
 
 @router.post("", response_model=WebhookWithSecret, status_code=201)
-def create_webhook(body: WebhookCreate, session: SessionDep, principal: CurrentPrincipal) -> WebhookWithSecret:
-    """Add an endpoint for the event types given. The signing secret is in this response only."""
+def create_webhook(
+    body: WebhookCreate, session: SessionDep, principal: CurrentPrincipal, settings: SettingsDep
+) -> WebhookWithSecret:
+    """Add an endpoint for the event types given. The signing secret is in this response only.
+    Its host must resolve to public addresses (unless the operator allows private networks)."""
     webhook = webhooks.create_webhook(
-        session, principal, url=body.url, events=body.events, description=body.description, enabled=body.enabled
+        session,
+        principal,
+        url=body.url,
+        events=body.events,
+        description=body.description,
+        enabled=body.enabled,
+        allow_private=settings.webhook_allow_private_networks,
     )
     return _with_secret(webhook)
 
@@ -55,7 +64,7 @@ def get_webhook(webhook_id: WebhookId, session: SessionDep, principal: CurrentPr
 
 @router.post("/{webhook_id}", response_model=WebhookPublic)
 def update_webhook(
-    webhook_id: WebhookId, body: WebhookUpdate, session: SessionDep, principal: CurrentPrincipal
+    webhook_id: WebhookId, body: WebhookUpdate, session: SessionDep, principal: CurrentPrincipal, settings: SettingsDep
 ) -> Webhook:
     """Change the URL, the event types, the description or whether it is enabled; the rest stays."""
     return webhooks.update_webhook(
@@ -66,6 +75,7 @@ def update_webhook(
         events=body.events,
         description=body.description,
         enabled=body.enabled,
+        allow_private=settings.webhook_allow_private_networks,
     )
 
 
