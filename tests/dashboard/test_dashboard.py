@@ -428,3 +428,57 @@ def test_a_reinforcement_jobs_page_shows_its_reward_and_signal(
         expect(signal).to_contain_text(label)
     page.close()
     api.http.close()
+
+
+def test_an_auto_runs_page_shows_its_trials_decisions_and_held_out_result(
+    live_server: LiveServer, tenant: Tenant, workers: Workers, browser: Any
+) -> None:
+    """A finished auto run, as a viewer sees it: listed with its status and best version; its
+    page gives the phase, the cost so far, the trial (linked to its job and its dev eval run),
+    the held-out comparison with the base and every decision with its reason."""
+    from playwright.sync_api import expect
+
+    api = Api(live_server.url, tenant)
+    benchmark = api.post("/v1/benchmarks", {"name": "format-auto-ui", "builtin": "format", "n": 8})
+    body = {
+        "model": BASE,
+        "benchmark_id": benchmark["id"],
+        "target": {"pass_rate": 1.0},
+        "budget": {"usd": 50.0},
+        "constraints": {"methods": ["sft"], "max_trials": 1, "max_steps": 1},
+        "eval_max_tokens": 8,
+    }
+    created = api.post("/v1/autotune", body)
+    workers.start("dashboard-auto", env={"MINT_AUTOTUNE_POLL_S": "0.2"})
+
+    def done() -> dict[str, Any] | None:
+        run = api.get(f"/v1/autotune/{created['id']}")
+        return run if run["status"] not in ("queued", "running") else None
+
+    run = wait_for(done, "the auto run to finish", timeout=WORK_TIMEOUT_S)
+    assert run["status"] == "stopped", run
+    trial = run["trials"][0]
+
+    page = browser.new_page()
+    page.goto(f"{live_server.url}/ui/")
+    page.get_by_label("API key").fill(tenant.keys["viewer"])
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("link", name="Auto runs").click()
+    row = page.get_by_role("row").filter(has_text=run["id"])
+    expect(row).to_contain_text("stopped")
+    expect(row).to_contain_text(run["best"]["model"])
+    row.get_by_role("link", name=run["id"]).click()
+    expect(page.locator("#auto-status")).to_have_text("stopped")
+    expect(page.locator("#auto-phase")).to_have_text("done")
+    expect(page.locator("#auto-cost")).to_have_text(f"${run['cost_usd']:.4f}")
+    expect(page.locator("#auto-heldout")).to_have_text(f"{100 * run['result']['heldout_pass_rate']:.1f}%")
+    expect(page.locator("#auto-result")).to_contain_text("all 1 trials allowed have run")
+    trials = page.get_by_role("table", name="Trials, in order")
+    expect(trials.get_by_role("link", name=trial["job_id"])).to_have_attribute("href", f"#/jobs/{trial['job_id']}")
+    expect(trials.get_by_role("link", name=trial["eval_id"])).to_be_visible()
+    decisions = page.locator("#auto-decisions li")
+    expect(decisions).to_have_count(len(run["decisions"]))
+    expect(decisions.last).to_contain_text("finish: stopped")
+    expect(page.locator("#auto-decisions")).to_contain_text("evaluate the base")
+    page.close()
+    api.http.close()

@@ -6,6 +6,7 @@ import { forgetKey, get, onUnauthenticated, request, storedKey, storeKey } from 
 import { fill, h } from "./dom.js";
 import { clearAlerts, showError } from "./ui.js";
 import * as adapters from "./adapters.js";
+import * as autotune from "./autotune.js";
 import * as deployments from "./deployments.js";
 import * as evals from "./evals.js";
 import * as jobs from "./jobs.js";
@@ -24,6 +25,8 @@ const ROUTES = [
   [/^\/jobs\/([^/]+)$/, jobs.renderJob, "Job"],
   [/^\/adapters$/, adapters.renderAdapters, "Adapters"],
   [/^\/adapters\/([^/]+)$/, adapters.renderAdapter, "Adapter"],
+  [/^\/autotune$/, autotune.renderRuns, "Auto runs"],
+  [/^\/autotune\/([^/]+)$/, autotune.renderRun, "Auto run"],
   [/^\/deployments$/, deployments.renderDeployments, "Deployments"],
   [/^\/deployments\/([^/]+)$/, deployments.renderDeployment, "Deployment"],
   [/^\/usage$/, usage.render, "Usage"],

@@ -1,0 +1,188 @@
+// Auto mode: the list of auto runs, and a run's page with where it is (phase, cost so far, best
+// so far), its trials (each an ordinary job and a dev eval run, linked), the held-out result
+// once it is done, and every decision with its reason. While the run is active the page asks
+// for it again every few seconds and redraws.
+
+import { all, get } from "./api.js";
+import { code, facts, fill, h, heading, link, number, percent, section, signedPoints, status, table, when } from "./dom.js";
+import { showError } from "./ui.js";
+
+const ACTIVE = new Set(["queued", "running"]);
+const POLL_MS = 2000;
+
+function money(value) {
+  return value === null || value === undefined ? "—" : `$${number(value, 4)}`;
+}
+
+function target(request) {
+  const goal = request.target ?? {};
+  if (goal.pass_rate !== null && goal.pass_rate !== undefined) return `held-out pass rate ≥ ${percent(goal.pass_rate, 0)}`;
+  return `${signedPoints(goal.delta_over_production)} over ${goal.deployment}`;
+}
+
+function budget(request) {
+  const parts = [];
+  if (request.budget?.usd) parts.push(money(request.budget.usd));
+  if (request.budget?.seconds) parts.push(`${number(request.budget.seconds)} s`);
+  return parts.join(" and ") || "—";
+}
+
+function bestModel(run) {
+  return run.best ? code(run.best.model) : "—";
+}
+
+export async function renderRuns() {
+  const runs = await all("/v1/autotune", {}, 500);
+  return [
+    ...heading("Auto runs", "A goal and a budget in, the best version out; newest first."),
+    table(
+      "Auto runs, newest first",
+      [
+        ["Run", (run) => link(`#/autotune/${run.id}`, run.id)],
+        ["Status", (run) => status(run.status)],
+        ["Phase", (run) => run.phase],
+        ["Base", (run) => run.model],
+        ["Target", (run) => target(run.request)],
+        ["Cost so far", (run) => money(run.cost_usd), "num"],
+        ["Trials", (run) => number(run.trials.length), "num"],
+        ["Best so far", bestModel],
+        ["Created", (run) => when(run.created_at)],
+      ],
+      runs,
+      { empty: "No auto runs yet. Start one with `mint auto start` or POST /v1/autotune." },
+    ),
+  ];
+}
+
+function runFacts(run) {
+  return facts([
+    ["Status", h("span", { id: "auto-status" }, status(run.status))],
+    ["Phase", h("span", { id: "auto-phase" }, run.phase)],
+    ["Base model", run.model],
+    ["Benchmark", link(`#/benchmarks/${run.benchmark_id}`, run.benchmark_id)],
+    ["Target", target(run.request)],
+    ["Budget", budget(run.request)],
+    ["Cost so far", h("span", { id: "auto-cost" }, money(run.cost_usd))],
+    ["Time so far", `${number(run.elapsed_s)} s`],
+    [
+      "Best so far",
+      run.best
+        ? h("span", { id: "auto-best" }, code(run.best.model), ` (trial ${run.best.trial}, dev ${percent(run.best.dev_pass_rate)})`)
+        : "—",
+    ],
+    ["Created", when(run.created_at)],
+    ["Finished", when(run.finished_at)],
+  ]);
+}
+
+function resultFacts(result) {
+  if (!result) return h("p", { class: "poll-note" }, "The held-out comparison appears when the run is done.");
+  const base = result.against_base;
+  const pairs = [
+    ["Best version", code(result.model)],
+    ["Held-out pass rate", h("span", { id: "auto-heldout" }, percent(result.heldout_pass_rate))],
+    ["The base on held-out", percent(result.base_heldout_pass_rate)],
+    [
+      "Against the base",
+      `${signedPoints(base.accuracy_delta)} [${signedPoints(base.interval[0])}, ${signedPoints(base.interval[1])}], ` +
+        `${base.fixed} fixed, ${base.broken} broken of ${base.tasks} tasks`,
+    ],
+  ];
+  if (result.against_production) {
+    const production = result.against_production;
+    pairs.push([
+      "Against production",
+      `${signedPoints(production.accuracy_delta)} [${signedPoints(production.interval[0])}, ` +
+        `${signedPoints(production.interval[1])}]`,
+    ]);
+  }
+  pairs.push(["Why it stopped", result.stop_reason]);
+  return h("div", { id: "auto-result" }, facts(pairs));
+}
+
+function trialsTable(run) {
+  return table(
+    "Trials, in order",
+    [
+      ["#", (trial) => number(trial.number), "num"],
+      ["Method", (trial) => trial.method],
+      [
+        "Parameters",
+        (trial) =>
+          Object.entries(trial.params)
+            .filter(([name]) => name !== "method")
+            .map(([name, value]) => `${name} ${value}`)
+            .join(", "),
+      ],
+      ["Status", (trial) => status(trial.status)],
+      ["Job", (trial) => (trial.job_id ? link(`#/jobs/${trial.job_id}`, trial.job_id) : "—")],
+      ["Dev eval", (trial) => (trial.eval_id ? link(`#/evals/${trial.eval_id}`, trial.eval_id) : "—")],
+      ["Dev pass rate", (trial) => percent(trial.dev_pass_rate), "num"],
+      ["Estimated", (trial) => money(trial.estimated_usd), "num"],
+      ["Cost", (trial) => money(trial.cost_usd), "num"],
+      ["Version", (trial) => (trial.model ? code(trial.model) : "—")],
+    ],
+    run.trials,
+    { empty: "No trial yet: the base is evaluated first." },
+  );
+}
+
+function decisionsList(run) {
+  return h(
+    "ol",
+    { id: "auto-decisions", class: "decisions" },
+    run.decisions.map((entry) =>
+      h("li", {}, h("strong", {}, entry.decision), ": ", entry.reason, " ", h("small", {}, when(entry.at))),
+    ),
+  );
+}
+
+export async function renderRun(runId, { signal }) {
+  const path = `/v1/autotune/${encodeURIComponent(runId)}`;
+  let run = await get(path);
+  const note = h("p", { class: "poll-note", id: "poll-note" });
+  const errorLine = h("div", {});
+  const details = h("div", {});
+  const result = h("div", {});
+  const trials = h("div", {});
+  const decisions = h("div", {});
+
+  function draw() {
+    details.replaceChildren(runFacts(run));
+    result.replaceChildren(resultFacts(run.result));
+    trials.replaceChildren(trialsTable(run));
+    decisions.replaceChildren(decisionsList(run));
+    fill(
+      errorLine,
+      run.error ? h("p", { class: "error-text" }, h("strong", {}, `Error (${run.error.type}): `), run.error.message) : null,
+    );
+    note.textContent = ACTIVE.has(run.status)
+      ? `The run is ${run.status} (${run.phase}); this page updates every ${POLL_MS / 1000} seconds.`
+      : `The run ${run.status}.`;
+  }
+
+  async function poll() {
+    if (signal.aborted) return;
+    try {
+      const latest = await get(path);
+      if (signal.aborted) return;
+      run = latest;
+      draw();
+      if (ACTIVE.has(run.status)) setTimeout(poll, POLL_MS);
+    } catch (error) {
+      if (!signal.aborted) showError(error);
+    }
+  }
+
+  draw();
+  if (ACTIVE.has(run.status)) setTimeout(poll, POLL_MS);
+  return [
+    ...heading(`Auto run ${run.id}`, `Searches for the best version of ${run.model} on its benchmark.`),
+    note,
+    errorLine,
+    details,
+    section("Result on held-out", result),
+    section("Trials", trials),
+    section("Decisions", decisions),
+  ];
+}
