@@ -40,9 +40,11 @@ def non_public_address(url: str) -> str | None:
     does not resolve now: the delivery fails then, and retries)."""
     host = urlsplit(url).hostname or ""
     try:
-        return str(ipaddress.ip_address(host)) if _not_public(ipaddress.ip_address(host)) else None
+        literal = ipaddress.ip_address(host)
     except ValueError:
         pass  # a name, not an address
+    else:
+        return str(literal) if _not_public(literal) else None
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):

@@ -3,9 +3,10 @@
 glibc's malloc serves a large request from a mapping of its own only until the first such block
 is freed; then it raises its mapping threshold (up to 32 MiB) and serves activation-sized tensors
 from its heaps, which keep what is freed. Reusing heap pages is fast (no page faults), and a
-pass's peak then holds about twice its live tensors. Measured with `bench/pass_memory.py`
-(SmolLM2-135M, 4 data x 800 tokens, every activation kept): 8.4 GB over the loaded model at 12 s
-with the dynamic threshold, 3.7 GB at 18 s with a fixed one of 1 MiB.
+pass's peak then holds about twice its live tensors. Measured on SmolLM2-135M, 4 data x 800
+tokens, every activation kept, in a fresh process: 8.4 GB over the loaded model at 12 s with the
+dynamic threshold, 3.7 GB at 18 s with a fixed one of 1 MiB (`bench/pass_memory.py` compares
+the ordinary pass with the large one, which adds layer checkpointing).
 
 So a process keeps glibc's fast behaviour for ordinary passes, and `returning_large_blocks`
 switches to the fixed threshold for the duration of a large pass (with layer checkpointing,

@@ -5,7 +5,7 @@ peft runs one active adapter at a time (`set_adapter`), and its mixed-batch mode
 batch (`packing.pack`, one datum per row), each session's data a contiguous span of rows, and
 every LoRA linear layer computes
 
-    y = W x                                  over the whole row (the base runs once),
+    y = W x                                  over the whole batch (the base runs once),
     y[span] += s_a * B_a A_a dropout_a(x[span])   for each span, with that span's adapter a,
 
 with peft's own adapters switched off for the pass and a forward hook adding the spans. Autograd
@@ -119,9 +119,9 @@ def mixed_adapters(
     its own adapter; `trainable` are the parameters that get gradients.
 
     The spans must tile the rows of the batch in order; every position of a row runs through
-    its row's adapter. peft's adapters
-    are switched off for the duration (`disable_adapter`, which also restores which adapter is
-    active and trainable on exit). Yields the pass, whose `scope` the output head's chunks use.
+    its row's adapter. peft's adapters are switched off for the duration (`disable_adapter`,
+    which also restores which adapter is active and trainable on exit). Yields the pass, whose
+    `scope` the output head's chunks use.
     """
     adapters = {span.adapter for span in spans if span.adapter is not None}
     if any(a.stop != b.start for a, b in zip(spans, spans[1:], strict=False)) or (spans and spans[0].start != 0):

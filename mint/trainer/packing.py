@@ -6,7 +6,8 @@ and no token of one row sees another row. With `attention_mask=None` and no cach
 hands attention to sdpa as plain causal attention (`is_causal`), which takes the fused
 flash/memory-efficient kernels: memory linear in L per row. (An earlier layout put all data in
 one row with restarting position ids; transformers then builds a block-diagonal mask, which
-forces sdpa's math path, quadratic in the whole row's length: 11 GB for 4 data of 800 tokens.)
+forces sdpa's math path, quadratic in the whole row's length. Most of a large pass's memory is
+its activations, though, which grow linearly: see `LARGE_PASS_ACTIVATION_BYTES`.)
 Routed experts act per token, so MoE layers need nothing more; the padding's outputs are dropped
 before the head. The tests check that batched logprobs equal one-forward-per-datum logprobs.
 

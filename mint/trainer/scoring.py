@@ -103,10 +103,10 @@ def input_tensors(datum: Datum, device: torch.device) -> dict[str, torch.Tensor]
     }
 
 
-# Given each part's span of batch rows (one datum per row, parts in order), the context the forward
-# and backward run in: which adapter each span runs through, and train-mode switches such as LoRA dropout. It
-# yields None, or the `scope(i)` in which the output head's chunks of span i run
-# (`mixed_adapters.MixedPass`).
+# Given each part's span of batch rows (one datum per row, parts in order), the context the
+# forward and backward run in: which adapter each span runs through, and train-mode switches
+# such as LoRA dropout. It yields None, or the `scope(i)` in which the output head's chunks of
+# span i run (`mixed_adapters.MixedPass`).
 RunningFn = Callable[[list[tuple[int, int]]], AbstractContextManager[Any]]
 
 
