@@ -113,6 +113,13 @@ class QuotaExceeded(RateLimited):
     type = "quota_exceeded_error"
 
 
+class SpendLimitExceeded(MintError):
+    """Work whose estimated cost passes a spend limit of the organization or the job's own
+    budget: a 402 whose message gives the estimate, the limit and how to get under it."""
+
+    type = "spend_limit_exceeded_error"
+
+
 class ServiceUnavailable(MintError):
     """A backing service (database, broker, object store) cannot be reached."""
 

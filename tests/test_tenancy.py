@@ -24,11 +24,13 @@ GLOBAL_ROUTES = {
     "/api/v1/client/config",
     "/api/v1/client/dynamic_config",
     "/api/v1/tokenizers/{base_model}",
+    "/v1/prices",
 }
 # Routes about the caller itself; checked to answer with the caller's own organization.
 SELF_ROUTES = {
     "/v1/organization",
     "/v1/organization/quotas",
+    "/v1/organization/spend_limits",
     "/v1/usage",
     "/v1/audit_log",
     "/v1/api_keys",
@@ -50,7 +52,14 @@ SELF_ROUTES = {
 # tenancy (another organization's ids are 404) is checked in tests/evals/test_evals_api.py.
 # Inference names its model in the body: another organization's adapter or deployment is a 404,
 # checked in tests/serving/test_inference_api.py.
-REFERENCE_ROUTES = {"/v1/evals/compare", "/v1/datasets/from-failures", "/v1/chat/completions", "/v1/completions"}
+# An estimate names its files in the body as a create does: checked in tests/jobs/test_spend.py.
+REFERENCE_ROUTES = {
+    "/v1/evals/compare",
+    "/v1/datasets/from-failures",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/fine_tuning/jobs/estimate",
+}
 # Tinker-compatible routes that name their session, model, sampler, future or checkpoint in the
 # body (as the tinker SDK sends them); another organization's are 404, checked with the SDK and
 # over HTTP in tests/tinker_compat/test_isolation.py (with the protobuf routes, which are not in the

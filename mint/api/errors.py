@@ -28,6 +28,7 @@ STATUS_BY_ERROR: dict[type[errors.MintError], int] = {
     errors.NotFound: 404,
     errors.Conflict: 409,
     errors.Gone: 410,
+    errors.SpendLimitExceeded: 402,
     errors.PayloadTooLarge: 413,
     errors.QuotaExceeded: 429,
     errors.RateLimited: 429,

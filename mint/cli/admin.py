@@ -30,6 +30,8 @@ models = typer.Typer(help="Base models of the registry (configs/models).", no_ar
 workers = typer.Typer(help="Live Celery workers.", no_args_is_help=True)
 jobs = typer.Typer(help="Fine-tuning jobs of every organization: list, requeue, reconcile.", no_args_is_help=True)
 cache = typer.Typer(help="The adapter caches of the serving nodes: statistics, pins, evictions.", no_args_is_help=True)
+prices = typer.Typer(help="The price table: USD per million tokens, per base.", no_args_is_help=True)
+admin.add_typer(prices, name="prices")
 admin.add_typer(orgs, name="orgs")
 admin.add_typer(jobs, name="jobs")
 admin.add_typer(cache, name="cache")
@@ -394,17 +396,100 @@ def cache_evict(
     emit_one({"node": node.id, **evicted}, as_json=as_json)
 
 
+PRICE_COLUMNS = ["base_model", "trained", "sampled", "served", "gpu_hour", "source"]
+
+
+def _price_rows(session: Any) -> list[dict[str, Any]]:
+    from dataclasses import asdict
+
+    from mint.services.pricing import price_table
+
+    return [
+        {"base_model": base, **asdict(line), "source": "default" if is_default else "set"}
+        for base, line, is_default in price_table(session)
+    ]
+
+
+@prices.command("list")
+def prices_list(as_json: JsonOpt = False) -> None:
+    """Every enabled base's prices: USD per million tokens trained, sampled, served; per GPU-hour."""
+    with session_scope(get_settings().database) as session:
+        rows = _price_rows(session)
+    emit(rows, PRICE_COLUMNS, as_json=as_json, title="prices (USD per million tokens; per GPU-hour)")
+
+
+def _price_option(flag: str, what: str) -> Any:
+    return typer.Option(flag, min=0.0, help=f"USD {what}.")
+
+
+@prices.command("set")
+def prices_set(
+    base: Annotated[str, typer.Argument(help="The base model.")],
+    trained: Annotated[float | None, _price_option("--trained", "per million tokens trained")] = None,
+    sampled: Annotated[float | None, _price_option("--sampled", "per million tokens sampled (RL, evals)")] = None,
+    served: Annotated[float | None, _price_option("--served", "per million tokens served")] = None,
+    gpu_hour: Annotated[float | None, _price_option("--gpu-hour", "per GPU-hour of full-parameter training")] = None,
+    default: Annotated[bool, typer.Option("--default", help="Drop the base's prices: the defaults apply.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Set a base's prices (the others keep theirs), audited. Usage recorded from now on is priced
+    at them; what was recorded before keeps its price."""
+    from mint.services.pricing import PRICE_FIELDS, set_prices
+
+    given = {"trained": trained, "sampled": sampled, "served": served, "gpu_hour": gpu_hour}
+    changes = dict.fromkeys(PRICE_FIELDS) if default else {k: v for k, v in given.items() if v is not None}
+    if not changes:
+        raise InvalidRequest("give at least one of --trained, --sampled, --served, --gpu-hour, or --default")
+    with session_scope(get_settings().database) as session:
+        set_prices(session, base, changes)
+        rows = [row for row in _price_rows(session) if row["base_model"] == base]
+    emit(rows, PRICE_COLUMNS, as_json=as_json, title=f"prices of {base}")
+
+
+ESTIMATE_COLUMNS = ["job_id", "base_model", "method", "calibrated_on", "estimated_usd", "actual_usd", "cost_error",
+                    "estimated_seconds", "actual_seconds", "seconds_error"]  # fmt: skip
+
+
+@admin.command("estimates")
+def estimates_command(
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000, help="The newest jobs to compare.")] = 100,
+    as_json: JsonOpt = False,
+) -> None:
+    """How far the cost model's estimates were from what finished jobs cost and took, newest
+    first, with the mean absolute error: the figures to judge the model by."""
+    from mint.services.pricing import estimate_errors
+
+    with session_scope(get_settings().database) as session:
+        errors = estimate_errors(session, limit=limit)
+    rows = [
+        {
+            "job_id": e.job_id,
+            "base_model": e.base_model,
+            "method": e.method,
+            "calibrated_on": e.calibrated_on,
+            "estimated_usd": round(e.estimated_usd, 6),
+            "actual_usd": round(e.actual_usd, 6),
+            "cost_error": f"{e.cost_error:+.1%}",
+            "estimated_seconds": round(e.estimated_seconds, 1),
+            "actual_seconds": round(e.actual_seconds, 1),
+            "seconds_error": f"{e.seconds_error:+.1%}",
+        }
+        for e in errors
+    ]
+    cost = sum(abs(e.cost_error) for e in errors) / len(errors) if errors else 0.0
+    seconds = sum(abs(e.seconds_error) for e in errors) / len(errors) if errors else 0.0
+    title = f"estimates of {len(errors)} jobs: mean absolute error {cost:.1%} in cost, {seconds:.1%} in time"
+    emit(rows, ESTIMATE_COLUMNS, as_json=as_json, title=title)
+
+
 @admin.command("usage")
 def usage_command(org: OrgOpt, as_json: JsonOpt = False) -> None:
-    """Tokens trained, sampled and served by an organization, per kind and base model."""
+    """Tokens trained, sampled and served by an organization, per kind and base model, with their cost."""
     from mint.services.usage import usage_summary
 
     with session_scope(get_settings().database) as session:
         organization = auth.find_organization(session, org)
-        rows = [
-            {"kind": kind, "base_model": base, "tokens": tokens, "records": records}
-            for kind, base, tokens, records in usage_summary(session, organization.id)
-        ]
+        rows = [line.model_dump() for line in usage_summary(session, organization.id)]
     emit(rows, USAGE_COLUMNS, as_json=as_json, title=f"usage of {org}")
 
 

@@ -34,6 +34,8 @@ def row_of(job: Any) -> dict[str, Any]:
             "from_adapter": job.from_adapter,
             "stages": _stages_line(job),
             "training_file": job.training_file,
+            "cost_usd": f"{job.cost_usd:.4f}",
+            "estimated_usd": f"{job.estimate['cost_usd']:.4f}" if job.estimate else None,
             "error": job.error.message if job.error else None,
             "created_at": wire(job)["created_at"],
         }
@@ -109,28 +111,39 @@ def create(
             '"reinforcement": {"grader": {"type": "exact"}}}, "training_file": "ds_2"}].',
         ),
     ] = None,
+    budget_usd: Annotated[
+        float | None,
+        typer.Option("--budget-usd", min=0.0, callback=finite, help="The most the job may cost (USD)."),
+    ] = None,
+    estimate: Annotated[
+        bool, typer.Option("--estimate", help="Print what the job would use and cost, and start nothing.")
+    ] = False,
     wait: WaitOpt = False,
 ) -> None:
     """Start a fine-tuning job (or a chain of stages); with --wait, until it has finished (exit 1
-    unless it succeeded)."""
+    unless it succeeded). With --estimate, only price it."""
     hyperparameters = {
         name: value for name, value in (("batch_size", batch_size), ("n_epochs", epochs)) if value is not None
     }
+    fields: dict[str, Any] = {
+        "method": method,
+        "hyperparameters": hyperparameters or None,
+        "grader": grader_option(grader),
+        "steps": steps,
+        "suffix": suffix,
+        "seed": seed,
+        "learning_rate": learning_rate,
+        "lora": {"rank": rank} if rank else None,
+        "from_adapter": from_adapter,
+        "stages": stages_file(stages),
+        "budget_usd": budget_usd,
+    }
     with api.client() as client:
-        job = client.jobs.create(
-            model,
-            file,
-            method=method,
-            hyperparameters=hyperparameters or None,
-            grader=grader_option(grader),
-            steps=steps,
-            suffix=suffix,
-            seed=seed,
-            learning_rate=learning_rate,
-            lora={"rank": rank} if rank else None,
-            from_adapter=from_adapter,
-            stages=stages_file(stages),
-        )
+        if estimate:
+            priced = client.jobs.estimate(model, file, **fields)
+            api.show(priced, human(priced.model_dump(exclude={"object"})))
+            return
+        job = client.jobs.create(model, file, **fields)
         if wait:
             job = job.wait()
     api.show(job, row_of(job))

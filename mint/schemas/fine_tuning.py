@@ -209,6 +209,35 @@ class FineTuningJobCreate(_Strict):
         "stage's unset `training_file`, `validation_file`, `steps`, `learning_rate` and `checkpoint_interval` "
         "take the job's.",
     )
+    budget_usd: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e9,
+        description="The most this job may cost: refused at create (402) when its estimate is more, stopped "
+        "with a checkpoint (`budget_exhausted`) before a step would take it past. The organization's spend "
+        "limits apply as well.",
+    )
+
+
+class JobEstimate(BaseModel):
+    """What a job is expected to use and cost, before it runs."""
+
+    object: Literal["fine_tuning.job.estimate"] = "fine_tuning.job.estimate"
+    model: str
+    trained_tokens: int
+    sampled_tokens: int = Field(description="Tokens sampled by RL stages (0 for SFT and DPO).")
+    steps: int
+    seconds: float = Field(description="Claim to finish on one worker, queueing not included.")
+    cost_usd: float
+    calibrated_on: int = Field(
+        description="Finished jobs of this base and method the cost model was calibrated on (the fewest over the "
+        "job's stages); 0: the platform's defaults, before any such job ran here."
+    )
+    prices: dict[str, float] = Field(description="The base's prices: USD per million tokens, and per GPU-hour.")
+    allowed_usd: float | None = Field(
+        description="The most the job may cost under its budget and the organization's spend limits; null: no limit."
+    )
+    limited_by: str | None = Field(description="Which limit sets `allowed_usd`.")
 
 
 class JobError(BaseModel):
@@ -268,6 +297,11 @@ class FineTuningJob(WireModel):
     started_at: datetime | None
     from_adapter: str | None = Field(default=None, description="The adapter version this job started from.")
     stages: list[JobStage] | None = Field(default=None, description="A chained job's stages, in order.")
+    estimate: dict[str, Any] | None = Field(
+        default=None, description="What the job was estimated at when created (tokens, steps, seconds, cost_usd)."
+    )
+    cost_usd: float = Field(default=0.0, description="What it has cost so far, at the price table's rates.")
+    budget_usd: float | None = None
 
     @field_serializer("created_at", "finished_at", "started_at")
     def _times(self, moment: datetime | None) -> int | None:

@@ -21,6 +21,7 @@ from mint.sdk.errors import (
     QuotaExceededError,
     RateLimitError,
     ServiceUnavailableError,
+    SpendLimitExceededError,
     UnprocessableEntityError,
     WaitTimeoutError,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "QuotaExceededError",
+    "SpendLimitExceededError",
     "RateLimitError",
     "ServiceUnavailableError",
     "Stream",

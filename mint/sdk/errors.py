@@ -68,6 +68,11 @@ class AuthenticationError(MintAPIError, errors.Unauthenticated):
     """401: no API key, or one that is unknown, revoked or expired."""
 
 
+class SpendLimitExceededError(MintAPIError, errors.SpendLimitExceeded):
+    """402: the work's estimated cost passes a spend limit of the organization or the job's own
+    budget; the message gives the estimate, the limit and how to get under it."""
+
+
 class PermissionDeniedError(MintAPIError, errors.PermissionDenied):
     """403: the key's role does not allow this (viewer keys cannot write)."""
 
@@ -138,6 +143,7 @@ class WaitTimeoutError(errors.MintError, TimeoutError):
 STATUS_ERRORS: dict[int, type[MintAPIError]] = {
     400: BadRequestError,
     401: AuthenticationError,
+    402: SpendLimitExceededError,
     403: PermissionDeniedError,
     404: NotFoundError,
     409: ConflictError,
@@ -152,6 +158,7 @@ TYPE_ERRORS: dict[str, type[MintAPIError]] = {
     "invalid_request_error": BadRequestError,
     "authentication_error": AuthenticationError,
     "permission_error": PermissionDeniedError,
+    "spend_limit_exceeded_error": SpendLimitExceededError,
     "not_found_error": NotFoundError,
     "conflict_error": ConflictError,
     "payload_too_large_error": PayloadTooLargeError,

@@ -28,6 +28,7 @@ from mint.schemas.fine_tuning import (
     FineTuningJobCheckpoint,
     FineTuningJobCreate,
     FineTuningJobEvent,
+    JobEstimate,
     LoraSpec,
     MethodType,
     StageCreate,
@@ -119,6 +120,11 @@ def create_job(fields: dict[str, Any], idempotency_key: str | None, cls: type[Fi
     body = request_body(FineTuningJobCreate, **fields)
     headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
     return Call("POST", "/v1/fine_tuning/jobs", parse_model(cls), json=body, headers=headers)
+
+
+def estimate_job(fields: dict[str, Any]) -> Call[JobEstimate]:
+    body = request_body(FineTuningJobCreate, **fields)
+    return Call("POST", "/v1/fine_tuning/jobs/estimate", parse_model(JobEstimate), json=body)
 
 
 def get_job(job_id: str, cls: type[FineTuningJob]) -> Call[Any]:
@@ -238,6 +244,7 @@ class Jobs:
         metadata: dict[str, str] | None = None,
         from_adapter: str | None = None,
         stages: builtins.list[StageCreate | dict[str, Any]] | None = None,
+        budget_usd: float | None = None,
         idempotency_key: str | None = None,
     ) -> Job:
         """Start a job on base `model` with dataset `training_file`; returns at once (status `queued`).
@@ -258,6 +265,10 @@ class Jobs:
                 {"method": {"type": "reinforcement", "reinforcement": {"grader": {"type": "exact"}}},
                  "training_file": prompts.id, "steps": 40},
             ])
+
+        `budget_usd` caps what the job may cost: a create whose estimate is more (or passes a
+        spend limit of the organization) raises `SpendLimitExceededError`; a running job stops
+        with a checkpoint before a step would take it past (`error.code` `budget_exhausted`).
         """
         fields = create_fields(
             model,
@@ -275,8 +286,24 @@ class Jobs:
             metadata=metadata,
             from_adapter=from_adapter,
             stages=stages,
+            budget_usd=budget_usd,
         )
         return self._bind(self._http.send(create_job(fields, idempotency_key, Job)))
+
+    def estimate(
+        self,
+        model: str,
+        training_file: str | None = None,
+        *,
+        method: MethodType | dict[str, Any] | None = None,
+        hyperparameters: dict[str, Any] | None = None,
+        grader: str | dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> JobEstimate:
+        """What `create` with the same arguments would use and cost (tokens, steps, seconds,
+        USD) and the most it may cost under its budget and the spend limits; starts nothing."""
+        body = create_fields(model, training_file, method=method, hyperparameters=hyperparameters, grader=grader)
+        return self._http.send(estimate_job(body | fields))
 
     def get(self, job_id: str) -> Job:
         return self._bind(self._http.send(get_job(job_id, Job)))
@@ -371,6 +398,7 @@ class AsyncJobs:
         metadata: dict[str, str] | None = None,
         from_adapter: str | None = None,
         stages: builtins.list[StageCreate | dict[str, Any]] | None = None,
+        budget_usd: float | None = None,
         idempotency_key: str | None = None,
     ) -> AsyncJob:
         fields = create_fields(
@@ -389,8 +417,22 @@ class AsyncJobs:
             metadata=metadata,
             from_adapter=from_adapter,
             stages=stages,
+            budget_usd=budget_usd,
         )
         return self._bind(await self._http.send(create_job(fields, idempotency_key, AsyncJob)))
+
+    async def estimate(
+        self,
+        model: str,
+        training_file: str | None = None,
+        *,
+        method: MethodType | dict[str, Any] | None = None,
+        hyperparameters: dict[str, Any] | None = None,
+        grader: str | dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> JobEstimate:
+        body = create_fields(model, training_file, method=method, hyperparameters=hyperparameters, grader=grader)
+        return await self._http.send(estimate_job(body | fields))
 
     async def get(self, job_id: str) -> AsyncJob:
         return self._bind(await self._http.send(get_job(job_id, AsyncJob)))

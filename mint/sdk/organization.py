@@ -18,7 +18,7 @@ from mint.schemas.auth import (
     Role,
 )
 from mint.schemas.common import Page
-from mint.schemas.usage import UsageSummary
+from mint.schemas.usage import PriceTable, SpendLimits, SpendLimitsUpdate, UsageSummary
 from mint.sdk._http import AsyncHTTP, Call, SyncHTTP, parse_model, request_body
 from mint.sdk.pagination import AsyncPager, PageCall, SyncPager
 
@@ -34,6 +34,19 @@ def get_usage(since: datetime | None, until: datetime | None) -> Call[UsageSumma
 
 def get_quotas() -> Call[QuotasPublic]:
     return Call("GET", "/v1/organization/quotas", parse_model(QuotasPublic))
+
+
+def get_spend_limits() -> Call[SpendLimits]:
+    return Call("GET", "/v1/organization/spend_limits", parse_model(SpendLimits))
+
+
+def update_spend_limits(limits: dict[str, float | None]) -> Call[SpendLimits]:
+    request_body(SpendLimitsUpdate, **limits)  # a wrong name or value fails here; None (remove) is sent as null
+    return Call("PATCH", "/v1/organization/spend_limits", parse_model(SpendLimits), json=limits)
+
+
+def get_prices() -> Call[PriceTable]:
+    return Call("GET", "/v1/prices", parse_model(PriceTable))
 
 
 def list_audit(limit: int) -> PageCall:
@@ -77,6 +90,18 @@ class Organization:
         """The organization's quotas (live Tinker sessions, jobs, eval runs) and how much of each is in use."""
         return self._http.send(get_quotas())
 
+    def spend_limits(self) -> SpendLimits:
+        """The organization's spend limits (per month, per job) and what it spent this month."""
+        return self._http.send(get_spend_limits())
+
+    def set_spend_limits(self, **limits: float | None) -> SpendLimits:
+        """Set `month_usd` and/or `job_usd` (None removes one); admin keys."""
+        return self._http.send(update_spend_limits(limits))
+
+    def prices(self) -> PriceTable:
+        """What each base costs per million tokens trained, sampled and served."""
+        return self._http.send(get_prices())
+
     def audit_log(self, *, limit: int = 20) -> SyncPager[AuditEntryPublic]:
         """Changes to keys, deployments and other audited resources, newest first (admin keys)."""
         return SyncPager(self._http, list_audit(limit))
@@ -117,6 +142,15 @@ class AsyncOrganization:
 
     async def quotas(self) -> QuotasPublic:
         return await self._http.send(get_quotas())
+
+    async def spend_limits(self) -> SpendLimits:
+        return await self._http.send(get_spend_limits())
+
+    async def set_spend_limits(self, **limits: float | None) -> SpendLimits:
+        return await self._http.send(update_spend_limits(limits))
+
+    async def prices(self) -> PriceTable:
+        return await self._http.send(get_prices())
 
     def audit_log(self, *, limit: int = 20) -> AsyncPager[AuditEntryPublic]:
         return AsyncPager(self._http, list_audit(limit))

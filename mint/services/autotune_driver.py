@@ -375,7 +375,7 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
         seed=request.seed,
     )
     body = _job_body(run, request, params, len(trials) + 1)
-    estimate = pricing.estimate_job(tick.session, run.organization_id, body)
+    estimate = fine_tuning.check_job(tick.session, run.organization_id, body).estimate
     over = _out_of_budget(run, request, estimate.cost_usd)
     if over is not None:
         _set_state(run, phase="final", stop_reason=over)

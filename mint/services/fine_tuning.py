@@ -40,7 +40,7 @@ from mint.evals.graders import reward_spec
 from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.fine_tuning import FineTuningJobCreate, Method, StageCreate
 from mint.schemas.plans import TrainingPlan, parse_plan
-from mint.services import webhooks
+from mint.services import pricing, spend, webhooks
 from mint.services.adapters import adapter_for_base, model_ref_of, model_ref_of_id, resolve_version_ref
 from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
 from mint.services.dispatch import Dispatch
@@ -282,6 +282,36 @@ def _check_stage(session: Session, organization_id: str, stage: StageCreate, ind
     return CheckedStage(kind=kind, training=training, validation_file=stage.validation_file, plan=plan)
 
 
+@dataclass(frozen=True)
+class CheckedJob:
+    """A create request as checked: its base, stages, warm start, LoRA options and estimate."""
+
+    base: BaseModelRow
+    stages: list[CheckedStage]
+    warm: dict[str, Any] | None
+    lora: dict[str, Any]
+    seed: int
+    estimate: pricing.JobEstimate
+
+
+def check_job(session: Session, organization_id: str, body: FineTuningJobCreate) -> CheckedJob:
+    """Check a create request (base, files, plans, warm start) and estimate what it will cost;
+    records nothing. Both `create_job` and the estimate route use it."""
+    base = _base_model(session, body.model)
+    if body.suffix is not None:
+        adapter_for_base(session, organization_id=organization_id, name=body.suffix, base_model=base.name)
+    requests = stage_requests(body)
+    chained = body.stages is not None
+    seed = body.seed if body.seed is not None else int.from_bytes(uuid.uuid4().bytes[:3])
+    warm = _warm_start(session, organization_id, body, base.name) if body.from_adapter else None
+    lora = _check_lora(body, seed) if warm is None else {"rank": warm["rank"], "alpha": warm["alpha"], "seed": seed}
+    BaseModelSpec.model_validate(base.spec)  # the registry entry the worker will load
+    stages = [_check_stage(session, organization_id, stage, index, chained) for index, stage in enumerate(requests)]
+    work = [pricing.stage_work(stage.plan, stage.training) for stage in stages]
+    estimate = pricing.estimate_stages(session, base.name, work)
+    return CheckedJob(base=base, stages=stages, warm=warm, lora=lora, seed=seed, estimate=estimate)
+
+
 def create_job(
     session: Session,
     principal: Principal,
@@ -292,24 +322,16 @@ def create_job(
     idempotency_key: str | None = None,
 ) -> TrainingJob:
     """Check the request and its files, record the job (queued) and send it to its base's queue.
-    An organization at its jobs quota is refused (QuotaExceeded) and nothing is recorded."""
+    An organization at its jobs quota is refused (QuotaExceeded), and a job whose estimate
+    passes a spend limit or its own budget (SpendLimitExceeded); either way nothing is recorded."""
     request_hash = _request_hash(body)
     if idempotency_key is not None:
         existing = _existing(session, principal.organization_id, idempotency_key, request_hash)
         if existing is not None:
             return existing
-    base = _base_model(session, body.model)
-    if body.suffix is not None:
-        adapter_for_base(session, organization_id=principal.organization_id, name=body.suffix, base_model=base.name)
-    requests = stage_requests(body)
+    checked = check_job(session, principal.organization_id, body)
+    base, stages, warm, lora, seed = checked.base, checked.stages, checked.warm, checked.lora, checked.seed
     chained = body.stages is not None
-    seed = body.seed if body.seed is not None else int.from_bytes(uuid.uuid4().bytes[:3])
-    warm = _warm_start(session, principal.organization_id, body, base.name) if body.from_adapter else None
-    lora = _check_lora(body, seed) if warm is None else {"rank": warm["rank"], "alpha": warm["alpha"], "seed": seed}
-    BaseModelSpec.model_validate(base.spec)  # the registry entry the worker will load
-    stages = [
-        _check_stage(session, principal.organization_id, stage, index, chained) for index, stage in enumerate(requests)
-    ]
     first = stages[0]
     job = TrainingJob(
         id=new_id("ftjob"),
@@ -339,8 +361,15 @@ def create_job(
             {"plan": plan, "training_file": stage.training.id, "validation_file": stage.validation_file}
             for stage, plan in zip(stages, stored_plans, strict=True)
         ]
+    job.spec["estimate"] = {
+        **checked.estimate.public(),  # the keys of PUBLIC_ESTIMATE
+        "raw_trained_tokens": checked.estimate.raw_trained_tokens,
+        "raw_sampled_tokens": checked.estimate.raw_sampled_tokens,
+        "prices": checked.estimate.prices,
+    }
     job.total_steps = sum(stage.plan.steps for stage in stages)
-    hold(session, principal.organization_id, "jobs", quotas)
+    organization = hold(session, principal.organization_id, "jobs", quotas)
+    spend.check_job_create(session, organization, checked.estimate.cost_usd, body.budget_usd)
 
     def retried_meanwhile() -> TrainingJob | None:
         if idempotency_key is None:
@@ -507,6 +536,26 @@ def _stages_view(job: TrainingJob, versions: StageVersions) -> list[dict[str, An
     return views
 
 
+PUBLIC_ESTIMATE = ("trained_tokens", "sampled_tokens", "steps", "seconds", "cost_usd", "calibrated_on")
+
+
+def _public_estimate(stored: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not stored:
+        return None
+    return {
+        key: stored[key]
+        for key in ("trained_tokens", "sampled_tokens", "steps", "seconds", "cost_usd", "calibrated_on")
+    }
+
+
+def _estimated_finish(job: TrainingJob) -> int | None:
+    """OpenAI's `estimated_finish` (unix seconds) of a running job: its start plus the estimate."""
+    estimate = job.spec.get("estimate")
+    if job.status != "running" or job.started_at is None or not estimate:
+        return None
+    return int(job.started_at.timestamp() + estimate["seconds"])
+
+
 def job_view(
     job: TrainingJob, fine_tuned_model: str | None, stage_versions: StageVersions | None = None
 ) -> dict[str, Any]:
@@ -532,6 +581,10 @@ def job_view(
         "suffix": job.suffix,
         "metadata": job.spec.get("metadata") or None,
         "trained_tokens": job.trained_tokens if job.status == "succeeded" else None,
+        "estimate": _public_estimate(job.spec.get("estimate")),
+        "cost_usd": round(job.cost_usd, 6),
+        "budget_usd": job.spec.get("request", {}).get("budget_usd"),
+        "estimated_finish": _estimated_finish(job),
         "error": error,
         "lora": job.spec.get("lora", {}),
         "total_steps": job.total_steps,

@@ -51,7 +51,7 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.errors import InvalidRequest, MintError, NoCapacity
 from mint.schemas.plans import TrainingPlan, parse_plan
-from mint.services import adapters, datasets, tinker_runner, webhooks
+from mint.services import adapters, datasets, pricing, spend, tinker_runner, webhooks
 from mint.services.dispatch import Dispatch
 from mint.services.fine_tuning import emit_event, give_up, send_job
 from mint.services.leases import (
@@ -125,6 +125,9 @@ class JobContext:
     tokens_at_start: int = 0
     trained_tokens: int = 0
     stage_tokens_at_start: int = 0  # the job's trained tokens when the current stage began
+    # Tokens of this attempt not yet in a usage record (billed at checkpoints and at the end).
+    unbilled_trained: int = 0
+    unbilled_sampled: int = 0
     # stage number -> (version id, the job's trained tokens then) of stages already done
     done: dict[int, tuple[str, int]] = field(default_factory=dict)
 
@@ -209,6 +212,7 @@ class JobRun:
         self.resident = resident
         self.context = context
         self.session_id = context.job_id
+        self.stopped_at_budget = False
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -311,6 +315,7 @@ class JobRun:
                 )
             else:  # the same step, redone after a resume: the same state, rewritten
                 existing.sha256, existing.size_bytes, existing.metrics = info.sha256, info.size_bytes, metrics
+            self.bill(session, self.context.adapter_name)
             emit_event(
                 session,
                 self.context.job_id,
@@ -337,22 +342,31 @@ class JobRun:
     # ---- the step callback ------------------------------------------------------------------
 
     def on_step(self, training: TrainingSession, report: StepReport) -> bool:
-        """Record the step; checkpoint when due; False stops the recipe (a cancel was requested)."""
-        self.context.trained_tokens += int(report.metrics.get("trained_tokens", report.metrics.get("tokens", 0)))
-        stage, plan = self.context.stage, self.context.plan
+        """Record the step and its cost; checkpoint when due; False stops the recipe: a cancel
+        was requested, or the next step would take the job past its allowance (it checkpoints
+        and fails with `budget_exhausted`)."""
+        context = self.context
+        trained = int(report.metrics.get("trained_tokens", report.metrics.get("tokens", 0)))
+        sampled = int(report.metrics.get("tokens", 0)) if context.plan.method == "rl" else 0
+        context.trained_tokens += trained
+        context.unbilled_trained += trained
+        context.unbilled_sampled += sampled
+        stage, plan = context.stage, context.plan
         step = stage.offset + report.step  # the job's step
-        where = f"Step {step}/{self.context.total_steps}"
+        where = f"Step {step}/{context.total_steps}"
         data: dict[str, Any] = {"step": step}
-        if self.context.chained:
-            where += (
-                f" (stage {stage.number}/{len(self.context.stages)} {plan.method}, step {report.step}/{plan.steps})"
-            )
+        if context.chained:
+            where += f" (stage {stage.number}/{len(context.stages)} {plan.method}, step {report.step}/{plan.steps})"
             data |= {"stage": stage.number, "stage_step": report.step}
         with session_scope(self.settings.database) as session:
             job = self._require_ours(session)
             job.completed_steps = step
-            job.trained_tokens = self.context.trained_tokens
+            job.trained_tokens = context.trained_tokens
+            job.sampled_tokens += sampled
             job.heartbeat_at = utcnow()
+            prices = pricing.prices_for(session, context.base_model)
+            step_cost = prices.of("trained", trained) + prices.of("sampled", sampled)
+            job.cost_usd = pricing.resource_cost(session, "training_job", job.id) + self._unbilled_cost(prices)
             emit_event(
                 session,
                 job.id,
@@ -362,10 +376,54 @@ class JobRun:
                 data={**data, "learning_rate": report.learning_rate, **_rounded(report.metrics)},
             )
             cancel = job.cancel_requested_at is not None
+            allowance = spend.job_allowance(session, job)
+            last = report.step == plan.steps and stage.number == len(context.stages)
+            over = allowance is not None and not last and job.cost_usd + step_cost > allowance.usd
         due = report.step % plan.checkpoint_interval == 0 and report.step < plan.steps
-        if due and not cancel:
+        if (due or over) and not cancel:
             self.save_checkpoint(training, report)
+        if over and not cancel:
+            assert allowance is not None
+            self.stop_at_budget(step, allowance)
+            return False
         return not cancel
+
+    def _unbilled_cost(self, prices: pricing.Prices) -> float:
+        context = self.context
+        return prices.of("trained", context.unbilled_trained) + prices.of("sampled", context.unbilled_sampled)
+
+    def bill(self, session: Session, model_ref: str) -> None:
+        """Record the usage of the steps trained since the last record, priced now."""
+        context = self.context
+        for kind, tokens in (("trained", context.unbilled_trained), ("sampled", context.unbilled_sampled)):
+            if tokens:
+                record_usage(
+                    session,
+                    organization_id=context.organization_id,
+                    kind=kind,
+                    tokens=tokens,
+                    base_model=context.base_model,
+                    model_ref=model_ref,
+                    resource_type="training_job",
+                    resource_id=context.job_id,
+                )
+        context.unbilled_trained = context.unbilled_sampled = 0
+
+    def stop_at_budget(self, step: int, allowance: spend.Allowance) -> None:
+        """End the job, failed with `budget_exhausted`: its next step would cost more than
+        `allowance` leaves. Its checkpoint at `step` was just saved."""
+        with session_scope(self.settings.database) as session:
+            job = self._require_ours(session)
+            message = (
+                f"Stopped at step {step}/{self.context.total_steps}: it has cost ${job.cost_usd:.4f}, and another step "
+                f"would pass the ${allowance.usd:.4f} that {allowance.source} allows. Its checkpoint at step {step} "
+                "is kept. Raise the budget or the limit (PATCH /v1/organization/spend_limits), or train fewer steps."
+            )
+            job.status, job.finished_at = "failed", utcnow()
+            job.error = {"code": "budget_exhausted", "message": message, "param": "budget_usd"}
+            emit_event(session, job.id, message, level="error", data={"step": step, "allowed_usd": allowance.usd})
+            webhooks.job_event(session, job, self.send)
+        self.stopped_at_budget = True
 
     # ---- the whole attempt ------------------------------------------------------------------
 
@@ -387,7 +445,8 @@ class JobRun:
                 if context.start_step == stage.plan.steps:
                     finished = True
                 if not finished:
-                    self.stop_cancelled()
+                    if not self.stopped_at_budget:
+                        self.stop_cancelled()
                     return
                 if not self.finish(training):
                     return  # cancelled between stages
@@ -499,16 +558,8 @@ class JobRun:
             )
             ref = f"{context.adapter_name}@{version.version}"
             job.completed_steps, job.trained_tokens = stage.offset + stage.plan.steps, context.trained_tokens
-            record_usage(
-                session,
-                organization_id=context.organization_id,
-                kind="trained",
-                tokens=context.trained_tokens - context.stage_tokens_at_start,
-                base_model=context.base_model,
-                model_ref=ref,
-                resource_type="training_job",
-                resource_id=job.id,
-            )
+            self.bill(session, ref)
+            job.cost_usd = pricing.resource_cost(session, "training_job", job.id)
             context.done[stage.number] = (version.id, context.trained_tokens)
             if not last:
                 emit_event(
@@ -537,6 +588,8 @@ class JobRun:
     def stop_cancelled(self) -> None:
         with session_scope(self.settings.database) as session:
             job = self._require_ours(session)
+            self.bill(session, self.context.adapter_name)
+            job.cost_usd = pricing.resource_cost(session, "training_job", job.id)
             job.status, job.finished_at = "cancelled", utcnow()
             emit_event(session, job.id, f"Job cancelled after step {job.completed_steps}")
             webhooks.job_event(session, job, self.send)

@@ -1,40 +1,313 @@
-"""Interim prices (replaced by the price table): a flat rate per million tokens."""
+"""Prices, and what work costs: the price table, the cost of usage, and estimates of jobs.
+
+**Prices.** One row of `prices` per base (operators: `mint admin prices set`), in USD per
+million tokens trained, sampled and served, and per GPU-hour of full-parameter training. A base
+without a row is priced at `DEFAULT_PRICES`. A usage record keeps its cost at the price of its
+day (`record_usage`), so a change of the table rewrites no bill; what a job or an eval run cost
+is the sum of its records.
+
+**Estimates.** A job is estimated before it runs (`POST /v1/fine_tuning/jobs/estimate`, and at
+create, where spend limits are checked against it): tokens trained and sampled, seconds and
+dollars. Two figures come from a heuristic on the request alone, the *raw* tokens of each stage:
+
+- SFT and DPO: steps x batch x the training file's mean row size in bytes / `BYTES_PER_TOKEN`;
+- RL: steps x prompts per step x group size x `max_tokens` sampled (an upper bound), trained alike.
+
+The cost model then calibrates them on what this deployment's workers measured: for each base
+and method, the last `CALIBRATION_JOBS` single-stage jobs that succeeded give the ratio of the
+tokens they really trained (and sampled) to their own raw figures, and the tokens per second
+they ran at (claim to finish: loading, training, saving). A base and method no job has finished
+on yet use the raw figures and `DEFAULT_TOKENS_PER_SECOND`; the estimate says which
+(`calibrated_on`: how many jobs). Each job stores its estimate in `spec["estimate"]`, so
+`estimate_errors` can compare it with what the job cost.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from mint.schemas.fine_tuning import FineTuningJobCreate
-from mint.storage.tables import EvalRun, TrainingJob, UsageRecord
+from mint.errors import InvalidRequest
+from mint.schemas.plans import TrainingPlan
+from mint.storage.tables import BaseModelRow, Dataset, EvalRun, Price, TrainingJob, UsageRecord, utcnow
 
-USD_PER_MILLION = 1.0
+log = logging.getLogger(__name__)
+
+BYTES_PER_TOKEN = 4.0  # the raw heuristic's bytes of JSONL per token (English text, BPE)
+DEFAULT_TOKENS_PER_SECOND = 1000.0  # trained tokens per second before any job of a base finished
+CALIBRATION_JOBS = 20
+MAX_PRICE = 1_000_000.0
+
+
+@dataclass(frozen=True)
+class Prices:
+    """USD per million tokens trained, sampled and served, and per GPU-hour (full-parameter)."""
+
+    trained: float
+    sampled: float
+    served: float
+    gpu_hour: float
+
+    def of(self, kind: str, tokens: int) -> float:
+        """What `tokens` of usage `kind` (trained | sampled | served) cost."""
+        rate: float = getattr(self, kind)
+        return tokens * rate / 1e6
+
+
+# Close to what hosted LoRA fine-tuning of a small base costs; operators set their own.
+DEFAULT_PRICES = Prices(trained=0.40, sampled=0.20, served=0.20, gpu_hour=2.50)
+PRICE_FIELDS = ("trained", "sampled", "served", "gpu_hour")
+
+
+def prices_for(session: Session, base_model: str) -> Prices:
+    row = session.get(Price, base_model)
+    if row is None:
+        return DEFAULT_PRICES
+    return Prices(
+        row.usd_per_million_trained, row.usd_per_million_sampled, row.usd_per_million_served, row.usd_per_gpu_hour
+    )
+
+
+def price_table(session: Session) -> list[tuple[str, Prices, bool]]:
+    """(base, its prices, whether they are the defaults) for every enabled base."""
+    bases = session.execute(select(BaseModelRow.name).where(BaseModelRow.enabled).order_by(BaseModelRow.name))
+    rows = {row.base_model: row for row in session.execute(select(Price)).scalars()}
+    return [(name, prices_for(session, name), name not in rows) for name in bases.scalars()]
+
+
+def set_prices(session: Session, base_model: str, changes: dict[str, float | None]) -> Prices:
+    """Set some prices of a base (None for all: back to the defaults), logged. Operators only
+    (`mint admin prices set`, with database access): prices are the platform's, no API key's."""
+    if session.get(BaseModelRow, base_model) is None:
+        raise InvalidRequest(f"no base model {base_model!r}; list them with `mint admin models list`", param="base")
+    for name, value in changes.items():
+        if name not in PRICE_FIELDS:
+            raise InvalidRequest(f"unknown price {name!r}; use one of {', '.join(PRICE_FIELDS)}", param=name)
+        if value is not None and not 0 <= value <= MAX_PRICE:
+            raise InvalidRequest(f"a price is USD from 0 to {MAX_PRICE:g}, not {value}", param=name)
+    before = prices_for(session, base_model)
+    row = session.get(Price, base_model)
+    if all(value is None for value in changes.values()):
+        if row is not None:
+            session.delete(row)
+    else:
+        after = {name: changes.get(name, getattr(before, name)) for name in PRICE_FIELDS}
+        if row is None:
+            row = Price(base_model=base_model)
+            session.add(row)
+        row.usd_per_million_trained, row.usd_per_million_sampled = after["trained"], after["sampled"]
+        row.usd_per_million_served, row.usd_per_gpu_hour = after["served"], after["gpu_hour"]
+        row.updated_at = utcnow()
+    session.flush()
+    now = prices_for(session, base_model)
+    log.info("prices of %s set: %s -> %s", base_model, asdict(before), asdict(now))
+    return now
+
+
+# ---- what work cost ----------------------------------------------------------------------------
+
+
+def resource_cost(session: Session, resource_type: str, resource_id: str) -> float:
+    """The cost of a job's or an eval run's usage records, each at the price of its day."""
+    query = select(func.coalesce(func.sum(UsageRecord.cost_usd), 0.0)).where(
+        UsageRecord.resource_type == resource_type, UsageRecord.resource_id == resource_id
+    )
+    return float(session.execute(query).scalar_one())
+
+
+def job_cost(session: Session, job: TrainingJob) -> float:
+    """What a job has cost so far: its billed usage, or more while it runs (`cost_usd` is
+    updated every step and billed at checkpoints)."""
+    return max(job.cost_usd, resource_cost(session, "training_job", job.id))
+
+
+def eval_cost(session: Session, run: EvalRun) -> float:
+    return resource_cost(session, "eval_run", run.id)
+
+
+def spent_since(session: Session, organization_id: str, since: datetime) -> float:
+    query = select(func.coalesce(func.sum(UsageRecord.cost_usd), 0.0)).where(
+        UsageRecord.organization_id == organization_id, UsageRecord.created_at >= since
+    )
+    return float(session.execute(query).scalar_one())
+
+
+# ---- estimates -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """What the heuristic expects one stage to process, before calibration."""
+
+    method: str
+    steps: int
+    raw_trained_tokens: float
+    raw_sampled_tokens: float
+
+
+def stage_work(plan: TrainingPlan, training: Dataset) -> StageWork:
+    """The raw tokens of one stage: its plan and its training file's size."""
+    if plan.method == "rl":
+        sampled = float(plan.steps * plan.batch_size * plan.group_size * plan.max_tokens)
+        return StageWork("rl", plan.steps, sampled, sampled)
+    row_tokens = training.size_bytes / max(training.row_count, 1) / BYTES_PER_TOKEN
+    return StageWork(plan.method, plan.steps, plan.steps * plan.batch_size * row_tokens, 0.0)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured ratios of a base and method: actual to raw tokens, and tokens per second."""
+
+    jobs: int
+    trained_ratio: float
+    sampled_ratio: float
+    tokens_per_second: float
+
+
+UNCALIBRATED = Calibration(jobs=0, trained_ratio=1.0, sampled_ratio=1.0, tokens_per_second=DEFAULT_TOKENS_PER_SECOND)
+
+
+def calibration(session: Session, base_model: str, method: str) -> Calibration:
+    """Ratios from the last `CALIBRATION_JOBS` single-stage jobs of this base and method that
+    succeeded with an estimate on record."""
+    query = (
+        select(TrainingJob)
+        .where(
+            TrainingJob.base_model == base_model,
+            TrainingJob.method == method,
+            TrainingJob.status == "succeeded",
+            TrainingJob.started_at.is_not(None),
+        )
+        .order_by(TrainingJob.finished_at.desc())
+        .limit(CALIBRATION_JOBS * 2)
+    )
+    measured = [job for job in session.execute(query).scalars() if _calibrates(job)][:CALIBRATION_JOBS]
+    if not measured:
+        return UNCALIBRATED
+    raw_trained = sum(job.spec["estimate"]["raw_trained_tokens"] for job in measured)
+    raw_sampled = sum(job.spec["estimate"]["raw_sampled_tokens"] for job in measured)
+    trained = sum(job.trained_tokens for job in measured)
+    sampled = sum(job.sampled_tokens for job in measured)
+    seconds = sum(_seconds(job) for job in measured)
+    return Calibration(
+        jobs=len(measured),
+        trained_ratio=trained / raw_trained if raw_trained else 1.0,
+        sampled_ratio=sampled / raw_sampled if raw_sampled else 1.0,
+        tokens_per_second=trained / seconds if seconds > 0 and trained else DEFAULT_TOKENS_PER_SECOND,
+    )
+
+
+def _calibrates(job: TrainingJob) -> bool:
+    estimate = job.spec.get("estimate")
+    return bool(estimate) and "stages" not in job.spec and job.finished_at is not None and job.trained_tokens > 0
+
+
+def _seconds(job: TrainingJob) -> float:
+    assert job.started_at is not None and job.finished_at is not None
+    return max((job.finished_at - job.started_at).total_seconds(), 0.0)
 
 
 @dataclass(frozen=True)
 class JobEstimate:
-    tokens: int
+    """What a job is expected to use and cost; the raw figures are kept to calibrate later."""
+
+    trained_tokens: int
+    sampled_tokens: int
     steps: int
     seconds: float
     cost_usd: float
+    calibrated_on: int  # finished jobs the ratios came from (the fewest of its stages); 0: defaults
+    raw_trained_tokens: float
+    raw_sampled_tokens: float
+    prices: dict[str, float]
+
+    def public(self) -> dict[str, float | int]:
+        """The figures a client sees."""
+        return {
+            "trained_tokens": self.trained_tokens,
+            "sampled_tokens": self.sampled_tokens,
+            "steps": self.steps,
+            "seconds": round(self.seconds, 1),
+            "cost_usd": round(self.cost_usd, 6),
+            "calibrated_on": self.calibrated_on,
+        }
 
 
-def estimate_job(session: Session, organization_id: str, body: FineTuningJobCreate) -> JobEstimate:
-    steps = body.steps or 8
-    tokens = steps * 8 * 128
-    return JobEstimate(tokens, steps, steps * 1.0, tokens * USD_PER_MILLION / 1e6)
+def estimate_stages(session: Session, base_model: str, stages: Sequence[StageWork]) -> JobEstimate:
+    prices = prices_for(session, base_model)
+    trained = sampled = seconds = 0.0
+    calibrated_on: int | None = None
+    for stage in stages:
+        model = calibration(session, base_model, stage.method)
+        stage_trained = stage.raw_trained_tokens * model.trained_ratio
+        trained += stage_trained
+        sampled += stage.raw_sampled_tokens * model.sampled_ratio
+        seconds += stage_trained / model.tokens_per_second
+        calibrated_on = model.jobs if calibrated_on is None else min(calibrated_on, model.jobs)
+    return JobEstimate(
+        trained_tokens=round(trained),
+        sampled_tokens=round(sampled),
+        steps=sum(stage.steps for stage in stages),
+        seconds=seconds,
+        # to the micro-dollar, as shown: a budget copied from an estimate covers it
+        cost_usd=round(prices.of("trained", round(trained)) + prices.of("sampled", round(sampled)), 6),
+        calibrated_on=calibrated_on or 0,
+        raw_trained_tokens=sum(stage.raw_trained_tokens for stage in stages),
+        raw_sampled_tokens=sum(stage.raw_sampled_tokens for stage in stages),
+        prices=asdict(prices),
+    )
 
 
-def job_cost(session: Session, job: TrainingJob) -> float:
-    return job.trained_tokens * USD_PER_MILLION / 1e6
+@dataclass(frozen=True)
+class EstimateError:
+    """How far one finished job's estimate was from what it used and cost."""
+
+    job_id: str
+    base_model: str
+    method: str
+    calibrated_on: int
+    estimated_usd: float
+    actual_usd: float
+    estimated_tokens: int
+    actual_tokens: int
+    estimated_seconds: float
+    actual_seconds: float
+
+    @property
+    def cost_error(self) -> float:
+        """Relative error of the cost: (estimate - actual) / actual."""
+        return (self.estimated_usd - self.actual_usd) / self.actual_usd if self.actual_usd else 0.0
+
+    @property
+    def seconds_error(self) -> float:
+        return (self.estimated_seconds - self.actual_seconds) / self.actual_seconds if self.actual_seconds else 0.0
 
 
-def eval_cost(session: Session, run: EvalRun) -> float:
-    tokens = session.execute(
-        select(func.coalesce(func.sum(UsageRecord.tokens), 0)).where(
-            UsageRecord.resource_type == "eval_run", UsageRecord.resource_id == run.id
+def estimate_errors(session: Session, *, limit: int) -> list[EstimateError]:
+    """Estimate against outcome for the newest `limit` succeeded jobs with an estimate on record."""
+    query = select(TrainingJob).where(TrainingJob.status == "succeeded").order_by(TrainingJob.finished_at.desc())
+    errors = []
+    for job in session.execute(query.limit(limit)).scalars():
+        estimate = job.spec.get("estimate")
+        if job.status != "succeeded" or not estimate or job.started_at is None or job.finished_at is None:
+            continue
+        errors.append(
+            EstimateError(
+                job_id=job.id,
+                base_model=job.base_model,
+                method=job.method,
+                calibrated_on=estimate["calibrated_on"],
+                estimated_usd=estimate["cost_usd"],
+                actual_usd=job_cost(session, job),
+                estimated_tokens=estimate["trained_tokens"],
+                actual_tokens=job.trained_tokens,
+                estimated_seconds=estimate["seconds"],
+                actual_seconds=_seconds(job),
+            )
         )
-    ).scalar_one()
-    return int(tokens) * USD_PER_MILLION / 1e6
+    return errors

@@ -124,10 +124,11 @@ def _lock_organization(session: Session, organization_id: str) -> Organization:
     return session.execute(query.execution_options(populate_existing=True)).scalar_one()
 
 
-def hold(session: Session, organization_id: str, kind: QuotaKind, defaults: QuotaDefaults) -> None:
+def hold(session: Session, organization_id: str, kind: QuotaKind, defaults: QuotaDefaults) -> Organization:
     """Refuse (QuotaExceeded, a 429) a create that would take the organization past its quota of
     `kind`. Call it in the transaction that then inserts the row; the lock it takes on the
-    organization is held until that transaction commits or rolls back."""
+    organization is held until that transaction commits or rolls back. Returns the locked row
+    (so a spend check made next sees no concurrent create of the organization)."""
     organization = _lock_organization(session, organization_id)
     limit, _ = limit_of(organization, kind, defaults)
     rule = RULES[kind]
@@ -140,6 +141,7 @@ def hold(session: Session, organization_id: str, kind: QuotaKind, defaults: Quot
             param=kind,
             retry_after_s=QUOTA_RETRY_AFTER_S,
         )
+    return organization
 
 
 def quotas_of(session: Session, organization: Organization, defaults: QuotaDefaults) -> list[QuotaPublic]:

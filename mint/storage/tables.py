@@ -114,6 +114,9 @@ class Organization(Base):
     quota_tinker_sessions: Mapped[int | None] = mapped_column(Integer)
     quota_jobs: Mapped[int | None] = mapped_column(Integer)
     quota_eval_runs: Mapped[int | None] = mapped_column(Integer)
+    # Spend limits the organization's admins set (`PATCH /v1/organization/spend_limits`); None: no limit.
+    spend_limit_month_usd: Mapped[float | None] = mapped_column(Float)
+    spend_limit_job_usd: Mapped[float | None] = mapped_column(Float)
 
 
 class ApiKey(Base):
@@ -165,6 +168,8 @@ class UsageRecord(Base):
     model_ref: Mapped[str] = mapped_column(String(300))
     resource_type: Mapped[str | None] = mapped_column(String(50))
     resource_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    # The tokens' price when they were used: a later change of the price table rewrites no bill.
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     created_at: Mapped[datetime] = _created()
 
 
@@ -183,6 +188,21 @@ class BaseModelRow(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class Price(Base):
+    """What a base costs, per million tokens trained, sampled and served, and per GPU-hour of
+    full-parameter training. Operators set a row per base (`mint admin prices set`); a base
+    without one is priced at the platform's defaults (`mint.services.pricing.DEFAULT_PRICES`)."""
+
+    __tablename__ = "prices"
+
+    base_model: Mapped[str] = mapped_column(String(100), ForeignKey("base_models.name"), primary_key=True)
+    usd_per_million_trained: Mapped[float] = mapped_column(Float)
+    usd_per_million_sampled: Mapped[float] = mapped_column(Float)
+    usd_per_million_served: Mapped[float] = mapped_column(Float)
+    usd_per_gpu_hour: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class Worker(Base):
@@ -362,6 +382,9 @@ class TrainingJob(Base):
     total_steps: Mapped[int] = mapped_column(Integer, default=0)
     completed_steps: Mapped[int] = mapped_column(Integer, default=0)
     trained_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    sampled_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # What it has cost so far at the price table's rates; its estimate is `spec["estimate"]`.
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(200))
     # The lease of a running job: its worker refreshes it while the job runs; one that ran

@@ -228,8 +228,10 @@ def test_the_dashboard_walks_the_whole_loop(
     expect(page.locator("#job-progress")).to_have_text(f"{JOB_STEPS} of {JOB_STEPS} steps")
     expect(page.get_by_role("cell", name=f"Step {JOB_STEPS}/{JOB_STEPS}", exact=False).first).to_be_visible()
     expect(page.get_by_role("cell", name=f"{first_job['id']}:step-{CHECKPOINT_INTERVAL}")).to_be_visible()
+    finished = api.get(f"/v1/fine_tuning/jobs/{first_job['id']}")
+    expect(page.locator("#job-cost")).to_have_text(f"${finished['cost_usd']:,.4f}")
     shoot(page, artifacts, "job", shots)
-    version_1 = api.get(f"/v1/fine_tuning/jobs/{first_job['id']}")["fine_tuned_model"]
+    version_1 = finished["fine_tuned_model"]
     assert version_1 == "acknowledger@1"
     after = api.evaluate(benchmark["id"], version_1)
 
@@ -360,12 +362,19 @@ def test_the_dashboard_walks_the_whole_loop(
     expect(page.get_by_role("table", name="Deployments, newest first")).to_contain_text(version_1)
     shoot(page, artifacts, "deployments", shots)
 
-    # Usage: the tokens the jobs trained and the eval runs sampled.
-    usage = {line["kind"]: line["tokens"] for line in api.get("/v1/usage")["data"]}
+    # Usage: the tokens the jobs trained and the eval runs sampled, and what they cost.
+    summary = api.get("/v1/usage")
+    usage = {line["kind"]: line for line in summary["data"]}
     nav(page, "Usage").click()
     lines = page.get_by_role("table", name="Tokens by kind and base model")
     for kind in ("trained", "sampled"):
-        expect(lines.get_by_role("row", name=re.compile(f"^{kind} {BASE} {usage[kind]:,} "))).to_be_visible()
+        line = usage[kind]
+        row = lines.get_by_role("row", name=re.compile(f"^{kind} {BASE} {line['tokens']:,} "))
+        expect(row).to_be_visible()
+        expect(row).to_contain_text(f"${line['cost_usd']:,.4f}")
+    expect(page.locator("#usage-total")).to_have_text(f"${summary['total_cost_usd']:,.4f} in this window")
+    spent = api.get("/v1/organization/spend_limits")["spent_this_month_usd"]
+    expect(page.locator("#spent-this-month")).to_have_text(f"${spent:,.4f}")
     shoot(page, artifacts, "usage", shots)
 
     # Signing out forgets the key.

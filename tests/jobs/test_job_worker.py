@@ -83,12 +83,18 @@ def test_sft_job_trains_checkpoints_and_registers_a_version(
         assert sorted(archive.getnames()) == ["adapter_config.json", "adapter_model.safetensors"]
 
     with session_scope(prepared.database) as session:
-        usage = session.execute(select(UsageRecord).where(UsageRecord.resource_id == job["id"])).scalars().all()
-        assert [(u.kind, u.tokens, u.model_ref) for u in usage] == [("trained", job["trained_tokens"], "ok-bot@1")]
+        query = select(UsageRecord).where(UsageRecord.resource_id == job["id"]).order_by(UsageRecord.created_at)
+        usage = session.execute(query).scalars().all()
+    # Billed at each checkpoint and at the end, the last record naming the version.
+    assert {u.kind for u in usage} == {"trained"} and sum(u.tokens for u in usage) == job["trained_tokens"]
+    assert [u.model_ref for u in usage] == ["ok-bot"] * (len(usage) - 1) + ["ok-bot@1"]
+    assert job["cost_usd"] == pytest.approx(sum(u.cost_usd for u in usage), abs=1e-6) and job["cost_usd"] > 0
     from tests.test_cli import mint
 
     summary = json.loads(mint("admin", "usage", "--org", tenant.name, "--json").stdout)
-    assert {"kind": "trained", "base_model": BASE, "tokens": job["trained_tokens"], "records": 1} in summary
+    (line,) = summary
+    assert line == {**line, "kind": "trained", "base_model": BASE, "tokens": job["trained_tokens"]}
+    assert line["records"] == len(usage) and line["cost_usd"] == pytest.approx(job["cost_usd"], abs=1e-6)
 
 
 def test_dpo_and_rl_jobs_succeed(client: TestClient, tenant: Tenant, workers: Workers) -> None:

@@ -33,6 +33,7 @@ from mint.sdk import (
     PermissionDeniedError,
     RateLimitError,
     ServiceUnavailableError,
+    SpendLimitExceededError,
     UnprocessableEntityError,
 )
 from tests.conftest import LiveServer, Tenant, free_port
@@ -422,3 +423,23 @@ def test_keys_usage_and_audit_log(live_server: LiveServer, owner: Tenant, traine
         trained_tokens = [line for line in admin.organization.usage().data if line.kind == "trained"]
         assert trained_tokens and trained_tokens[0].tokens > 0
         assert any(entry.resource_id == created.id for entry in admin.organization.audit_log(limit=5))
+
+
+def test_a_job_is_estimated_and_one_over_a_spend_limit_raises_a_typed_error(
+    live_server: LiveServer, tenant: Tenant
+) -> None:
+    with Mint(live_server.url, tenant.keys["admin"]) as admin:
+        file = admin.files.create(jsonl(chat_rows(8, "spend")), filename="spend.jsonl", kind="chat")
+        estimate = admin.jobs.estimate("tiny-qwen3-moe", file.id, steps=6, budget_usd=1.0)
+        assert estimate.steps == 6 and estimate.trained_tokens > 0 and estimate.cost_usd > 0
+        assert (estimate.allowed_usd, estimate.limited_by) == (1.0, "the job's budget_usd")
+        limits = admin.organization.set_spend_limits(job_usd=estimate.cost_usd / 2)
+        assert limits.job_usd == pytest.approx(estimate.cost_usd / 2) and limits.month_usd is None
+        with pytest.raises(SpendLimitExceededError, match="per-job spend limit") as refused:
+            admin.jobs.create("tiny-qwen3-moe", file.id, steps=6)
+        assert refused.value.status_code == 402 and isinstance(refused.value, errors.SpendLimitExceeded)
+        assert admin.organization.set_spend_limits(job_usd=None).job_usd is None
+        prices = {line.base_model: line for line in admin.organization.prices().data}
+        assert prices["tiny-qwen3-moe"].usd_per_million_trained > 0
+        with pytest.raises(BadRequestError, match="per_day"):
+            admin.organization.set_spend_limits(per_day=3.0)

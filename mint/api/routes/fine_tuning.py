@@ -20,8 +20,9 @@ from mint.schemas.fine_tuning import (
     FineTuningJobCheckpoint,
     FineTuningJobCreate,
     FineTuningJobEvent,
+    JobEstimate,
 )
-from mint.services import fine_tuning
+from mint.services import auth, fine_tuning, spend
 from mint.storage.tables import TrainingJob
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
@@ -59,11 +60,30 @@ def create_job(
 ) -> FineTuningJob:
     """Start a supervised, DPO or reinforcement job on a base model's training workers, or a
     chain of them (`stages`), optionally warm-started from an adapter version (`from_adapter`).
-    An organization at its jobs quota gets a 429."""
+    An organization at its jobs quota gets a 429; a job whose estimate passes its `budget_usd` or
+    a spend limit of the organization gets a 402 that gives both."""
     job = fine_tuning.create_job(
         session, principal, body, send=dispatch, quotas=quotas, idempotency_key=idempotency_key
     )
     return _view(session, job)
+
+
+@router.post("/estimate", response_model=JobEstimate)
+def estimate_job(body: FineTuningJobCreate, session: SessionDep, principal: CurrentPrincipal) -> JobEstimate:
+    """What a create request would use and cost (tokens, steps, seconds, USD), from a cost model
+    calibrated on the jobs this deployment's workers finished, and the most the job may cost
+    under its budget and the organization's spend limits. Checks the request as a create does;
+    records nothing."""
+    checked = fine_tuning.check_job(session, principal.organization_id, body)
+    organization = auth.get_organization(session, principal.organization_id)
+    allowance = spend.allowance_at_create(session, organization, body.budget_usd)
+    return JobEstimate(
+        model=checked.base.name,
+        **checked.estimate.public(),
+        prices=checked.estimate.prices,
+        allowed_usd=None if allowance is None else round(allowance.usd, 6),
+        limited_by=None if allowance is None else allowance.source,
+    )
 
 
 @router.get("", response_model=Page[FineTuningJob])

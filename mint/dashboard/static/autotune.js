@@ -4,15 +4,11 @@
 // for it again every few seconds and redraws.
 
 import { all, get } from "./api.js";
-import { code, facts, fill, h, heading, link, number, percent, section, signedPoints, status, table, when } from "./dom.js";
+import { code, facts, fill, h, heading, link, money, number, percent, section, signedPoints, status, table, when } from "./dom.js";
 import { showError } from "./ui.js";
 
 const ACTIVE = new Set(["queued", "running"]);
 const POLL_MS = 2000;
-
-function money(value) {
-  return value === null || value === undefined ? "—" : `$${number(value, 4)}`;
-}
 
 function target(request) {
   const goal = request.target ?? {};

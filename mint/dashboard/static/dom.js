@@ -117,6 +117,11 @@ export function number(value, digits = 0) {
   return Number(value).toLocaleString(undefined, { maximumFractionDigits: digits, minimumFractionDigits: digits });
 }
 
+// US dollars to the hundredth of a cent: what a small job costs is often less than a cent.
+export function money(value) {
+  return value === null || value === undefined ? "—" : `$${number(value, 4)}`;
+}
+
 export function percent(value, digits = 1) {
   if (value === null || value === undefined) return "—";
   return `${(100 * value).toFixed(digits)}%`;

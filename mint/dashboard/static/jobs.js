@@ -6,7 +6,7 @@
 
 import { all, get } from "./api.js";
 import { lineChart } from "./charts.js";
-import { code, facts, fill, h, heading, link, number, percent, section, status, table, when } from "./dom.js";
+import { code, facts, fill, h, heading, link, money, number, percent, section, status, table, when } from "./dom.js";
 import { showError } from "./ui.js";
 
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
@@ -27,6 +27,7 @@ export async function renderJobs() {
         ["Method", (job) => job.method?.type ?? "supervised"],
         ["Steps", (job) => `${job.completed_steps}/${job.total_steps}`, "num"],
         ["Trained tokens", (job) => number(job.trained_tokens), "num"],
+        ["Cost", (job) => money(job.cost_usd), "num"],
         ["Model", (job) => (job.fine_tuned_model ? code(job.fine_tuned_model) : "—")],
         ["Created", (job) => when(job.created_at)],
       ],
@@ -60,6 +61,16 @@ function jobFacts(job) {
     ["Method", method],
     ["Progress", h("span", { id: "job-progress" }, `${job.completed_steps} of ${job.total_steps} steps`)],
     ["Trained tokens", number(job.trained_tokens)],
+    ["Cost", h("span", { id: "job-cost" }, money(job.cost_usd))],
+    [
+      "Estimate",
+      job.estimate
+        ? `${money(job.estimate.cost_usd)}, ${number(job.estimate.trained_tokens)} tokens, ` +
+          `${number(job.estimate.seconds)} s` +
+          (job.estimate.calibrated_on ? ` (calibrated on ${job.estimate.calibrated_on} jobs)` : " (uncalibrated)")
+        : "—",
+    ],
+    ["Budget", job.budget_usd === null || job.budget_usd === undefined ? "none" : money(job.budget_usd)],
     ["Training file", code(job.training_file)],
     [
       "LoRA",

@@ -1,9 +1,10 @@
-// Usage: tokens trained, sampled and served by the organization, by kind and base model,
-// over an optional time window (`/v1/usage?since=&until=`).
+// Usage: tokens trained, sampled and served by the organization, by kind and base model, with
+// what they cost, over an optional time window (`/v1/usage?since=&until=`); and the
+// organization's spend limits with this month's spend (`/v1/organization/spend_limits`).
 
 import { get } from "./api.js";
 import { barList } from "./charts.js";
-import { fill, h, heading, number, section, table } from "./dom.js";
+import { facts, fill, h, heading, money, number, section, table, when } from "./dom.js";
 import { showError } from "./ui.js";
 
 export function usageTotals(lines) {
@@ -19,6 +20,7 @@ function isoOrNull(value) {
 function report(usage) {
   const totals = usageTotals(usage.data);
   return [
+    section("Cost", h("p", { id: "usage-total" }, `${money(usage.total_cost_usd)} in this window`)),
     section(
       "Tokens by kind",
       barList(
@@ -35,6 +37,7 @@ function report(usage) {
           ["Base model", (line) => line.base_model],
           ["Tokens", (line) => number(line.tokens), "num"],
           ["Records", (line) => number(line.records), "num"],
+          ["Cost", (line) => money(line.cost_usd), "num"],
         ],
         usage.data,
         { empty: "No usage recorded in this window." },
@@ -43,8 +46,26 @@ function report(usage) {
   ];
 }
 
+function limit(value) {
+  return value === null || value === undefined ? "none" : money(value);
+}
+
+function spendLimits(limits) {
+  return section(
+    "Spend limits",
+    facts([
+      ["Spent this month", h("span", { id: "spent-this-month" }, money(limits.spent_this_month_usd))],
+      ["Monthly limit", limit(limits.month_usd)],
+      ["Per-job limit", limit(limits.job_usd)],
+      ["Month started", when(limits.month_started_at)],
+    ]),
+    h("p", { class: "muted" }, "Admins set them with PATCH /v1/organization/spend_limits."),
+  );
+}
+
 export async function render() {
-  const results = h("div", { id: "usage-report" }, report(await get("/v1/usage")));
+  const [usage, limits] = await Promise.all([get("/v1/usage"), get("/v1/organization/spend_limits")]);
+  const results = h("div", { id: "usage-report" }, report(usage));
   const since = h("input", { id: "usage-since", name: "since", type: "datetime-local" });
   const until = h("input", { id: "usage-until", name: "until", type: "datetime-local" });
   const form = h(
@@ -65,5 +86,10 @@ export async function render() {
       showError(error);
     }
   });
-  return [...heading("Usage", "Tokens trained, sampled and served by your organization."), form, results];
+  return [
+    ...heading("Usage", "Tokens trained, sampled and served by your organization, and what they cost."),
+    spendLimits(limits),
+    form,
+    results,
+  ];
 }
