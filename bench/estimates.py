@@ -14,6 +14,7 @@ worker; the first job of the run also pays for loading the base.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import sys
@@ -25,6 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.faults import Platform  # noqa: E402
+
+logging.basicConfig(level=logging.WARNING)
+logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 
 def short_rows(n: int) -> list[dict[str, Any]]:
@@ -66,7 +70,7 @@ def plan(files: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
     """(label, create body) of each job, in the order they run."""
     sft = {"type": "supervised"}
     rl = {"type": "reinforcement", "reinforcement": {"grader": {"type": "exact"},
-          "hyperparameters": {"group_size": 4, "max_tokens": 8}}}  # fmt: skip
+          "hyperparameters": {"group_size": 4, "max_tokens": 8, "max_steps_without_signal": 100}}}  # fmt: skip
     dpo = {"type": "dpo"}
     sft_b4 = {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 4}}}
     return [

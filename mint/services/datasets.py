@@ -108,9 +108,30 @@ def _rows(spool: BinaryIO, max_row_bytes: int) -> Iterator[tuple[int, Any | None
             yield number, None, f"not valid JSON ({exc}); write one JSON object per line"
 
 
-def validate_rows(spool: BinaryIO, kind: str | None, max_row_bytes: int) -> tuple[str, int, list[str]]:
-    """(kind, row count, errors as `line N: field: problem`) of a JSONL file."""
-    count, errors = 0, []
+def _text_bytes(messages: Any) -> int:
+    """UTF-8 bytes of the assistant turns of a message list: what SFT and DPO put loss on."""
+    if not isinstance(messages, list):
+        return 0
+    total = 0
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            total += len(json.dumps([message.get("content"), message.get("tool_calls")], ensure_ascii=False).encode())
+    return total
+
+
+def trained_bytes(kind: str, row: dict[str, Any]) -> int:
+    """Bytes of a row that training puts loss on (0 for prompts: RL trains on what it samples).
+    Kept in the validation report, so an estimate can count trained tokens before any job ran."""
+    if kind == "chat":
+        return _text_bytes(row.get("messages"))
+    if kind == "preference":
+        return _text_bytes(row.get("preferred_output")) + _text_bytes(row.get("non_preferred_output"))
+    return 0
+
+
+def validate_rows(spool: BinaryIO, kind: str | None, max_row_bytes: int) -> tuple[str, int, list[str], int]:
+    """(kind, row count, errors as `line N: field: problem`, trained bytes) of a JSONL file."""
+    count, errors, trained = 0, [], 0
     try:
         for number, row, parse_error in _rows(spool, max_row_bytes):
             count += 1
@@ -118,13 +139,15 @@ def validate_rows(spool: BinaryIO, kind: str | None, max_row_bytes: int) -> tupl
                 kind = infer_kind(row)
             problems = [parse_error] if parse_error else VALIDATORS[kind or "chat"](row)
             errors += [f"line {number}: {problem}" for problem in problems]
+            if not problems:
+                trained += trained_bytes(kind or "chat", row)
             if len(errors) >= MAX_REPORTED_ERRORS:
                 break
     except UnicodeDecodeError as exc:
         errors.append(f"the file is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSONL")
     except RowTooLong as exc:
         errors.append(str(exc))
-    return kind or "chat", count, errors[:MAX_REPORTED_ERRORS]
+    return kind or "chat", count, errors[:MAX_REPORTED_ERRORS], trained
 
 
 def _refuse(kind: str, errors: list[str], count: int) -> InvalidRequest:
@@ -153,7 +176,7 @@ def store_dataset(
         raise InvalidRequest(f"unknown dataset kind {kind!r}; use one of: {', '.join(DATASET_KINDS)}", param="kind")
     spool, sha256, size = _spool(source, max_bytes)
     with spool:
-        kind, count, errors = validate_rows(spool, kind, max_row_bytes)
+        kind, count, errors, trained = validate_rows(spool, kind, max_row_bytes)
         if errors or count == 0:
             raise _refuse(kind, errors, count)
         existing = _same_content(session, organization_id, sha256, kind)
@@ -174,7 +197,7 @@ def store_dataset(
         sha256=sha256,
         size_bytes=size,
         row_count=count,
-        validation_report={"rows": count, "errors": []},
+        validation_report={"rows": count, "errors": [], "trained_bytes": trained},
         source_eval_run_id=source_eval_run_id,
     )
     # The same file uploaded twice at once: both stored the same object; the first row wins.

@@ -10,13 +10,15 @@ is the sum of its records.
 create, where spend limits are checked against it): tokens trained and sampled, seconds and
 dollars. Two figures come from a heuristic on the request alone, the *raw* tokens of each stage:
 
-- SFT and DPO: steps x batch x the training file's mean row size in bytes / `BYTES_PER_TOKEN`;
+- SFT and DPO: steps x batch x the training file's mean bytes per row of assistant turns (the
+  part loss is put on, counted at upload) / `BYTES_PER_TOKEN`;
 - RL: steps x prompts per step x group size x `max_tokens` sampled (an upper bound), trained alike.
 
 The cost model then calibrates them on what this deployment's workers measured: for each base
-and method, the last `CALIBRATION_JOBS` single-stage jobs that succeeded give the ratio of the
-tokens they really trained (and sampled) to their own raw figures, and the tokens per second
-they ran at (claim to finish: loading, training, saving). A base and method no job has finished
+and method, the last `CALIBRATION_JOBS` single-stage jobs that succeeded (those on the same
+training file, where there are any) give the ratio of the tokens they really trained (and
+sampled) to their own raw figures, and the median of the tokens per second they ran at (claim
+to finish: loading, training, saving). A base and method no job has finished
 on yet use the raw figures and `DEFAULT_TOKENS_PER_SECOND`; the estimate says which
 (`calibrated_on`: how many jobs). Each job stores its estimate in `spec["estimate"]`, so
 `estimate_errors` can compare it with what the job cost.
@@ -25,6 +27,7 @@ on yet use the raw figures and `DEFAULT_TOKENS_PER_SECOND`; the estimate says wh
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -145,6 +148,7 @@ class StageWork:
     """What the heuristic expects one stage to process, before calibration."""
 
     method: str
+    training_file: str
     steps: int
     raw_trained_tokens: float
     raw_sampled_tokens: float
@@ -154,9 +158,12 @@ def stage_work(plan: TrainingPlan, training: Dataset) -> StageWork:
     """The raw tokens of one stage: its plan and its training file's size."""
     if plan.method == "rl":
         sampled = float(plan.steps * plan.batch_size * plan.group_size * plan.max_tokens)
-        return StageWork("rl", plan.steps, sampled, sampled)
-    row_tokens = training.size_bytes / max(training.row_count, 1) / BYTES_PER_TOKEN
-    return StageWork(plan.method, plan.steps, plan.steps * plan.batch_size * row_tokens, 0.0)
+        return StageWork("rl", training.id, plan.steps, sampled, sampled)
+    # The bytes loss is put on (assistant turns), counted at upload; the whole file for a dataset
+    # stored before that was counted.
+    row_bytes = training.validation_report.get("trained_bytes") or training.size_bytes
+    row_tokens = row_bytes / max(training.row_count, 1) / BYTES_PER_TOKEN
+    return StageWork(plan.method, training.id, plan.steps, plan.steps * plan.batch_size * row_tokens, 0.0)
 
 
 @dataclass(frozen=True)
@@ -172,9 +179,11 @@ class Calibration:
 UNCALIBRATED = Calibration(jobs=0, trained_ratio=1.0, sampled_ratio=1.0, tokens_per_second=DEFAULT_TOKENS_PER_SECOND)
 
 
-def calibration(session: Session, base_model: str, method: str) -> Calibration:
+def calibration(session: Session, base_model: str, method: str, training_file: str | None = None) -> Calibration:
     """Ratios from the last `CALIBRATION_JOBS` single-stage jobs of this base and method that
-    succeeded with an estimate on record."""
+    succeeded with an estimate on record; those on the same training file, where there are any
+    (how much of a row is trained on varies from file to file). Time is the median of the jobs'
+    tokens per second: the one job that also loaded the base does not skew it."""
     query = (
         select(TrainingJob)
         .where(
@@ -184,21 +193,23 @@ def calibration(session: Session, base_model: str, method: str) -> Calibration:
             TrainingJob.started_at.is_not(None),
         )
         .order_by(TrainingJob.finished_at.desc())
-        .limit(CALIBRATION_JOBS * 2)
+        .limit(CALIBRATION_JOBS * 4)
     )
-    measured = [job for job in session.execute(query).scalars() if _calibrates(job)][:CALIBRATION_JOBS]
+    measured = [job for job in session.execute(query).scalars() if _calibrates(job)]
+    same_file = [job for job in measured if job.training_dataset_id == training_file]
+    measured = (same_file or measured)[:CALIBRATION_JOBS]
     if not measured:
         return UNCALIBRATED
     raw_trained = sum(job.spec["estimate"]["raw_trained_tokens"] for job in measured)
     raw_sampled = sum(job.spec["estimate"]["raw_sampled_tokens"] for job in measured)
     trained = sum(job.trained_tokens for job in measured)
     sampled = sum(job.sampled_tokens for job in measured)
-    seconds = sum(_seconds(job) for job in measured)
+    speeds = [job.trained_tokens / _seconds(job) for job in measured if _seconds(job) > 0]
     return Calibration(
         jobs=len(measured),
         trained_ratio=trained / raw_trained if raw_trained else 1.0,
         sampled_ratio=sampled / raw_sampled if raw_sampled else 1.0,
-        tokens_per_second=trained / seconds if seconds > 0 and trained else DEFAULT_TOKENS_PER_SECOND,
+        tokens_per_second=statistics.median(speeds) if speeds else DEFAULT_TOKENS_PER_SECOND,
     )
 
 
@@ -243,7 +254,7 @@ def estimate_stages(session: Session, base_model: str, stages: Sequence[StageWor
     trained = sampled = seconds = 0.0
     calibrated_on: int | None = None
     for stage in stages:
-        model = calibration(session, base_model, stage.method)
+        model = calibration(session, base_model, stage.method, stage.training_file)
         stage_trained = stage.raw_trained_tokens * model.trained_ratio
         trained += stage_trained
         sampled += stage.raw_sampled_tokens * model.sampled_ratio

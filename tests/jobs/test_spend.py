@@ -83,8 +83,10 @@ def test_an_estimate_checks_the_request_as_a_create_does_and_records_nothing(
     body = {"model": IDLE_BASE, "training_file": file["id"], "steps": 10}
     estimate = _estimate(client, tenant, body)
     assert estimate["steps"] == 10 and estimate["calibrated_on"] == 0 and estimate["sampled_tokens"] == 0
-    # Uncalibrated: steps x batch (8) x the file's bytes per row / 4.
-    assert estimate["trained_tokens"] == round(10 * 8 * file["size_bytes"] / 16 / 4)
+    # Uncalibrated: steps x batch (8) x the file's bytes of assistant turns per row / 4.
+    trained_bytes = file["validation_report"]["trained_bytes"]
+    assert 16 * len(json.dumps(["OK 0", None])) == trained_bytes < file["size_bytes"] / 4
+    assert estimate["trained_tokens"] == round(10 * 8 * trained_bytes / 16 / 4)
     assert estimate["cost_usd"] == pytest.approx(estimate["trained_tokens"] * DEFAULT_PRICES.trained / 1e6, abs=1e-6)
     assert estimate["allowed_usd"] is None and estimate["limited_by"] is None
     doubled = _estimate(client, tenant, {**body, "steps": 20})

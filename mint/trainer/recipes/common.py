@@ -71,6 +71,11 @@ def scheduled_learning_rate(config: Schedule, step: int) -> float:
     )
 
 
+def trained_token_count(batch: Sequence[Datum]) -> int:
+    """Tokens of a batch that carry loss weight: what a step of SFT or DPO trains on (and bills)."""
+    return sum(1 for datum in batch for weight in datum.loss_fn_inputs["weights"] if weight > 0)
+
+
 def keep_going(on_step: OnStep | None, report: StepReport) -> bool:
     return on_step is None or on_step(report) is not False
 

@@ -27,6 +27,7 @@ from mint.trainer.recipes.common import (
     keep_going,
     render_rows,
     scheduled_learning_rate,
+    trained_token_count,
 )
 from mint.trainer.types import AdamParams, Datum
 
@@ -68,6 +69,8 @@ def run_dpo(
             "accuracy": result.metrics["dpo_accuracy:mean"],
             "margin": result.metrics["dpo_margin:mean"],
             "grad_norm": optim["grad_norm:mean"],
+            "tokens": float(sum(datum.length for datum in batch)),
+            "trained_tokens": float(trained_token_count(batch)),
         }
         report = StepReport(step=step + 1, learning_rate=lr, metrics=metrics)
         reports.append(report)

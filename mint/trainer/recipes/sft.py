@@ -27,6 +27,7 @@ from mint.trainer.recipes.common import (
     keep_going,
     render_rows,
     scheduled_learning_rate,
+    trained_token_count,
 )
 from mint.trainer.types import AdamParams
 
@@ -65,7 +66,7 @@ def run_sft(
         )
         seconds = time.perf_counter() - started
         tokens = result.metrics["tokens:sum"]
-        trained = sum(1 for datum in batch for weight in datum.loss_fn_inputs["weights"] if weight > 0)
+        trained = trained_token_count(batch)
         report = StepReport(
             step=step + 1,
             learning_rate=lr,
