@@ -204,7 +204,13 @@ class JobRun:
     """One attempt at one job on this worker's resident base."""
 
     def __init__(
-        self, settings: Settings, resident: ResidentBase, context: JobContext, send: Dispatch | None = None
+        self,
+        settings: Settings,
+        resident: ResidentBase,
+        context: JobContext,
+        send: Dispatch | None = None,
+        *,
+        load_s: float = 0.0,
     ) -> None:
         self.settings = settings
         self.send = send  # sends the webhook deliveries of the job's end
@@ -213,6 +219,9 @@ class JobRun:
         self.context = context
         self.session_id = context.job_id
         self.stopped_at_budget = False
+        # Seconds this attempt waited for its base to load (0 when it was resident): kept on the
+        # job so the cost model's speeds leave it out.
+        self.load_s = load_s
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -474,6 +483,8 @@ class JobRun:
                 )
             elif resume:
                 emit_event(session, job.id, f"Training started on {context.worker_id}")
+            if resume:
+                job.spec = {**job.spec, "base_load_seconds": round(self.load_s, 3)}
             if context.chained and not context.start_step:
                 parent, _ = self.parent_of(stage)
                 source = "a fresh adapter" if parent is None else adapters.model_ref_of_id(session, parent)
@@ -686,9 +697,11 @@ def run_job(
     started = time.perf_counter()
     try:
         with LeaseKeeper(settings, TrainingJob, job_id, worker_id):
+            loading = time.perf_counter()
             resident = load_base(context.base_model)
+            load_s = time.perf_counter() - loading
             tinker_runner.release_idle_models(settings)  # slots of ended Tinker sessions first
-            JobRun(settings, resident, context, send).run()
+            JobRun(settings, resident, context, send, load_s=load_s).run()
     except LostLease:
         log.warning("job %s is no longer this worker's; stopped", job_id)
         return "lost-lease"

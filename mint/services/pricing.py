@@ -17,8 +17,8 @@ dollars. Two figures come from a heuristic on the request alone, the *raw* token
 The cost model then calibrates them on what this deployment's workers measured: for each base
 and method, the last `CALIBRATION_JOBS` single-stage jobs that succeeded (those on the same
 training file, where there are any) give the ratio of the tokens they really trained (and
-sampled) to their own raw figures, and the median of the tokens per second they ran at (claim
-to finish: loading, training, saving). A base and method no job has finished
+sampled) to their own raw figures, and how long they ran (claim to finish, less loading the
+base) as a fixed part plus tokens per second (`_speed`). A base and method no job has finished
 on yet use the raw figures and `DEFAULT_TOKENS_PER_SECOND`; the estimate says which
 (`calibrated_on`: how many jobs). Each job stores its estimate in `spec["estimate"]`, so
 `estimate_errors` can compare it with what the job cost.
@@ -42,7 +42,10 @@ from mint.storage.tables import BaseModelRow, Dataset, EvalRun, Price, TrainingJ
 log = logging.getLogger(__name__)
 
 BYTES_PER_TOKEN = 4.0  # the raw heuristic's bytes of JSONL per token (English text, BPE)
-DEFAULT_TOKENS_PER_SECOND = 1000.0  # trained tokens per second before any job of a base finished
+# Before any job of a base and method finished here: a job's fixed cost (open a session, save
+# the adapter) and its trained tokens per second, as a small base on CPU runs them.
+DEFAULT_OVERHEAD_S = 3.0
+DEFAULT_TOKENS_PER_SECOND = 100.0
 CALIBRATION_JOBS = 20
 MAX_PRICE = 1_000_000.0
 
@@ -173,10 +176,17 @@ class Calibration:
     jobs: int
     trained_ratio: float
     sampled_ratio: float
+    overhead_s: float
     tokens_per_second: float
 
 
-UNCALIBRATED = Calibration(jobs=0, trained_ratio=1.0, sampled_ratio=1.0, tokens_per_second=DEFAULT_TOKENS_PER_SECOND)
+UNCALIBRATED = Calibration(
+    jobs=0,
+    trained_ratio=1.0,
+    sampled_ratio=1.0,
+    overhead_s=DEFAULT_OVERHEAD_S,
+    tokens_per_second=DEFAULT_TOKENS_PER_SECOND,
+)
 
 
 def calibration(session: Session, base_model: str, method: str, training_file: str | None = None) -> Calibration:
@@ -204,23 +214,42 @@ def calibration(session: Session, base_model: str, method: str, training_file: s
     raw_sampled = sum(job.spec["estimate"]["raw_sampled_tokens"] for job in measured)
     trained = sum(job.trained_tokens for job in measured)
     sampled = sum(job.sampled_tokens for job in measured)
-    speeds = [job.trained_tokens / _seconds(job) for job in measured if _seconds(job) > 0]
+    overhead_s, tokens_per_second = _speed([(job.trained_tokens, _seconds(job)) for job in measured])
     return Calibration(
         jobs=len(measured),
         trained_ratio=trained / raw_trained if raw_trained else 1.0,
         sampled_ratio=sampled / raw_sampled if raw_sampled else 1.0,
-        tokens_per_second=statistics.median(speeds) if speeds else DEFAULT_TOKENS_PER_SECOND,
+        overhead_s=overhead_s,
+        tokens_per_second=tokens_per_second,
     )
 
 
+def _speed(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(seconds a job takes besides its tokens, tokens per second) from (tokens, seconds) of
+    finished jobs: a least-squares line once three jobs of different sizes have run (small jobs
+    are mostly opening a session and saving an adapter), else the median speed alone."""
+    points = [(tokens, seconds) for tokens, seconds in points if seconds > 0 and tokens > 0]
+    if not points:
+        return DEFAULT_OVERHEAD_S, DEFAULT_TOKENS_PER_SECOND
+    if len(points) >= 3 and len({tokens for tokens, _ in points}) >= 2:
+        slope, intercept = statistics.linear_regression([float(t) for t, _ in points], [s for _, s in points])
+        if slope > 0 and intercept >= 0:
+            return intercept, 1.0 / slope
+    return 0.0, statistics.median(tokens / seconds for tokens, seconds in points)
+
+
 def _calibrates(job: TrainingJob) -> bool:
+    """A job whose figures speak for the cost model: single-stage, estimated, run in one attempt."""
     estimate = job.spec.get("estimate")
-    return bool(estimate) and "stages" not in job.spec and job.finished_at is not None and job.trained_tokens > 0
+    one_attempt = job.attempts == 1 and job.finished_at is not None
+    return bool(estimate) and "stages" not in job.spec and one_attempt and job.trained_tokens > 0
 
 
 def _seconds(job: TrainingJob) -> float:
+    """Claim to finish, less the time its worker spent loading the base."""
     assert job.started_at is not None and job.finished_at is not None
-    return max((job.finished_at - job.started_at).total_seconds(), 0.0)
+    elapsed = (job.finished_at - job.started_at).total_seconds() - job.spec.get("base_load_seconds", 0.0)
+    return max(elapsed, 0.0)
 
 
 @dataclass(frozen=True)
@@ -258,7 +287,7 @@ def estimate_stages(session: Session, base_model: str, stages: Sequence[StageWor
         stage_trained = stage.raw_trained_tokens * model.trained_ratio
         trained += stage_trained
         sampled += stage.raw_sampled_tokens * model.sampled_ratio
-        seconds += stage_trained / model.tokens_per_second
+        seconds += model.overhead_s + stage_trained / model.tokens_per_second
         calibrated_on = model.jobs if calibrated_on is None else min(calibrated_on, model.jobs)
     return JobEstimate(
         trained_tokens=round(trained),
