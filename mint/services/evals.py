@@ -39,7 +39,7 @@ from mint.evals.compare import (
 from mint.evals.gates import GateSpec, GateVerdict, evaluate_gate
 from mint.evals.mining import MiningResult, mine_failures
 from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
-from mint.services import adapters, benchmarks, webhooks
+from mint.services import adapters, benchmarks, spend, webhooks
 from mint.services.datasets import create_dataset_from_rows
 from mint.services.dispatch import Dispatch
 from mint.services.judges import resolve_judges
@@ -89,7 +89,8 @@ def create_eval_run(
         )
     task_count = version.splits[body.split] if body.split is not None else version.task_count
     judges = resolve_judges(session, principal.organization_id, store, version)
-    hold(session, principal.organization_id, "eval_runs", quotas)
+    organization = hold(session, principal.organization_id, "eval_runs", quotas)
+    spend.check_month_open(session, organization, "eval run")
     run = EvalRun(
         id=new_id("eval"),
         organization_id=principal.organization_id,

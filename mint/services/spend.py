@@ -1,7 +1,8 @@
 """Spend limits of an organization: per calendar month (UTC) and per job, plus a job's own
 `budget_usd`.
 
-They are enforced twice:
+They are enforced twice (and a month whose limit is spent also refuses new eval runs and Tinker
+sessions, `check_month_open`; serving is never cut off by a limit):
 - **at create** (`check_job_create`): a job whose estimate passes its allowance is refused with
   `SpendLimitExceeded` (a 402 that gives the estimate, the limit and what is left), and nothing
   is recorded;
@@ -141,6 +142,20 @@ def check_job_create(
         f"allows.{month} Train fewer steps or a smaller batch (POST /v1/fine_tuning/jobs/estimate prices a "
         "request), or have an admin of the organization raise the limit: PATCH /v1/organization/spend_limits.",
         param="budget_usd" if allowance.source.startswith("the job's") else "spend_limits",
+    )
+
+
+def check_month_open(session: Session, organization: Organization, what: str) -> None:
+    """Refuse new work (`what`: an eval run, a Tinker session) once the organization has spent
+    its monthly limit; jobs are checked against their estimate instead (`check_job_create`)."""
+    status = status_of(session, organization)
+    if status.month_usd is None or status.spent_this_month_usd < status.month_usd:
+        return
+    raise SpendLimitExceeded(
+        f"The organization has spent ${status.spent_this_month_usd:.4f} this month, its whole ${status.month_usd:.4f} "
+        f"monthly spend limit, so no new {what} can start until the month ends or an admin raises the limit: "
+        "PATCH /v1/organization/spend_limits.",
+        param="spend_limits",
     )
 
 

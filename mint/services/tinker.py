@@ -45,6 +45,7 @@ from mint.config import Settings
 from mint.errors import Gone, InvalidRequest, NotFound
 from mint.schemas import tinker as wire
 from mint.schemas.losses import NEEDS_PROVENANCE
+from mint.services import spend
 from mint.services.dispatch import Dispatch
 from mint.services.quotas import QuotaDefaults, hold
 from mint.services.tinker_checkpoints import newest_checkpoint, owned_checkpoint, owned_model, str_dict
@@ -140,7 +141,8 @@ def create_session(
     session: Session, organization_id: str, body: wire.CreateSessionRequest, *, quotas: QuotaDefaults
 ) -> TinkerSession:
     """Record a live session; an organization at its tinker_sessions quota is refused (QuotaExceeded)."""
-    hold(session, organization_id, "tinker_sessions", quotas)
+    organization = hold(session, organization_id, "tinker_sessions", quotas)
+    spend.check_month_open(session, organization, "Tinker session")
     row = TinkerSession(
         id=f"tks_{secrets.token_hex(8)}",
         organization_id=organization_id,

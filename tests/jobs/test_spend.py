@@ -219,3 +219,24 @@ def test_a_job_records_its_cost_calibrates_the_next_estimate_and_stops_at_a_limi
 
 def _job(client: TestClient, tenant: Tenant, job_id: str) -> dict[str, Any]:
     return client.get(f"/v1/fine_tuning/jobs/{job_id}", headers=tenant.headers("viewer")).json()
+
+
+def test_a_month_whose_limit_is_spent_refuses_new_eval_runs_and_tinker_sessions(
+    prepared: Settings, client: TestClient, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    from tests.test_quotas import benchmark, create_eval, create_session
+
+    benchmark_id = benchmark(client, tenant)
+    assert create_eval(client, tenant, benchmark_id).status_code == 201
+    with session_scope(prepared.database) as session:
+        record_usage(session, organization_id=tenant.organization_id, kind="served", tokens=1_000_000,
+                     base_model=IDLE_BASE, model_ref="bot@1")  # fmt: skip
+    client.patch("/v1/organization/spend_limits", headers=tenant.headers("admin"), json={"month_usd": 0.1})
+    for refused, what in ((create_eval(client, tenant, benchmark_id), "eval run"),
+                          (create_session(client, tenant), "Tinker session")):  # fmt: skip
+        assert refused.status_code == 402, refused.text
+        message = refused.json()["error"]["message"]
+        assert f"whole $0.1000 monthly spend limit, so no new {what} can start" in message
+    assert create_session(client, other_tenant).status_code == 200
+    client.patch("/v1/organization/spend_limits", headers=tenant.headers("admin"), json={"month_usd": None})
+    assert create_eval(client, tenant, benchmark_id).status_code == 201
