@@ -201,6 +201,33 @@ def _tinker_model(client: TestClient, owner: Tenant) -> str:
     return model_id
 
 
+def _capture(client: TestClient, owner: Tenant) -> str:
+    """A captured completion of one of the owner's deployments, written as the capture writer
+    would (no serving node runs in this module)."""
+    from mint.config import get_settings
+    from mint.services.captures import CaptureRecord, CaptureTarget
+    from mint.storage.db import session_scope
+    from mint.storage.tables import utcnow
+
+    record = CaptureRecord(
+        id=f"chatcmpl-{secrets.token_hex(16)}",
+        organization_id=owner.organization_id,
+        target=CaptureTarget(_deployment(client, owner), rate=1.0, retention_days=1),
+        revision=1,
+        model_ref="tenancy@1",
+        kind="chat",
+        request={"messages": [{"role": "user", "content": "hi"}]},
+        response={"choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}}]},
+        prompt_tokens=1,
+        completion_tokens=1,
+        latency_ms=1.0,
+        created_at=utcnow(),
+    )
+    with session_scope(get_settings().database) as session:
+        session.add(record.row())
+    return record.id
+
+
 def _tinker_sampler(client: TestClient, owner: Tenant) -> str:
     body = {"session_id": _tinker_session(client, owner), "sampling_session_seq_id": 0, "base_model": "tiny-glm-moe"}
     response = client.post("/api/v1/create_sampling_session", headers=owner.headers("developer"), json=body)
@@ -240,6 +267,7 @@ RESOURCE_MAKERS: dict[str, ResourceMaker] = {
     "webhook_id": _webhook,
     "delivery_id": _delivery,
     "deployment_id": _deployment,
+    "completion_id": _capture,
     "key_id": lambda client, owner: owner.key_ids["viewer"],
     "model": lambda client, owner: _model_ref(client, owner),
     "dataset_id": _dataset,

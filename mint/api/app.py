@@ -17,13 +17,14 @@ from mint import __version__
 from mint.api import dashboard, docs, openai, tinker
 from mint.api.errors import ERROR_RESPONSES, install_error_handlers
 from mint.api.gate import RequestGate
-from mint.api.metrics import RequestMetrics
+from mint.api.metrics import CAPTURES_DROPPED, CAPTURES_WRITTEN, RequestMetrics
 from mint.api.routes import (
     adapters,
     api_keys,
     autotune,
     base_models,
     benchmarks,
+    captures,
     datasets,
     deployments,
     evals,
@@ -33,6 +34,7 @@ from mint.api.routes import (
     webhooks,
 )
 from mint.config import Settings, get_settings
+from mint.services.captures import CaptureWriter
 from mint.services.dispatch import Dispatch
 
 DESCRIPTION = """Mint: evaluate, fine-tune, re-evaluate and deploy LoRA adapters on your own base models.
@@ -51,6 +53,10 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
     app = FastAPI(title="Mint", version=__version__, description=DESCRIPTION, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.dispatch = dispatch
+    # Captured traffic is written on a thread of its own, behind the request path.
+    app.state.capture_writer = CaptureWriter(
+        settings.database, on_written=CAPTURES_WRITTEN.inc, on_dropped=CAPTURES_DROPPED.inc
+    )
     install_error_handlers(app)
     # Outermost first: metrics count every answer, the gate's 401s and 413s included; the gate
     # checks the key and meters the body before the router and any route read it.
@@ -67,6 +73,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
         benchmarks,
         evals,
         deployments,
+        captures,
         autotune,
         webhooks,
         openai,

@@ -22,6 +22,9 @@ from mint.services.quotas import QuotaDefaults
 from mint.storage.db import session_scope
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# The writes a viewer key may make, by method and route template: feedback on what a deployment
+# answered (the people who read answers are the ones who can judge them).
+VIEWER_WRITES = frozenset({("POST", "/v1/captures/{completion_id}/feedback")})
 # Where the request gate (mint.api.gate) leaves the principal it authenticated from the
 # headers, before any body was read; `get_principal` takes it from there.
 PRINCIPAL_SCOPE_KEY = "mint.principal"
@@ -61,9 +64,9 @@ def bearer_or_api_key(authorization: str | None, x_api_key: str | None) -> str |
     return x_api_key.strip() if x_api_key else None
 
 
-def check_method_allowed(principal: Principal, method: str) -> None:
-    """A viewer key can only read."""
-    if principal.role == "viewer" and method not in READ_METHODS:
+def check_method_allowed(principal: Principal, method: str, route: str | None) -> None:
+    """A viewer key can only read, and give feedback on a captured answer (`VIEWER_WRITES`)."""
+    if principal.role == "viewer" and method not in READ_METHODS and (method, route) not in VIEWER_WRITES:
         raise PermissionDenied("Viewer keys can only read; use a developer or admin key to make changes.")
 
 
@@ -76,8 +79,13 @@ def get_principal(
     principal: Principal | None = request.scope.get(PRINCIPAL_SCOPE_KEY)
     if principal is None:  # an app without the gate in front
         principal = authenticate(session, bearer_or_api_key(authorization, x_api_key))
-    check_method_allowed(principal, request.method)
+    check_method_allowed(principal, request.method, _route_template(request))
     return principal
+
+
+def _route_template(request: Request) -> str | None:
+    route = request.scope.get("route")
+    return getattr(route, "path", None)
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
@@ -119,7 +127,7 @@ def get_principal_briefly(
     key already, no session is opened at all."""
     principal: Principal | None = request.scope.get(PRINCIPAL_SCOPE_KEY)
     if principal is not None:
-        check_method_allowed(principal, request.method)
+        check_method_allowed(principal, request.method, _route_template(request))
         return principal
     with session_scope(settings.database) as session:
         return get_principal(request, session, authorization, x_api_key)

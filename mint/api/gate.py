@@ -164,11 +164,11 @@ class RequestGate:
         default = self.settings.max_request_bytes
         return self._limits.get(route.template, default) if route else default
 
-    def _authenticate(self, scope: Scope) -> Principal:
+    def _authenticate(self, scope: Scope, route: GatedRoute) -> Principal:
         secret = bearer_or_api_key(_header(scope, b"authorization"), _header(scope, b"x-api-key"))
         with session_scope(self.settings.database) as session:
             principal = authenticate(session, secret)
-        check_method_allowed(principal, scope["method"])
+        check_method_allowed(principal, scope["method"], route.template)
         if self._rate_limiter is not None and principal.key_id is not None:
             self._rate_limiter.hit(principal.key_id)
         return principal
@@ -183,7 +183,7 @@ class RequestGate:
             if route is not None:
                 scope[ROUTE_TEMPLATE_SCOPE_KEY] = route.template
                 if route.needs_key:
-                    scope[PRINCIPAL_SCOPE_KEY] = await run_in_threadpool(self._authenticate, scope)
+                    scope[PRINCIPAL_SCOPE_KEY] = await run_in_threadpool(self._authenticate, scope, route)
             declared = declared_length(scope)
             if declared is not None and declared > limit_bytes:
                 raise too_large(limit_bytes)

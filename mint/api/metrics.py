@@ -8,6 +8,10 @@ from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REQUESTS = Counter("mint_http_requests_total", "HTTP requests handled", ["method", "route", "status"])
+CAPTURES_WRITTEN = Counter("mint_captures_written_total", "Served requests captured for their deployment")
+CAPTURES_DROPPED = Counter(
+    "mint_captures_dropped_total", "Captures dropped because the writer fell behind (the requests were served)"
+)
 LATENCY = Histogram("mint_http_request_duration_seconds", "HTTP request latency", ["method", "route"])
 
 # Labels come from closed sets, so that no client can add label values (and time series) by

@@ -38,6 +38,7 @@ from mint.schemas.inference import (
     ModelList,
     TextCompletion,
 )
+from mint.services.captures import CaptureRecord, CaptureWriter
 from mint.services.inference import ServingPlan, available_models, plan_for
 from mint.services.node_client import complete_stream
 from mint.services.principal import Principal
@@ -45,6 +46,7 @@ from mint.services.serving_nodes import NodeAddress, node_for
 from mint.services.usage import record_usage
 from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
+from mint.storage.tables import utcnow
 
 router = APIRouter(tags=["inference"])
 
@@ -94,6 +96,60 @@ class _StreamedUsage:
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
         }
+
+
+class _Choices:
+    """Each choice's text, tokens, logprobs, finish reason and message, as the node's lines arrive."""
+
+    def __init__(self) -> None:
+        self.by_index: dict[int, dict[str, Any]] = {}
+
+    def add(self, line: dict[str, Any]) -> None:
+        choice = self.by_index.setdefault(line["choice"], {"text": [], "token_ids": [], "logprobs": []})
+        choice["text"].append(line["text"])
+        choice["token_ids"] += line["token_ids"]
+        choice["logprobs"] += line["logprobs"]
+        if "finish_reason" in line:
+            choice["finish_reason"] = line["finish_reason"]
+            choice["message"] = line.get("message")
+
+    def in_order(self) -> list[tuple[int, dict[str, Any]]]:
+        return sorted(self.by_index.items())
+
+
+def _capture(
+    writer: CaptureWriter,
+    principal: Principal,
+    plan: ServingPlan,
+    served: str | None,
+    body: ChatCompletionCreate | CompletionCreate,
+    completion_id: str,
+    choices: _Choices,
+    usage: dict[str, int],
+    started: float,
+) -> None:
+    """Hand the request to the capture writer when its deployment captures and chose it."""
+    if plan.capture is None or not plan.capture.chosen():
+        return
+    chat = isinstance(body, ChatCompletionCreate)
+    asked = body.model_dump(mode="json", exclude_none=True, exclude={"stream", "stream_options", "model"})
+    answers = [_choice(index, choice, chat, with_logprobs=False) for index, choice in choices.in_order()]
+    writer.offer(
+        CaptureRecord(
+            id=completion_id,
+            organization_id=principal.organization_id,
+            target=plan.capture,
+            revision=plan.revision or 0,
+            model_ref=served or plan.base_model,
+            kind="chat" if chat else "completion",
+            request=asked,
+            response={"choices": answers},
+            prompt_tokens=usage["prompt_tokens"],
+            completion_tokens=usage["completion_tokens"],
+            latency_ms=(time.perf_counter() - started) * 1000,
+            created_at=utcnow(),
+        )
+    )
 
 
 def _mint_field(plan: ServingPlan, served: dict[str, Any]) -> dict[str, Any]:
@@ -148,7 +204,9 @@ async def _serve(
     request_body: ChatCompletionCreate | CompletionCreate,
     settings: Settings,
     principal: Principal,
+    captures: CaptureWriter,
 ) -> Response:
+    started = time.perf_counter()
     chat = isinstance(request_body, ChatCompletionCreate)
     plan, node = await run_in_threadpool(_plan, settings, principal, request_body.model)
     node_body = _node_request(plan, request_body)
@@ -161,28 +219,22 @@ async def _serve(
     headers = {"X-Mint-Adapter": served.get("adapter") or plan.base_model}
     if request_body.stream:
         events = _sse(lines, request_body, plan, mint, settings, principal, completion_id, created, chat)
+        events = _captured_stream(events, captures, principal, plan, mint, request_body, completion_id, started)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-    choices: dict[int, dict[str, Any]] = {}
+    choices = _Choices()
     counted = _StreamedUsage()
     async for line in lines:
         counted.add(line)
-        choice = choices.setdefault(line["choice"], {"text": [], "token_ids": [], "logprobs": []})
-        choice["text"].append(line["text"])
-        choice["token_ids"] += line["token_ids"]
-        choice["logprobs"] += line["logprobs"]
-        if "finish_reason" in line:
-            choice["finish_reason"] = line["finish_reason"]
-            choice["message"] = line.get("message")
+        choices.add(line)
     usage = counted.usage()
     await run_in_threadpool(_record, settings, principal, plan, served.get("adapter"), usage["total_tokens"])
+    _capture(captures, principal, plan, served.get("adapter"), request_body, completion_id, choices, usage, started)
     body: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": request_body.model,
-        "choices": [
-            _choice(index, choice, chat, bool(request_body.logprobs)) for index, choice in sorted(choices.items())
-        ],
+        "choices": [_choice(index, choice, chat, bool(request_body.logprobs)) for index, choice in choices.in_order()],
         "usage": usage,
         "system_fingerprint": (served.get("sha256") or "")[:16] or None,
         "mint": mint,
@@ -267,6 +319,44 @@ async def _sse(
                 await run_in_threadpool(_record, settings, principal, plan, mint.get("adapter"), tokens)
 
 
+async def _captured_stream(
+    events: AsyncIterator[bytes],
+    captures: CaptureWriter,
+    principal: Principal,
+    plan: ServingPlan,
+    mint: dict[str, Any],
+    body: ChatCompletionCreate | CompletionCreate,
+    completion_id: str,
+    started: float,
+) -> AsyncIterator[bytes]:
+    """The events as they are, and once the stream has ended whole, its capture: the answer
+    put back together from the chunks the client was sent."""
+    if plan.capture is None:
+        async for event in events:
+            yield event
+        return
+    choices, usage = _Choices(), None
+    async for event in events:
+        yield event
+        data = event.decode().removeprefix("data: ").strip()
+        if not data.startswith("{"):
+            continue
+        chunk = json.loads(data)
+        usage = chunk.get("usage") or usage
+        for piece in chunk.get("choices") or []:
+            delta = piece.get("delta") or {}
+            text = piece.get("text", delta.get("content") or "")
+            line = {"choice": piece["index"], "text": text, "token_ids": [], "logprobs": []}
+            if piece.get("finish_reason"):
+                line["finish_reason"] = piece["finish_reason"]
+                if delta.get("tool_calls"):
+                    calls = [{k: v for k, v in call.items() if k != "index"} for call in delta["tool_calls"]]
+                    line["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+            choices.add(line)
+    if usage is not None:  # a stream cut short is not captured: there is no whole answer to judge
+        _capture(captures, principal, plan, mint.get("adapter"), body, completion_id, choices, usage, started)
+
+
 SSE = {"text/event-stream": {"schema": {"type": "string", "description": "OpenAI's server-sent events."}}}
 
 
@@ -274,14 +364,17 @@ SSE = {"text/event-stream": {"schema": {"type": "string", "description": "OpenAI
 async def chat_completions(
     body: ChatCompletionCreate, request: Request, settings: SettingsDep, principal: BriefPrincipal
 ) -> Response:
-    """OpenAI's chat completions, streaming included, on a base, an adapter version or a deployment."""
-    return await _serve(body, settings, principal)
+    """OpenAI's chat completions, streaming included, on a base, an adapter version or a deployment.
+    A deployment that captures traffic records the share of requests its rate chooses."""
+    return await _serve(body, settings, principal, request.app.state.capture_writer)
 
 
 @router.post("/v1/completions", response_model=None, responses={200: {"model": TextCompletion, "content": SSE}})
-async def completions(body: CompletionCreate, settings: SettingsDep, principal: BriefPrincipal) -> Response:
+async def completions(
+    body: CompletionCreate, request: Request, settings: SettingsDep, principal: BriefPrincipal
+) -> Response:
     """OpenAI's text completions: the prompt is continued as is, without a chat template."""
-    return await _serve(body, settings, principal)
+    return await _serve(body, settings, principal, request.app.state.capture_writer)
 
 
 def _models(settings: Settings, principal: Principal) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from mint.schemas.captures import CaptureSettings
 from mint.schemas.common import ID_PATTERN, MAX_VERSION, FiniteJson, RequestModel, WireModel
 
 DeploymentName = str
@@ -77,5 +78,6 @@ class DeploymentPublic(WireModel):
     current_revision: int
     gate: dict[str, Any] | None
     serving: RevisionPublic | None = Field(default=None, description="The current revision.")
+    capture: CaptureSettings | None = Field(default=None, description="Production capture (rate 0: off).")
     created_at: datetime
     updated_at: datetime

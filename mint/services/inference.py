@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from mint.schemas.inference import AdapterOnNode
 from mint.services.adapters import model_ref_of, resolve_model_ref
+from mint.services.captures import CaptureTarget, capture_target
 from mint.services.deployments import deployment_of_model
 from mint.serving.mixture import MixtureTarget
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Deployment
@@ -34,6 +35,7 @@ class ServingPlan:
     deployment: str | None = None
     revision: int | None = None
     served: dict[str, Any] = field(default_factory=dict)
+    capture: CaptureTarget | None = None  # a deployment's capture rate and retention, when it captures
 
     @property
     def affinity(self) -> str:
@@ -58,7 +60,12 @@ def plan_for(session: Session, organization_id: str, model: str) -> ServingPlan:
         if revision.adapter_version_id is not None:
             adapter = _on_node(session, revision.adapter_version_id)
             return ServingPlan(
-                model, deployment.base_model, adapter=adapter, deployment=deployment.name, revision=revision.revision
+                model,
+                deployment.base_model,
+                adapter=adapter,
+                deployment=deployment.name,
+                revision=revision.revision,
+                capture=capture_target(deployment),
             )
         mixture = MixtureTarget(
             revision_id=revision.id,
@@ -66,7 +73,12 @@ def plan_for(session: Session, organization_id: str, model: str) -> ServingPlan:
             versions={ref: _on_node(session, version_id) for ref, version_id in revision.routing["versions"].items()},
         )
         return ServingPlan(
-            model, deployment.base_model, mixture=mixture, deployment=deployment.name, revision=revision.revision
+            model,
+            deployment.base_model,
+            mixture=mixture,
+            deployment=deployment.name,
+            revision=revision.revision,
+            capture=capture_target(deployment),
         )
     resolved = resolve_model_ref(session, organization_id, model)
     if resolved.adapter_version is None:

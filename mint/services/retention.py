@@ -4,6 +4,8 @@
   has passed, the row is deleted, then the object if no other row references it. Sampler
   weights are also an adapter version (the same object), so their object stays with the
   version; only the `tinker://` path goes.
+- **Captured traffic.** A deployment's captures (and the feedback on them) are deleted once
+  their retention period has passed (`expires_at`).
 - **Checkpoints of finished jobs.** A job that succeeded, failed or was cancelled keeps its
   newest `job_checkpoints_keep` checkpoints; `job_checkpoint_retention_s` after it finished,
   the others are deleted, rows then objects. The adapter a job produced is an adapter version
@@ -25,6 +27,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 
 from mint.config import Settings
+from mint.services.captures import expire_captures
 from mint.services.object_gc import delete_if_unreferenced
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
@@ -41,6 +44,7 @@ class RetentionReport:
     """Ids of the rows one pass deleted, and the objects it deleted with them."""
 
     expired_tinker_checkpoints: list[str] = field(default_factory=list)
+    expired_captures: list[str] = field(default_factory=list)
     pruned_job_checkpoints: list[str] = field(default_factory=list)
     deleted_objects: list[str] = field(default_factory=list)
 
@@ -118,10 +122,12 @@ def prune_job_checkpoints(
 
 
 def enforce_retention(settings: Settings, *, now: datetime | None = None) -> RetentionReport:
-    """One pass of both policies on `settings`' database and store (beat's task)."""
+    """One pass of every policy on `settings`' database and store (beat's task)."""
     now = now or utcnow()
     store = object_store_for(settings)
     report = expire_tinker_checkpoints(settings.database, store, now=now)
+    with session_scope(settings.database) as session:
+        report.expired_captures = expire_captures(session, now=now, batch=BATCH)
     prune_job_checkpoints(
         settings.database,
         store,
@@ -130,10 +136,12 @@ def enforce_retention(settings: Settings, *, now: datetime | None = None) -> Ret
         now=now,
         report=report,
     )
-    if report.expired_tinker_checkpoints or report.pruned_job_checkpoints:
+    if report.expired_tinker_checkpoints or report.pruned_job_checkpoints or report.expired_captures:
         log.info(
-            "retention: %d expired Tinker checkpoints, %d job checkpoints pruned, %d objects deleted",
+            "retention: %d expired Tinker checkpoints, %d expired captures, %d job checkpoints pruned, "
+            "%d objects deleted",
             len(report.expired_tinker_checkpoints),
+            len(report.expired_captures),
             len(report.pruned_job_checkpoints),
             len(report.deleted_objects),
         )

@@ -495,8 +495,52 @@ class Deployment(Base):
     status: Mapped[str] = mapped_column(String(16), default="active")
     current_revision: Mapped[int] = mapped_column(Integer, default=0)
     gate: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Production capture, opt-in: the share of requests recorded (0: none) and for how long.
+    capture_rate: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    capture_retention_days: Mapped[int] = mapped_column(Integer, default=30, server_default="30")
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class Capture(Base):
+    """One request a deployment served, recorded because its deployment captures traffic: what
+    was asked, what was answered and by which version, tokens and latency. Its id is the
+    completion's (`chatcmpl-...`), so a client's answer finds its record; it is deleted once
+    `expires_at` passes (with its feedback)."""
+
+    __tablename__ = "captures"
+    __table_args__ = (Index("ix_captures_deployment_created", "deployment_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    organization_id: Mapped[str] = _org()
+    deployment_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("deployments.id"))
+    revision: Mapped[int] = mapped_column(Integer)
+    model_ref: Mapped[str] = mapped_column(String(300))  # the version that answered
+    kind: Mapped[str] = mapped_column(String(16))  # chat | completion
+    request: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    response: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[datetime] = _created()
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class Feedback(Base):
+    """What someone said about a captured answer: a score, a label, a comment, and perhaps the
+    answer it should have been (`correction`: an assistant message, or the text of a completion)."""
+
+    __tablename__ = "feedback"
+
+    id: Mapped[str] = _id()
+    organization_id: Mapped[str] = _org()
+    capture_id: Mapped[str] = mapped_column(String(64), ForeignKey("captures.id"), index=True)
+    score: Mapped[float | None] = mapped_column(Float)
+    label: Mapped[str | None] = mapped_column(String(100))
+    comment: Mapped[str | None] = mapped_column(Text)
+    correction: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_by: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = _created()
 
 
 class DeploymentRevision(Base):

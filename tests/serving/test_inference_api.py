@@ -479,3 +479,62 @@ def test_a_node_with_a_full_queue_gives_429_with_retry_after(
             assert response.headers["Retry-After"] == "1"
             error = response.json()["error"]
             assert error["type"] == "rate_limit_error" and "MINT_SERVING_MAX_WAITING" in error["message"], error
+
+
+def test_a_capturing_deployment_records_what_it_served_and_takes_feedback_even_from_viewers(
+    client: Any, versions: list[str], owner: Tenant, live_server: LiveServer
+) -> None:
+    import httpx
+
+    api = httpx.Client(base_url=live_server.url, headers=owner.headers("developer"), timeout=60)
+    created = api.post("/v1/deployments", json={"name": "captured-prod", "model": versions[0]}).json()
+    assert created["capture"] == {"rate": 0.0, "retention_days": 30}
+    quiet = _ask(client, "captured-prod")
+    assert api.get(f"/v1/captures/{quiet.id}").status_code == 404  # capture is opt-in
+
+    set_ = api.patch(f"/v1/deployments/{created['id']}/capture", json={"rate": 1.0, "retention_days": 7})
+    assert set_.status_code == 200 and set_.json()["capture"] == {"rate": 1.0, "retention_days": 7}, set_.text
+    reply = _ask(client, "captured-prod")
+    chunks = list(_ask(client, "captured-prod", stream=True))
+    streamed_text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    def captured(completion_id: str) -> dict[str, Any] | None:
+        response = api.get(f"/v1/captures/{completion_id}")
+        return response.json() if response.status_code == 200 else None
+
+    record = wait_for(lambda: captured(reply.id), "the capture to be written")
+    assert record["model"] == versions[0] and record["kind"] == "chat" and record["revision"] == 1
+    assert record["request"]["messages"] == QUESTION and record["request"]["max_tokens"] == 6
+    assert record["response"]["choices"][0]["message"]["content"] == reply.choices[0].message.content
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (
+        reply.usage.prompt_tokens,
+        reply.usage.completion_tokens,
+    )
+    assert record["latency_ms"] > 0 and record["feedback"] == []
+    streamed = wait_for(lambda: captured(chunks[0].id), "the streamed capture")
+    assert streamed["response"]["choices"][0]["message"]["content"] == streamed_text
+
+    viewer = httpx.Client(base_url=live_server.url, headers=owner.headers("viewer"), timeout=60)
+    correction = {"message": {"role": "assistant", "content": "5"}}
+    given = viewer.post(
+        f"/v1/captures/{reply.id}/feedback", json={"score": 0.0, "label": "wrong", "correction": correction}
+    )
+    assert given.status_code == 201, given.text
+    assert viewer.post(f"/v1/deployments/{created['id']}/capture", json={"rate": 0}).status_code in (403, 405)
+    bad = viewer.post(f"/v1/captures/{reply.id}/feedback", json={"correction": {"text": "5"}})
+    assert bad.status_code == 400 and "a correction of a chat completion is {'message': ...}" in bad.text
+    empty = viewer.post(f"/v1/captures/{reply.id}/feedback", json={})
+    assert empty.status_code == 400 and "give a score, a label, a comment or a correction" in empty.text
+
+    listed = api.get(f"/v1/deployments/{created['id']}/captures").json()["data"]
+    assert [entry["id"] for entry in listed] == [chunks[0].id, reply.id]
+    (feedback,) = listed[1]["feedback"]
+    assert feedback == {
+        **feedback,
+        "score": 0.0,
+        "label": "wrong",
+        "correction": correction,
+        "created_by": "viewer key",
+    }
+    metrics = httpx.get(f"{live_server.url}/metrics").text
+    assert "mint_captures_written_total" in metrics

@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse
 
 from mint.api.deps import CurrentPrincipal, OptionalDispatchDep, SessionDep, SettingsDep
 from mint.api.pagination import After, Limit, id_path, page_from
+from mint.api.routes.captures import with_feedback
+from mint.schemas.captures import CapturePublic, CaptureSettings, CaptureUpdate
 from mint.schemas.common import Page
 from mint.schemas.deployments import (
     DeploymentCreate,
@@ -22,7 +24,7 @@ from mint.schemas.deployments import (
     RollbackRequest,
     WithdrawRequest,
 )
-from mint.services import deployments, inference, node_client
+from mint.services import captures, deployments, inference, node_client
 from mint.services.serving_nodes import live_addresses
 from mint.storage.tables import Deployment
 
@@ -44,7 +46,8 @@ def _prefetch_later(session: SessionDep, settings: SettingsDep, deployment: Depl
 def _public(session: SessionDep, deployment: Deployment) -> DeploymentPublic:
     wire = DeploymentPublic.model_validate(deployment)
     serving = RevisionPublic.model_validate(deployments.current_revision(session, deployment))
-    return wire.model_copy(update={"serving": serving})
+    capture = CaptureSettings(rate=deployment.capture_rate, retention_days=deployment.capture_retention_days)
+    return wire.model_copy(update={"serving": serving, "capture": capture})
 
 
 @router.post("", response_model=DeploymentPublic, status_code=201)
@@ -137,3 +140,28 @@ def withdraw(
     """Stop serving until a version is promoted again."""
     deployment = deployments.withdraw(session, principal, deployment_id, reason=body.reason, send=send)
     return _public(session, deployment)
+
+
+@router.patch("/{deployment_id}/capture", response_model=DeploymentPublic)
+def set_capture(
+    deployment_id: DeploymentId, body: CaptureUpdate, session: SessionDep, principal: CurrentPrincipal
+) -> DeploymentPublic:
+    """Record a share of the requests this deployment serves (`rate`, 0 to stop), each kept for
+    `retention_days`; audited. Capture is written behind the request path: it never slows or
+    fails a request. Find a capture by its completion's id at `/v1/captures/{id}`."""
+    deployment = deployments.get_deployment(session, principal.organization_id, deployment_id)
+    captures.set_capture(session, principal, deployment, rate=body.rate, retention_days=body.retention_days)
+    return _public(session, deployment)
+
+
+@router.get("/{deployment_id}/captures", response_model=Page[CapturePublic])
+def list_captures(
+    deployment_id: DeploymentId,
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    after: After = None,
+    limit: Limit = 20,
+) -> Page[CapturePublic]:
+    """The requests this deployment captured, newest first, each with its feedback."""
+    result = captures.list_captures(session, principal.organization_id, deployment_id, after=after, limit=limit)
+    return page_from(with_feedback(session, result.rows), result.has_more, CapturePublic)

@@ -1,0 +1,62 @@
+"""Captured completions and feedback on them.
+
+A deployment whose capture rate is set (`PATCH /v1/deployments/{id}/capture`) records a share of
+the requests it serves; each capture's id is its completion's, so whoever holds an answer can
+read its record and say what was wrong with it. Feedback is the one write a viewer key may make:
+the people who read answers are the ones who can judge them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated
+
+from fastapi import APIRouter
+
+from mint.api.deps import CurrentPrincipal, SessionDep
+from mint.api.pagination import id_path
+from mint.schemas.captures import CapturePublic, FeedbackCreate, FeedbackPublic
+from mint.services import captures
+from mint.storage.tables import Capture
+
+router = APIRouter(prefix="/v1/captures", tags=["captures"])
+
+CompletionId = Annotated[str, id_path("The completion's id, e.g. `chatcmpl-...`.")]
+FEEDBACK_ROUTE = "/v1/captures/{completion_id}/feedback"
+
+
+def with_feedback(session: SessionDep, rows: Sequence[Capture]) -> list[CapturePublic]:
+    """Captures as the API shows them, each with its feedback, oldest first."""
+    given = captures.feedback_of(session, [row.id for row in rows])
+    return [
+        CapturePublic.model_validate(row).model_copy(
+            update={"feedback": [FeedbackPublic.model_validate(entry) for entry in given[row.id]]}
+        )
+        for row in rows
+    ]
+
+
+@router.get("/{completion_id}", response_model=CapturePublic)
+def get_capture(completion_id: CompletionId, session: SessionDep, principal: CurrentPrincipal) -> CapturePublic:
+    """A captured completion: the request, the answer, the version that gave it, tokens, latency
+    and feedback."""
+    (public,) = with_feedback(session, [captures.get_capture(session, principal.organization_id, completion_id)])
+    return public
+
+
+@router.post("/{completion_id}/feedback", response_model=FeedbackPublic, status_code=201)
+def add_feedback(
+    completion_id: CompletionId, body: FeedbackCreate, session: SessionDep, principal: CurrentPrincipal
+) -> FeedbackPublic:
+    """Say how good a captured answer was (a score from 0 to 1, a label, a comment) and what it
+    should have been (`correction`). Any key of the organization, viewers included."""
+    feedback = captures.add_feedback(
+        session,
+        principal,
+        completion_id,
+        score=body.score,
+        label=body.label,
+        comment=body.comment,
+        correction=body.correction,
+    )
+    return FeedbackPublic.model_validate(feedback)

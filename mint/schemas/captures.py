@@ -1,0 +1,77 @@
+"""Wire types of production capture: a deployment's capture settings, captured completions and
+the feedback given on them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from mint.schemas.common import WireModel
+
+MAX_COMMENT = 10_000
+
+
+class CaptureSettings(BaseModel):
+    """A deployment's capture: the share of its requests recorded (0: none), and for how long."""
+
+    rate: float = Field(description="Share of requests recorded, chosen at random (0: capture is off).")
+    retention_days: int = Field(description="Days a capture is kept, then deleted.")
+
+
+class CaptureUpdate(BaseModel):
+    """What to change of a deployment's capture; an absent field is unchanged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rate: float | None = Field(default=None, ge=0, le=1, description="Share of requests recorded (0: off).")
+    retention_days: int | None = Field(default=None, ge=1, le=3650, description="Days a capture is kept.")
+
+
+class FeedbackCreate(BaseModel):
+    """Feedback on a captured completion; at least one field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    score: float | None = Field(default=None, ge=0, le=1, description="How good the answer was, 0 to 1.")
+    label: str | None = Field(default=None, min_length=1, max_length=100, description="e.g. `wrong_tool`.")
+    comment: str | None = Field(default=None, max_length=MAX_COMMENT)
+    correction: dict[str, Any] | None = Field(
+        default=None,
+        description='The answer it should have been: `{"message": {"role": "assistant", ...}}` for a chat '
+        'completion, `{"text": ...}` for a text completion.',
+    )
+
+
+class FeedbackPublic(WireModel):
+    id: str
+    object: Literal["capture.feedback"] = "capture.feedback"
+    capture_id: str
+    score: float | None
+    label: str | None
+    comment: str | None
+    correction: dict[str, Any] | None
+    created_by: str
+    created_at: datetime
+
+
+class CapturePublic(WireModel):
+    """A captured completion: what was asked, what answered and how, and its feedback."""
+
+    id: str = Field(description="The completion's id (`chatcmpl-...` or `cmpl-...`).")
+    object: Literal["capture"] = "capture"
+    deployment_id: str
+    revision: int
+    model: str = Field(
+        description="The adapter version (or base) that answered.", validation_alias=AliasChoices("model_ref", "model")
+    )
+    kind: Literal["chat", "completion"]
+    request: dict[str, Any]
+    response: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    created_at: datetime
+    expires_at: datetime
+    feedback: list[FeedbackPublic] = Field(default_factory=list)
