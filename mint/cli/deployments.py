@@ -13,7 +13,8 @@ from mint.schemas.common import MAX_VERSION
 
 app = typer.Typer(help="Deployments and their revisions.", no_args_is_help=True)
 
-COLUMNS = ["name", "id", "status", "revision", "serving", "action", "base_model"]
+COLUMNS = ["name", "id", "status", "revision", "serving", "action", "base_model", "capture"]
+CAPTURE_COLUMNS = ["id", "model", "asked", "answered", "tokens", "latency_ms", "feedback", "created_at"]
 REVISION_COLUMNS = ["revision", "action", "serving", "reason", "gate", "created_at"]
 NameArg = Annotated[str, typer.Argument(help="The deployment's name or id.")]
 
@@ -29,7 +30,40 @@ def row_of(deployment: Any) -> dict[str, Any]:
         "serving": (serving.routing.get("model") or deployment.kind) if serving else None,
         "action": serving.action if serving else None,
         "base_model": deployment.base_model,
+        "capture": f"{deployment.capture.rate:g} for {deployment.capture.retention_days} d"
+        if deployment.capture and deployment.capture.rate
+        else "off",
     }
+
+
+def _last_words(payload: dict[str, Any]) -> str:
+    """The last message's (or the prompt's) text, cut short for a table."""
+    text = payload.get("prompt") or ""
+    messages = payload.get("messages") or [choice.get("message") or {} for choice in payload.get("choices", [])]
+    if messages:
+        text = messages[-1].get("content") or str(messages[-1].get("tool_calls") or "")
+    elif payload.get("choices"):
+        text = payload["choices"][0].get("text", "")
+    text = str(text).replace("\n", " ")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def capture_row(capture: Any) -> dict[str, Any]:
+    """A captured request: what was asked and answered, by which version, and its feedback."""
+    scores = [f"{entry.score:g}" for entry in capture.feedback if entry.score is not None]
+    labels = [entry.label for entry in capture.feedback if entry.label]
+    return human(
+        {
+            "id": capture.id,
+            "model": capture.model,
+            "asked": _last_words(capture.request),
+            "answered": _last_words(capture.response),
+            "tokens": capture.prompt_tokens + capture.completion_tokens,
+            "latency_ms": round(capture.latency_ms),
+            "feedback": ", ".join(scores + labels) or None,
+            "created_at": capture.created_at,
+        }
+    )
 
 
 def revision_row(revision: Any) -> dict[str, Any]:
@@ -118,3 +152,33 @@ def revisions(api: Remote, name: NameArg) -> None:
     with api.client() as client:
         rows = client.deployments.revisions(name)
     api.table(rows, REVISION_COLUMNS, title=f"revisions of {name}", row=revision_row)
+
+
+@app.command("capture")
+@remote
+def capture(
+    api: Remote,
+    name: NameArg,
+    rate: Annotated[
+        float | None, typer.Option("--rate", min=0.0, max=1.0, help="Share of requests recorded; 0 stops capture.")
+    ] = None,
+    retention_days: Annotated[
+        int | None, typer.Option("--retention-days", min=1, max=3650, help="Days each capture is kept.")
+    ] = None,
+) -> None:
+    """Record a share of the requests a deployment serves (audited); without options, show it."""
+    with api.client() as client:
+        if rate is None and retention_days is None:
+            deployment = client.deployments.get(name)
+        else:
+            deployment = client.deployments.set_capture(name, rate=rate, retention_days=retention_days)
+    api.show(deployment, row_of(deployment))
+
+
+@app.command("captures")
+@remote
+def captures(api: Remote, name: NameArg, limit: LimitOpt = 20) -> None:
+    """The requests a deployment captured, newest first, with their feedback."""
+    with api.client() as client:
+        rows = first(lambda limit: client.deployments.captures(name, limit=limit), limit)
+    api.table(rows, CAPTURE_COLUMNS, title=f"captures of {name}", row=capture_row)

@@ -19,6 +19,7 @@ from mint.cli import (
     adapters,
     autotune,
     benchmarks,
+    captures,
     datasets,
     demo,
     deployments,
@@ -50,6 +51,7 @@ app.add_typer(autotune.app, name="auto")
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(adapters.app, name="adapters")
 app.add_typer(deployments.app, name="deployments")
+app.add_typer(captures.app, name="captures")
 app.command("deploy")(deployments.deploy)
 app.command("promote")(deployments.promote)
 app.command("rollback")(deployments.rollback)

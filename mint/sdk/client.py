@@ -29,6 +29,7 @@ from mint.sdk._http import (
 from mint.sdk.adapters import Adapters, AsyncAdapters
 from mint.sdk.autotune import AsyncAutotune, Autotune
 from mint.sdk.benchmarks import AsyncBenchmarks, Benchmarks
+from mint.sdk.captures import AsyncCaptures, Captures
 from mint.sdk.chat import AsyncChat, AsyncCompletions, Chat, Completions
 from mint.sdk.deployments import AsyncDeployments, Deployments
 from mint.sdk.evals import AsyncEvals, Evals
@@ -66,6 +67,7 @@ class Mint:
         self.jobs = self.fine_tuning.jobs
         self.adapters = Adapters(self._http)
         self.deployments = Deployments(self._http)
+        self.captures = Captures(self._http)
         self.chat = Chat(self._http)
         self.completions = Completions(self._http)
         self.models = Models(self._http)
@@ -113,6 +115,7 @@ class AsyncMint:
         self.jobs = self.fine_tuning.jobs
         self.adapters = AsyncAdapters(self._http)
         self.deployments = AsyncDeployments(self._http)
+        self.captures = AsyncCaptures(self._http)
         self.chat = AsyncChat(self._http)
         self.completions = AsyncCompletions(self._http)
         self.models = AsyncModels(self._http)

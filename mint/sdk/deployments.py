@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
+from mint.schemas.captures import CapturePublic, CaptureUpdate
 from mint.schemas.common import Page
 from mint.schemas.deployments import (
     DeploymentCreate,
@@ -41,6 +42,20 @@ def list_deployments(limit: int) -> PageCall:
 def change(deployment: str, action: str, schema: type[Any], fields: dict[str, Any]) -> Call[DeploymentPublic]:
     body = request_body(schema, **fields)
     return Call("POST", f"/v1/deployments/{deployment}/{action}", parse_model(DeploymentPublic), json=body)
+
+
+def set_capture(deployment: str, fields: dict[str, Any]) -> Call[DeploymentPublic]:
+    body = request_body(CaptureUpdate, **fields)
+    return Call("PATCH", f"/v1/deployments/{deployment}/capture", parse_model(DeploymentPublic), json=body)
+
+
+def list_captures(deployment: str, limit: int) -> PageCall:
+    return lambda after: Call(
+        "GET",
+        f"/v1/deployments/{deployment}/captures",
+        parse_model(Page[CapturePublic]),
+        {"after": after, "limit": limit},
+    )
 
 
 def list_revisions(deployment: str) -> Call[list[RevisionPublic]]:
@@ -99,6 +114,16 @@ class Deployments:
         """Every revision, newest first: what served, why, and the gate's verdict."""
         return self._http.send(list_revisions(deployment))
 
+    def set_capture(
+        self, deployment: str, *, rate: float | None = None, retention_days: int | None = None
+    ) -> DeploymentPublic:
+        """Record `rate` (0 to 1; 0 stops) of the requests it serves, each kept `retention_days`."""
+        return self._http.send(set_capture(deployment, {"rate": rate, "retention_days": retention_days}))
+
+    def captures(self, deployment: str, *, limit: int = 20) -> SyncPager[CapturePublic]:
+        """The requests it captured, newest first, each with its feedback."""
+        return SyncPager(self._http, list_captures(deployment, limit))
+
 
 class AsyncDeployments:
     """`/v1/deployments`, for asyncio: the twin of `Deployments`."""
@@ -136,6 +161,14 @@ class AsyncDeployments:
 
     async def withdraw(self, deployment: str, *, reason: str = "") -> DeploymentPublic:
         return await self._http.send(change(deployment, "withdraw", WithdrawRequest, {"reason": reason or None}))
+
+    async def set_capture(
+        self, deployment: str, *, rate: float | None = None, retention_days: int | None = None
+    ) -> DeploymentPublic:
+        return await self._http.send(set_capture(deployment, {"rate": rate, "retention_days": retention_days}))
+
+    def captures(self, deployment: str, *, limit: int = 20) -> AsyncPager[CapturePublic]:
+        return AsyncPager(self._http, list_captures(deployment, limit))
 
     async def revisions(self, deployment: str) -> builtins.list[RevisionPublic]:
         return await self._http.send(list_revisions(deployment))
