@@ -53,12 +53,14 @@ SELF_ROUTES = {
 # Inference names its model in the body: another organization's adapter or deployment is a 404,
 # checked in tests/serving/test_inference_api.py.
 # An estimate names its files in the body as a create does: checked in tests/jobs/test_spend.py.
+# Mining captures names its deployment in the body: checked in tests/serving/test_inference_api.py.
 REFERENCE_ROUTES = {
     "/v1/evals/compare",
     "/v1/datasets/from-failures",
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/fine_tuning/jobs/estimate",
+    "/v1/datasets/from-captures",
 }
 # Tinker-compatible routes that name their session, model, sampler, future or checkpoint in the
 # body (as the tinker SDK sends them); another organization's are 404, checked with the SDK and

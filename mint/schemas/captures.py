@@ -75,3 +75,30 @@ class CapturePublic(WireModel):
     created_at: datetime
     expires_at: datetime
     feedback: list[FeedbackPublic] = Field(default_factory=list)
+
+
+class CaptureFilter(BaseModel):
+    """Which captures to mine: those with a correction in their feedback, of one deployment (or
+    all), in a time window, optionally only those scored at most `max_score` or given `label`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    deployment: str | None = Field(
+        default=None, min_length=1, max_length=200, description="The deployment's id or name; none: every one."
+    )
+    since: datetime | None = None
+    until: datetime | None = None
+    max_score: float | None = Field(default=None, ge=0, le=1, description="Only captures scored at most this.")
+    label: str | None = Field(default=None, max_length=100, description="Only captures given this label.")
+
+
+class DatasetFromCaptures(CaptureFilter):
+    kind: Literal["chat", "preference", "prompts"] = Field(
+        description="chat: SFT rows ending in the correction; preference: DPO pairs, the correction over what "
+        "was served; prompts: RL prompts with the correction as reference (graded `exact`)."
+    )
+    filename: str | None = Field(default=None, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class BenchmarkFromCaptures(CaptureFilter):
+    split: str = Field(default="production", min_length=1, max_length=50, description="The new tasks' split.")

@@ -538,3 +538,41 @@ def test_a_capturing_deployment_records_what_it_served_and_takes_feedback_even_f
     }
     metrics = httpx.get(f"{live_server.url}/metrics").text
     assert "mint_captures_written_total" in metrics
+
+    # Production into data: the corrected capture (not the one only scored) as SFT rows and a DPO pair.
+    sft = api.post("/v1/datasets/from-captures", json={"deployment": "captured-prod", "kind": "chat"})
+    assert sft.status_code == 201, sft.text
+    assert (sft.json()["row_count"], sft.json()["kind"], sft.json()["skipped"]) == (1, "chat", [])
+    rows = [json.loads(line) for line in api.get(f"/v1/files/{sft.json()['id']}/content").text.splitlines()]
+    assert rows == [{"messages": [*QUESTION, {"role": "assistant", "content": "5"}]}]
+    pair = api.post("/v1/datasets/from-captures", json={"deployment": "captured-prod", "kind": "preference"})
+    served_text = reply.choices[0].message.content
+    if served_text:  # a DPO pair: the correction over what was served
+        pair_row = json.loads(api.get(f"/v1/files/{pair.json()['id']}/content").text)
+        assert pair_row["preferred_output"][0]["content"] == "5"
+        assert pair_row["non_preferred_output"][0]["content"] == served_text
+    else:  # the tiny adapter answered nothing: there is nothing to prefer the correction over
+        assert pair.status_code == 400 and "there is no output to reject" in pair.text, pair.text
+    nothing = api.post("/v1/datasets/from-captures", json={"kind": "chat", "label": "no-such-label"})
+    assert nothing.status_code == 400 and "mining needs captures whose feedback gives a correction" in nothing.text
+    other = make_tenant(get_settings())
+    foreign = httpx.post(
+        f"{live_server.url}/v1/datasets/from-captures",
+        headers=other.headers("developer"),
+        json={"deployment": "captured-prod", "kind": "chat"},
+    )
+    assert foreign.status_code == 404, foreign.text
+
+    # ... and into the ruler: the benchmark's next version holds the corrected request as a task.
+    task = {"id": "sum", "messages": QUESTION, "reference": "5"}
+    bench = api.post("/v1/benchmarks", json={"name": "prod-ruler", "format": "jsonl", "content": json.dumps(task),
+                                             "grader": {"type": "exact"}}).json()  # fmt: skip
+    grown = api.post(f"/v1/benchmarks/{bench['id']}/versions/from-captures", json={"deployment": "captured-prod"})
+    assert grown.status_code == 201, grown.text
+    assert (
+        grown.json()["version"] == 2
+        and grown.json()["splits"] == {"production": 1, "unsplit": 1}
+        or grown.json()["task_count"] == 2
+    )
+    again = api.post(f"/v1/benchmarks/{bench['id']}/versions/from-captures", json={"deployment": "captured-prod"})
+    assert again.status_code == 400 and "already a task of this benchmark" in again.text

@@ -1,4 +1,4 @@
-"""Captured completions and feedback on them.
+"""Captured completions, feedback on them, and production mined into data and benchmark tasks.
 
 A deployment whose capture rate is set (`PATCH /v1/deployments/{id}/capture`) records a share of
 the requests it serves; each capture's id is its completion's, so whoever holds an answer can
@@ -13,13 +13,23 @@ from typing import Annotated
 
 from fastapi import APIRouter
 
-from mint.api.deps import CurrentPrincipal, SessionDep
+from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from mint.api.pagination import id_path
-from mint.schemas.captures import CapturePublic, FeedbackCreate, FeedbackPublic
-from mint.services import captures
-from mint.storage.tables import Capture
+from mint.api.routes.benchmarks import BenchmarkId
+from mint.api.routes.evals import mined_dataset
+from mint.schemas.captures import (
+    BenchmarkFromCaptures,
+    CapturePublic,
+    DatasetFromCaptures,
+    FeedbackCreate,
+    FeedbackPublic,
+)
+from mint.schemas.evals import BenchmarkVersionPublic, MinedDatasetPublic
+from mint.services import captures, production
+from mint.storage.objects import object_store_for
+from mint.storage.tables import BenchmarkVersion, Capture
 
-router = APIRouter(prefix="/v1/captures", tags=["captures"])
+router = APIRouter(tags=["captures"])
 
 CompletionId = Annotated[str, id_path("The completion's id, e.g. `chatcmpl-...`.")]
 FEEDBACK_ROUTE = "/v1/captures/{completion_id}/feedback"
@@ -36,7 +46,7 @@ def with_feedback(session: SessionDep, rows: Sequence[Capture]) -> list[CaptureP
     ]
 
 
-@router.get("/{completion_id}", response_model=CapturePublic)
+@router.get("/v1/captures/{completion_id}", response_model=CapturePublic)
 def get_capture(completion_id: CompletionId, session: SessionDep, principal: CurrentPrincipal) -> CapturePublic:
     """A captured completion: the request, the answer, the version that gave it, tokens, latency
     and feedback."""
@@ -44,7 +54,7 @@ def get_capture(completion_id: CompletionId, session: SessionDep, principal: Cur
     return public
 
 
-@router.post("/{completion_id}/feedback", response_model=FeedbackPublic, status_code=201)
+@router.post("/v1/captures/{completion_id}/feedback", response_model=FeedbackPublic, status_code=201)
 def add_feedback(
     completion_id: CompletionId, body: FeedbackCreate, session: SessionDep, principal: CurrentPrincipal
 ) -> FeedbackPublic:
@@ -60,3 +70,33 @@ def add_feedback(
         correction=body.correction,
     )
     return FeedbackPublic.model_validate(feedback)
+
+
+@router.post("/v1/datasets/from-captures", response_model=MinedDatasetPublic, status_code=201, tags=["datasets"])
+def dataset_from_captures(
+    body: DatasetFromCaptures, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> MinedDatasetPublic:
+    """Mine a deployment's corrected captures into SFT rows (ending in the correction), DPO pairs
+    (the correction preferred over what was served) or RL prompts (the correction as reference)."""
+    dataset, result = production.dataset_from_captures(session, object_store_for(settings), principal, body)
+    return mined_dataset(dataset, result)
+
+
+@router.post(
+    "/v1/benchmarks/{benchmark_id}/versions/from-captures",
+    response_model=BenchmarkVersionPublic,
+    status_code=201,
+    tags=["benchmarks"],
+)
+def benchmark_from_captures(
+    benchmark_id: BenchmarkId,
+    body: BenchmarkFromCaptures,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: CurrentPrincipal,
+) -> BenchmarkVersion:
+    """The benchmark's next version: its newest tasks, and each corrected capture of the
+    deployment as a task (the request, the correction as reference, graded `exact`) under
+    `split`, so the ruler grows with what users ask."""
+    version, _ = production.benchmark_from_captures(session, object_store_for(settings), principal, benchmark_id, body)
+    return version

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 from mint.api.deps import CurrentPrincipal, DispatchDep, QuotasDep, SessionDep, SettingsDep
 from mint.api.pagination import After, Limit, id_path, page_from, page_of
 from mint.evals.compare import DEFAULT_RESAMPLES, DEFAULT_SEED
+from mint.evals.mining import MiningResult
 from mint.schemas.common import ID_PATTERN, MAX_SEED, Page
 from mint.schemas.datasets import DatasetPublic
 from mint.schemas.evals import (
@@ -23,7 +24,7 @@ from mint.schemas.evals import (
 )
 from mint.services import evals
 from mint.storage.objects import object_store_for
-from mint.storage.tables import EvalRun
+from mint.storage.tables import Dataset, EvalRun
 
 router = APIRouter(tags=["evals"])
 
@@ -121,6 +122,11 @@ def dataset_from_failures(
     """Mine a finished run's failed trajectories into a dataset: SFT rows (`chat`), DPO pairs
     (`preference`) or RL prompts (`prompts`). The same rows again return the same dataset."""
     dataset, result = evals.dataset_from_failures(session, object_store_for(settings), principal, body)
+    return mined_dataset(dataset, result)
+
+
+def mined_dataset(dataset: Dataset, result: MiningResult) -> MinedDatasetPublic:
+    """A mined dataset as the API shows it: with what was mined from and what gave no row, and why."""
     return MinedDatasetPublic(
         **DatasetPublic.model_validate(dataset).model_dump(),
         failed_tasks=len(result.rows) + len(result.skipped),
