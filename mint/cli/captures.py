@@ -44,3 +44,40 @@ def feedback(
             completion_id, score=score, label=label, comment=comment, correction=correction
         )
     api.show(given, human(given.model_dump(exclude={"object"})))
+
+
+DeploymentOpt = Annotated[str | None, typer.Option("--deployment", help="Only this deployment's captures.")]
+LabelOpt = Annotated[str | None, typer.Option("--label", help="Only captures given this label.")]
+MaxScoreOpt = Annotated[
+    float | None, typer.Option("--max-score", min=0.0, max=1.0, help="Only captures scored at most this.")
+]
+
+
+@app.command("mine")
+@remote
+def mine(
+    api: Remote,
+    kind: Annotated[str, typer.Option("--kind", help="chat (SFT) | preference (DPO) | prompts (RL).")],
+    deployment: DeploymentOpt = None,
+    label: LabelOpt = None,
+    max_score: MaxScoreOpt = None,
+) -> None:
+    """Turn corrected captures into a dataset: SFT rows, DPO pairs or RL prompts."""
+    with api.client() as client:
+        dataset = client.captures.to_dataset(kind, deployment=deployment, label=label, max_score=max_score)
+    api.show(dataset, ["id", "kind", "row_count", "filename", "skipped"])
+
+
+@app.command("to-benchmark")
+@remote
+def to_benchmark(
+    api: Remote,
+    benchmark: Annotated[str, typer.Argument(help="The benchmark's id.")],
+    deployment: DeploymentOpt = None,
+    label: LabelOpt = None,
+    max_score: MaxScoreOpt = None,
+) -> None:
+    """Add each corrected capture to a benchmark's next version as a task (split `production`)."""
+    with api.client() as client:
+        version = client.captures.to_benchmark(benchmark, deployment=deployment, label=label, max_score=max_score)
+    api.show(version, ["id", "benchmark_id", "version", "task_count", "splits"])

@@ -95,7 +95,7 @@ class CaptureFilter(BaseModel):
 class DatasetFromCaptures(CaptureFilter):
     kind: Literal["chat", "preference", "prompts"] = Field(
         description="chat: SFT rows ending in the correction; preference: DPO pairs, the correction over what "
-        "was served; prompts: RL prompts with the correction as reference (graded `exact`)."
+        "was served; prompts: RL prompts with the correction as reference (graded `normalized`)."
     )
     filename: str | None = Field(default=None, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 

@@ -3,7 +3,7 @@
 users actually ask.
 
 A captured chat completion with a correction in its feedback is read as a benchmark task (its
-request's messages and tools, the correction as reference, graded `exact`, task id the
+request's messages and tools, the correction as reference, graded `normalized`, task id the
 completion's id) and a failed trajectory (the request and what was served), and goes through
 the same mining as an eval run's failures (`mint.evals.mining`). The newest feedback of a
 capture that gives a correction is the one used.
@@ -30,7 +30,7 @@ from mint.services.principal import Principal
 from mint.storage.objects import ObjectStore
 from mint.storage.tables import BenchmarkVersion, Capture, Dataset, Feedback
 
-GRADER = GraderSpec(type="exact")
+GRADER = GraderSpec(type="normalized")
 
 
 @dataclass(frozen=True)

@@ -576,3 +576,55 @@ def test_a_capturing_deployment_records_what_it_served_and_takes_feedback_even_f
     )
     again = api.post(f"/v1/benchmarks/{bench['id']}/versions/from-captures", json={"deployment": "captured-prod"})
     assert again.status_code == 400 and "already a task of this benchmark" in again.text
+
+
+PRODUCTION_REQUESTS = ["Confirm the order.", "Is the service up?", "Acknowledge this.", "Can you hear me?",
+                       "Ready?", "Did it arrive?", "Reply please.", "All set?"]  # fmt: skip
+
+
+def test_production_feedback_becomes_the_next_version_that_fixes_what_it_corrected_on_the_same_ruler(
+    versions: list[str], owner: Tenant, live_server: LiveServer, node: Any, workers: Any
+) -> None:
+    """The loop from production: serve, capture, correct, mine into data and into the ruler,
+    train the next version from the one in production, and measure both on the grown ruler."""
+    import httpx
+
+    from mint.sdk import Mint
+
+    workers.start("production-loop")
+    api = httpx.Client(base_url=live_server.url, headers=owner.headers("developer"), timeout=60)
+    api.post("/v1/deployments", json={"name": "loop-prod", "model": versions[0]}).raise_for_status()
+    api.patch("/v1/deployments/loop-prod/capture", json={"rate": 1.0}).raise_for_status()
+    with (
+        Mint(live_server.url, owner.keys["developer"]) as user,
+        Mint(live_server.url, owner.keys["viewer"]) as reviewer,
+    ):
+        for text in PRODUCTION_REQUESTS:
+            answer = user.chat.create(model="loop-prod", messages=[{"role": "user", "content": text}], max_tokens=4)
+            wait_for(lambda answer=answer: api.get(f"/v1/captures/{answer.id}").status_code == 200, "the capture")
+            correction = {"message": {"role": "assistant", "content": "OK"}}
+            reviewer.captures.feedback(answer.id, score=0.0, label="should-acknowledge", correction=correction)
+
+    with Mint(live_server.url, owner.keys["developer"]) as sdk:
+        mined = sdk.captures.to_dataset("chat", deployment="loop-prod", label="should-acknowledge")
+        assert mined.row_count == len(PRODUCTION_REQUESTS) and mined.skipped == []
+        seed = {"id": "seed", "messages": [{"role": "user", "content": "Hello?"}], "reference": "OK"}
+        ruler = sdk.benchmarks.create(
+            "production-ruler", content=json.dumps(seed), format="jsonl", grader={"type": "normalized"}
+        )
+        grown = sdk.captures.to_benchmark(ruler.id, deployment="loop-prod")
+        assert (grown.version, grown.task_count, grown.splits.get("production")) == (2, 9, 8)
+
+        before = sdk.evals.create(ruler.id, versions[0], max_tokens=4).wait()
+        # The next version of the adapter in production (a new version of `answers`).
+        job = sdk.jobs.create(BASE, mined.id, suffix="answers", steps=24, learning_rate=3e-3, seed=1,
+                              hyperparameters={"batch_size": 8}).wait()  # fmt: skip
+        assert job.status == "succeeded" and job.fine_tuned_model == "answers@3"
+        after = sdk.evals.create(ruler.id, job.fine_tuned_model, max_tokens=4).wait()
+        comparison = sdk.evals.compare(before.id, after.id)
+    assert before.benchmark_version_id == after.benchmark_version_id == grown.id
+    production = {request_id for request_id in comparison.fixed if request_id != "seed"}
+    print(f"\nproduction loop: fixed {len(comparison.fixed)}, broken {len(comparison.broken)}, "
+          f"delta {comparison.accuracy_delta:+.2f}")  # fmt: skip
+    assert len(production) >= len(PRODUCTION_REQUESTS) // 2 and comparison.broken == []
+    assert comparison.significant

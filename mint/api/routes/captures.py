@@ -96,7 +96,7 @@ def benchmark_from_captures(
     principal: CurrentPrincipal,
 ) -> BenchmarkVersion:
     """The benchmark's next version: its newest tasks, and each corrected capture of the
-    deployment as a task (the request, the correction as reference, graded `exact`) under
+    deployment as a task (the request, the correction as reference, graded `normalized`) under
     `split`, so the ruler grows with what users ask."""
     version, _ = production.benchmark_from_captures(session, object_store_for(settings), principal, benchmark_id, body)
     return version
