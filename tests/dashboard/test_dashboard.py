@@ -89,6 +89,38 @@ def training_rows() -> str:
     )
 
 
+def capture_request(live_server: LiveServer, tenant: Tenant, deployment_id: str, asked: str, answered: str) -> str:
+    """Turn capture on for a deployment and record one request to it, as the API's capture writer
+    would: this test runs no serving node (tests/serving/test_inference_api.py captures real traffic)."""
+    from mint.config import get_settings
+    from mint.services.captures import CaptureRecord, CaptureTarget
+    from mint.storage.db import session_scope
+    from mint.storage.tables import utcnow
+
+    patched = httpx.patch(
+        f"{live_server.url}/v1/deployments/{deployment_id}/capture", headers=tenant.headers("developer"),
+        json={"rate": 1.0},
+    )  # fmt: skip
+    assert patched.status_code == 200, patched.text
+    record = CaptureRecord(
+        id="chatcmpl-dashboard",
+        organization_id=tenant.organization_id,
+        target=CaptureTarget(deployment_id, rate=1.0, retention_days=30),
+        revision=1,
+        model_ref="acknowledger@1",
+        kind="chat",
+        request={"messages": [{"role": "user", "content": asked}]},
+        response={"choices": [{"index": 0, "message": {"role": "assistant", "content": answered}}]},
+        prompt_tokens=3,
+        completion_tokens=1,
+        latency_ms=42.0,
+        created_at=utcnow(),
+    )
+    with session_scope(get_settings().database) as session:
+        session.add(record.row())
+    return record.id
+
+
 class Api:
     """The REST API on the live server, with the tenant's developer key; every answer checked."""
 
@@ -302,10 +334,20 @@ def test_the_dashboard_walks_the_whole_loop(
     assert version_2 == "acknowledger@2"
     gate = {"benchmark": BENCHMARK, "min_pass_rate": 0.1, "require_no_significant_regression": False}
     deployment = api.post("/v1/deployments", {"name": "acknowledge-prod", "model": version_1, "gate": gate})
+    captured = capture_request(live_server, tenant, deployment["id"], "Ready?", "Hmm")
+    api.post(
+        f"/v1/captures/{captured}/feedback",
+        {"score": 0.0, "correction": {"message": {"role": "assistant", "content": "OK"}}},
+    )
     nav(page, "Deployments").click()
     page.get_by_role("link", name="acknowledge-prod", exact=True).click()
     history = page.get_by_role("table", name="Revisions, newest first").locator("tbody tr")
     expect(history).to_have_count(1)
+    traffic = page.get_by_role("table", name="Captured requests, newest first").locator("tbody tr")
+    expect(traffic).to_have_count(1)
+    expect(traffic.first).to_contain_text("Ready?")
+    expect(traffic.first).to_contain_text("score 0, → OK")
+    expect(page.locator("#capture-state")).to_have_text("Capturing 100% of requests, each kept 30 days.")
     expect(history.first).to_contain_text("gate passed")
     dialog = page.locator("dialog#confirm")
     expect(page.get_by_label("Version to promote")).to_have_value(version_2)

@@ -1,6 +1,6 @@
 // Deployments: the list, and a deployment's page: what it serves now, promote / roll back /
-// withdraw (each asked for confirmation, with a reason), and the revision history with the
-// gate's verdict on every gated change.
+// withdraw (each asked for confirmation, with a reason), the revision history with the gate's
+// verdict on every gated change, and the traffic it captured with the feedback given on it.
 
 import { all, get, post } from "./api.js";
 import { code, facts, fill, h, heading, link, percent, section, signedPoints, status, table, when } from "./dom.js";
@@ -204,12 +204,67 @@ function withdrawForm(deployment, act) {
   return h("div", { class: "stacked-form" }, h("p", {}, "Stop serving under this name."), button);
 }
 
+function lastText(payload) {
+  const messages = payload.messages ?? (payload.choices ?? []).map((choice) => choice.message ?? {});
+  if (messages.length) {
+    const last = messages.at(-1);
+    return last.content ?? (last.tool_calls ? JSON.stringify(last.tool_calls) : "");
+  }
+  return payload.prompt ?? payload.choices?.[0]?.text ?? "";
+}
+
+function feedbackText(entries) {
+  if (!entries.length) return "—";
+  return entries
+    .map((entry) =>
+      [
+        entry.score === null ? null : `score ${entry.score}`,
+        entry.label,
+        entry.comment,
+        entry.correction ? `→ ${lastText({ choices: [entry.correction] }) || entry.correction.text}` : null,
+      ]
+        .filter(Boolean)
+        .join(", "),
+    )
+    .join("; ");
+}
+
+function captureSection(deployment, captures) {
+  const capture = deployment.capture ?? { rate: 0, retention_days: 30 };
+  const state =
+    capture.rate > 0
+      ? `Capturing ${percent(capture.rate, 0)} of requests, each kept ${capture.retention_days} days.`
+      : "Capture is off: PATCH /v1/deployments/{id}/capture with a rate to record traffic.";
+  return section(
+    "Captured traffic",
+    h("p", { class: "muted", id: "capture-state" }, state),
+    table(
+      "Captured requests, newest first",
+      [
+        ["Completion", (c) => code(c.id)],
+        ["Version", (c) => c.model],
+        ["Asked", (c) => lastText(c.request)],
+        ["Answered", (c) => lastText(c.response)],
+        ["Latency", (c) => `${Math.round(c.latency_ms)} ms`, "num"],
+        ["Feedback", (c) => feedbackText(c.feedback)],
+        ["When", (c) => when(c.created_at)],
+      ],
+      captures,
+      { empty: "No captured requests." },
+    ),
+  );
+}
+
 export async function renderDeployment(deploymentId) {
   const container = h("div", {});
 
   async function build() {
     const path = `/v1/deployments/${encodeURIComponent(deploymentId)}`;
-    const [deployment, revisions] = await Promise.all([get(path), get(`${path}/revisions`)]);
+    const [deployment, revisions, captured] = await Promise.all([
+      get(path),
+      get(`${path}/revisions`),
+      get(`${path}/captures`, { limit: 50 }),
+    ]);
     const candidates = deployment.kind === "single" ? await candidateVersions(deployment.base_model) : [];
 
     async function act(action, body, title, description) {
@@ -256,6 +311,7 @@ export async function renderDeployment(deploymentId) {
         ),
       ),
       section("Revision history", historyTable(revisions)),
+      captureSection(deployment, captured.data),
     ];
   }
 
