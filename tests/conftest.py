@@ -240,6 +240,34 @@ def make_tenant(settings: Settings, name: str | None = None) -> Tenant:
     return Tenant(organization_id=org.id, name=name, keys=keys, key_ids=key_ids)
 
 
+def record_capture(
+    tenant: Tenant, deployment_id: str, *, asked: str, answered: str, completion_id: str | None = None
+) -> str:
+    """Record one captured chat request of a deployment as the API's capture writer would, for
+    tests that run no serving node (tests/serving/test_inference_api.py captures real traffic)."""
+    from mint.services.captures import CaptureRecord, CaptureTarget
+    from mint.storage.db import session_scope
+    from mint.storage.tables import utcnow
+
+    record = CaptureRecord(
+        id=completion_id or f"chatcmpl-{secrets.token_hex(16)}",
+        organization_id=tenant.organization_id,
+        target=CaptureTarget(deployment_id, rate=1.0, retention_days=30),
+        revision=1,
+        model_ref="captured@1",
+        kind="chat",
+        request={"messages": [{"role": "user", "content": asked}]},
+        response={"choices": [{"index": 0, "message": {"role": "assistant", "content": answered}}]},
+        prompt_tokens=3,
+        completion_tokens=1,
+        latency_ms=42.0,
+        created_at=utcnow(),
+    )
+    with session_scope(get_settings().database) as session:
+        session.add(record.row())
+    return record.id
+
+
 def register_versions(
     settings: Settings, tenant: Tenant, name: str, count: int, base: str = "tiny-glm-moe"
 ) -> list[str]:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import Tenant
+from tests.conftest import Tenant, record_capture
 
 # Routes open to anyone: health probes for load balancers and Prometheus.
 PUBLIC_ROUTES = {"/healthz", "/readyz", "/metrics", "/api/v1/healthz"}
@@ -204,30 +204,8 @@ def _tinker_model(client: TestClient, owner: Tenant) -> str:
 
 
 def _capture(client: TestClient, owner: Tenant) -> str:
-    """A captured completion of one of the owner's deployments, written as the capture writer
-    would (no serving node runs in this module)."""
-    from mint.config import get_settings
-    from mint.services.captures import CaptureRecord, CaptureTarget
-    from mint.storage.db import session_scope
-    from mint.storage.tables import utcnow
-
-    record = CaptureRecord(
-        id=f"chatcmpl-{secrets.token_hex(16)}",
-        organization_id=owner.organization_id,
-        target=CaptureTarget(_deployment(client, owner), rate=1.0, retention_days=1),
-        revision=1,
-        model_ref="tenancy@1",
-        kind="chat",
-        request={"messages": [{"role": "user", "content": "hi"}]},
-        response={"choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}}]},
-        prompt_tokens=1,
-        completion_tokens=1,
-        latency_ms=1.0,
-        created_at=utcnow(),
-    )
-    with session_scope(get_settings().database) as session:
-        session.add(record.row())
-    return record.id
+    """A captured completion of one of the owner's deployments."""
+    return record_capture(owner, _deployment(client, owner), asked="hi", answered="hello")
 
 
 def _tinker_sampler(client: TestClient, owner: Tenant) -> str:

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import LiveServer, Tenant, Workers, wait_for
+from tests.conftest import LiveServer, Tenant, Workers, record_capture, wait_for
 
 # A client of the API, like the SDK and the CLI: it runs in the embedded pass only (see
 # tests/conftest.py); what it shows comes from routes tested on both backends.
@@ -90,35 +90,13 @@ def training_rows() -> str:
 
 
 def capture_request(live_server: LiveServer, tenant: Tenant, deployment_id: str, asked: str, answered: str) -> str:
-    """Turn capture on for a deployment and record one request to it, as the API's capture writer
-    would: this test runs no serving node (tests/serving/test_inference_api.py captures real traffic)."""
-    from mint.config import get_settings
-    from mint.services.captures import CaptureRecord, CaptureTarget
-    from mint.storage.db import session_scope
-    from mint.storage.tables import utcnow
-
+    """Turn capture on for a deployment and record one request to it (this test runs no serving node)."""
     patched = httpx.patch(
         f"{live_server.url}/v1/deployments/{deployment_id}/capture", headers=tenant.headers("developer"),
         json={"rate": 1.0},
     )  # fmt: skip
     assert patched.status_code == 200, patched.text
-    record = CaptureRecord(
-        id="chatcmpl-dashboard",
-        organization_id=tenant.organization_id,
-        target=CaptureTarget(deployment_id, rate=1.0, retention_days=30),
-        revision=1,
-        model_ref="acknowledger@1",
-        kind="chat",
-        request={"messages": [{"role": "user", "content": asked}]},
-        response={"choices": [{"index": 0, "message": {"role": "assistant", "content": answered}}]},
-        prompt_tokens=3,
-        completion_tokens=1,
-        latency_ms=42.0,
-        created_at=utcnow(),
-    )
-    with session_scope(get_settings().database) as session:
-        session.add(record.row())
-    return record.id
+    return record_capture(tenant, deployment_id, asked=asked, answered=answered)
 
 
 class Api:
