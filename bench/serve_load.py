@@ -10,7 +10,12 @@ For each concurrency level, that many chat completions are sent at once; the ben
 errors by status (goal: 0), p50 and p95 latency (to the last byte), and completion tokens
 per second over the level's wall time.
 
-    .venv/bin/python bench/serve_load.py [--levels 64,256] [--max-tokens 16]
+Then the cost of production capture: two deployments of the same adapter version, one that
+captures every request and one that captures none, are sent the same load in turns (`--rounds`
+of each, alternating), and the bench prints requests per second of each and their ratio, and
+how many captures were written and dropped.
+
+    .venv/bin/python bench/serve_load.py [--levels 64,256] [--max-tokens 16] [--capture-level 64] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -141,6 +146,8 @@ def main() -> None:
     parser.add_argument("--levels", default="64,256", help="Comma-separated numbers of concurrent requests.")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--adapters", type=int, default=2)
+    parser.add_argument("--capture-level", type=int, default=64, help="Concurrency of the capture comparison; 0: none.")
+    parser.add_argument("--rounds", type=int, default=3, help="Rounds of each deployment in the capture comparison.")
     args = parser.parse_args()
     if "MINT_HOME" not in os.environ:
         os.environ["MINT_HOME"] = tempfile.mkdtemp(prefix="mint-serve-load-")
@@ -187,6 +194,8 @@ def main() -> None:
                 f"{concurrency:>11} {shown:>14} {row['p50_s']:7.2f}s {row['p95_s']:7.2f}s "
                 f"{row['tokens_per_s']:9.1f} {row['wall_s']:6.1f}s"
             )
+        if args.capture_level:
+            capture_cost(api_url, result.admin_key, models[1], args.capture_level, args.max_tokens, args.rounds)
     finally:
         for process in processes:
             process.send_signal(signal.SIGTERM)
@@ -195,6 +204,32 @@ def main() -> None:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def capture_cost(api_url: str, key: str, version: str, concurrency: int, max_tokens: int, rounds: int) -> None:
+    """Requests per second through a deployment that captures every request and one that
+    captures none, the same version behind both, in alternating rounds."""
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=api_url, headers=headers, timeout=60) as api:
+        for name, rate in (("load-plain", 0.0), ("load-captured", 1.0)):
+            api.post("/v1/deployments", json={"name": name, "model": version}).raise_for_status()
+            api.patch(f"/v1/deployments/{name}/capture", json={"rate": rate}).raise_for_status()
+        walls: dict[str, float] = {"load-plain": 0.0, "load-captured": 0.0}
+        for _ in range(rounds):
+            for name in walls:
+                row = asyncio.run(level(api_url, key, [name], concurrency, max_tokens))
+                assert not row["errors"], row
+                walls[name] += row["wall_s"]
+        plain, captured = (rounds * concurrency / walls[name] for name in ("load-plain", "load-captured"))
+        stored = api.get("/v1/deployments/load-captured/captures", params={"limit": 100}).json()
+        metrics = api.get("/metrics").text
+    counted = [line.split()[-1] for line in metrics.splitlines() if line.startswith("mint_captures_dropped_total")]
+    dropped = counted[0] if counted else "0"
+    print(
+        f"capture at concurrency {concurrency}, {rounds} rounds each: {plain:.1f} req/s without, {captured:.1f} req/s "
+        f"with every request captured (ratio {captured / plain:.3f}); captures listed {len(stored['data'])}"
+        f"{'+' if stored['has_more'] else ''}, dropped {dropped}"
+    )
 
 
 def _ready(api_url: str) -> bool:
