@@ -48,7 +48,16 @@ from mint.services.principal import Principal
 from mint.services.quotas import QuotaDefaults, hold
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
-from mint.storage.tables import Benchmark, BenchmarkVersion, Dataset, EvalRun, Trajectory, new_id, utcnow
+from mint.storage.tables import (
+    AdapterVersion,
+    Benchmark,
+    BenchmarkVersion,
+    Dataset,
+    EvalRun,
+    Trajectory,
+    new_id,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +67,33 @@ FINISHED = ("succeeded", "failed", "cancelled")
 
 
 # ---- creating and reading runs ---------------------------------------------------------------
+
+
+def evaluated_model(
+    session: Session, organization_id: str, ref: str
+) -> tuple[adapters.ResolvedModel, dict[str, Any] | None]:
+    """What an eval of `ref` measures: a base, an adapter version, or what a deployment serves
+    now (its current revision's version, and the deployment and revision, kept in the run's
+    config), so the ruler measures what is in production."""
+    from mint.services import deployments  # deployments imports this module (gates)
+
+    found = deployments.deployment_of_model(session, organization_id, ref) if "@" not in ref else None
+    if found is None:
+        return adapters.resolve_model_ref(session, organization_id, ref), None
+    deployment, revision = found
+    if revision.adapter_version_id is None:
+        served = ", ".join(sorted(revision.routing.get("versions", {})))
+        raise InvalidRequest(
+            f"deployment {deployment.name!r} routes among several versions (a mixture); an eval measures one "
+            f"version at a time: evaluate each of {served} by its `adapter@version`",
+            param="model",
+        )
+    version = session.get(AdapterVersion, revision.adapter_version_id)
+    assert version is not None
+    adapter_ref = adapters.model_ref_of_id(session, version.id)
+    production = {"name": deployment.name, "id": deployment.id, "revision": revision.revision}
+    model = adapters.ResolvedModel(ref=adapter_ref, base_model=deployment.base_model, adapter_version=version)
+    return model, production
 
 
 def create_eval_run(
@@ -76,7 +112,7 @@ def create_eval_run(
     pinned in the run's config (`mint.services.judges`); one that is not there is a 400.
     """
     benchmark = benchmarks.get_benchmark(session, principal.organization_id, body.benchmark_id)
-    model = adapters.resolve_model_ref(session, principal.organization_id, body.model)
+    model, production = evaluated_model(session, principal.organization_id, body.model)
     # Locked first, then read: the split and content recorded are the locked version's. Any
     # refusal below rolls the lock back with the rest of the request.
     version = benchmarks.lock_version(session, benchmarks.get_version(session, benchmark, body.version))
@@ -112,6 +148,7 @@ def create_eval_run(
             "seed": body.seed,
             "max_steps": body.max_steps,
             **({"judges": judges} if judges else {}),
+            **({"deployment": production} if production else {}),
         },
     )
     mark_queued(run)

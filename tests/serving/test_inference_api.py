@@ -288,6 +288,11 @@ def test_a_mixture_deployment_routes_by_rule(
     )
     assert routed.model_extra["mint"]["adapter"] == versions[1]
     assert routed.model_extra["mint"]["route"]["decided_by"] == "rule"
+    task = {"id": "q", "messages": QUESTION, "reference": "5"}
+    bench = api.post("/v1/benchmarks", json={"name": "mix-ruler", "format": "jsonl", "content": json.dumps(task),
+                                             "grader": {"type": "normalized"}}).json()  # fmt: skip
+    refused = api.post("/v1/evals", json={"benchmark_id": bench["id"], "model": "answers-mix"})
+    assert refused.status_code == 400 and "evaluate each of answers@1, answers@2" in refused.text, refused.text
 
 
 def test_admin_cache_stats_and_pins(client: Any, versions: list[str], owner: Tenant) -> None:
@@ -615,7 +620,12 @@ def test_production_feedback_becomes_the_next_version_that_fixes_what_it_correct
         grown = sdk.captures.to_benchmark(ruler.id, deployment="loop-prod")
         assert (grown.version, grown.task_count, grown.splits.get("production")) == (2, 9, 8)
 
-        before = sdk.evals.create(ruler.id, versions[0], max_tokens=4).wait()
+        before = sdk.evals.create(ruler.id, "loop-prod", max_tokens=4).wait()  # what production serves
+        assert before.model == versions[0] and before.config["deployment"] == {
+            **before.config["deployment"],
+            "name": "loop-prod",
+            "revision": 1,
+        }
         # The next version of the adapter in production (a new version of `answers`).
         job = sdk.jobs.create(BASE, mined.id, suffix="answers", steps=24, learning_rate=3e-3, seed=1,
                               hyperparameters={"batch_size": 8}).wait()  # fmt: skip
