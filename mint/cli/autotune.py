@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from mint.cli.options import LimitOpt, Remote, exit_unless_succeeded, first, remote
+from mint.cli.options import LimitOpt, Remote, TimeoutOpt, exit_unless_succeeded, first, remote
 from mint.cli.output import console, emit, human
 from mint.schemas.autotune import MAX_BUDGET_S, MAX_BUDGET_USD, MAX_TRIALS
 
@@ -80,6 +80,7 @@ def start(
         int, typer.Option("--eval-max-tokens", min=1, max=8192, help="Largest assistant turn in the evals.")
     ] = 64,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the run has finished.")] = False,
+    timeout: TimeoutOpt = None,
 ) -> None:
     """Start an auto run; with --wait, until it has finished (exit 1 unless it reached its target)."""
     budget = {"usd": budget_usd, "seconds": budget_s}
@@ -96,7 +97,7 @@ def start(
             eval_max_tokens=eval_max_tokens,
         )
         if wait:
-            run = client.autotune.wait(run.id)
+            run = client.autotune.wait(run.id, timeout_s=timeout)
     _show_run(api, run)
     if wait:
         exit_unless_succeeded(run.status, f"auto run {run.id}")

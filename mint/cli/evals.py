@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from mint.cli.options import LimitOpt, Remote, WaitOpt, exit_unless_succeeded, first, remote
+from mint.cli.options import LimitOpt, Remote, TimeoutOpt, WaitOpt, exit_unless_succeeded, first, remote
 from mint.cli.output import console, emit, emit_one, errors, human, wire
 from mint.schemas.common import MAX_VERSION
 from mint.schemas.evals import MinedKind
@@ -50,12 +50,13 @@ def run(
         int | None, typer.Option("--max-tokens", min=1, max=8192, help="Longest assistant turn.")
     ] = None,
     wait: WaitOpt = False,
+    timeout: TimeoutOpt = None,
 ) -> None:
     """Evaluate a model on a benchmark version; with --wait, until it has finished (exit 1 unless it succeeded)."""
     with api.client() as client:
         eval_run = client.evals.create(benchmark, model, version=version, split=split, max_tokens=max_tokens)
         if wait:
-            eval_run = eval_run.wait()
+            eval_run = eval_run.wait(timeout_s=timeout)
     api.show(eval_run, row_of(eval_run))
     if wait:
         exit_unless_succeeded(eval_run.status, f"eval run {eval_run.id}")

@@ -10,7 +10,17 @@ from typing import Annotated, Any
 
 import typer
 
-from mint.cli.options import LimitOpt, Remote, WaitOpt, exit_unless_succeeded, finite, first, grader_option, remote
+from mint.cli.options import (
+    LimitOpt,
+    Remote,
+    TimeoutOpt,
+    WaitOpt,
+    exit_unless_succeeded,
+    finite,
+    first,
+    grader_option,
+    remote,
+)
 from mint.cli.output import console, human, wire
 from mint.schemas.fine_tuning import MethodType
 from mint.schemas.plans import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_STEPS
@@ -119,6 +129,7 @@ def create(
         bool, typer.Option("--estimate", help="Print what the job would use and cost, and start nothing.")
     ] = False,
     wait: WaitOpt = False,
+    timeout: TimeoutOpt = None,
 ) -> None:
     """Start a fine-tuning job (or a chain of stages); with --wait, until it has finished (exit 1
     unless it succeeded). With --estimate, only price it."""
@@ -145,7 +156,7 @@ def create(
             return
         job = client.jobs.create(model, file, **fields)
         if wait:
-            job = job.wait()
+            job = job.wait(timeout_s=timeout)
     api.show(job, row_of(job))
     if wait:
         exit_unless_succeeded(job.status, f"job {job.id}")

@@ -34,6 +34,7 @@ from mint.cli.admin import admin
 from mint.cli.chat import chat
 from mint.cli.output import errors as stderr
 from mint.cli.usage import usage
+from mint.sdk.errors import WaitTimeoutError
 
 app = typer.Typer(
     name="mint", help="Mint: post-train and serve LoRA adapters on your own base models.", no_args_is_help=True
@@ -71,6 +72,7 @@ EXIT_CODES: dict[type[errors.MintError], int] = {
     errors.Conflict: 5,
     errors.InvalidRequest: 6,
     errors.ServiceUnavailable: 7,
+    WaitTimeoutError: 8,  # --wait --timeout gave up; the work goes on
 }
 
 

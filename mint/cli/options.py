@@ -47,6 +47,10 @@ def finite(value: float | None) -> float | None:
 
 LimitOpt = Annotated[int, typer.Option("--limit", min=1, max=1_000_000, help="Most rows to show.")]
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait until it has finished, with a progress bar.")]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", min=1.0, help="With --wait: give up after this many seconds (exit 8); the work goes on."),
+]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why; kept in the revision and the audit log.")]
 
 # Pages the API serves at most; longer listings take several pages.

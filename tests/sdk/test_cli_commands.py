@@ -180,13 +180,28 @@ def test_exit_codes_that_scripts_can_trust(cli: Cli, owner: Tenant, tmp_path: Pa
     unreachable = f"http://127.0.0.1:{free_port()}"
     assert "could not reach" in cli("jobs", "list", "--base-url", unreachable, code=7).stderr
 
+    # Priced before it starts; waited for at most --timeout (no worker runs tiny-qwen3-moe here).
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(jsonl(chat_rows(4, "timeout")))
+    file_id = as_json(cli("datasets", "upload", str(rows), "--json"))["id"]
+    job = ["jobs", "create", "--model", "tiny-qwen3-moe", "--file", file_id, "--steps", "2"]
+    priced = as_json(cli(*job, "--estimate", "--json"))
+    assert priced["object"] == "fine_tuning.job.estimate" and priced["steps"] == 2 and priced["cost_usd"] > 0
+    gave_up = cli(*job, "--wait", "--timeout", "1", code=8)
+    assert "did not finish within 1 s; it goes on running on the server" in gave_up.stderr, gave_up.stderr
+    queued = as_json(cli("jobs", "list", "--json"))
+    waited = next(entry for entry in queued if entry["training_file"] == file_id)
+    assert waited["status"] == "queued"
+    cli("jobs", "cancel", waited["id"])
+
 
 def test_usage_is_readable_with_any_key(cli: Cli, owner: Tenant) -> None:
     summary = as_json(cli("usage", "--since", "2020-01-01", "--json", key=owner.keys["viewer"]))
     assert summary["object"] == "usage_summary" and summary["since"].startswith("2020-01-01")
-    assert all(set(line) == {"kind", "base_model", "tokens", "records"} for line in summary["data"])
+    assert all(set(line) == {"kind", "base_model", "tokens", "records", "cost_usd"} for line in summary["data"])
+    assert summary["total_cost_usd"] == pytest.approx(sum(line["cost_usd"] for line in summary["data"]), abs=1e-5)
     table = cli("usage", key=owner.keys["viewer"]).stdout
-    assert all(header in table for header in ("kind", "base_model", "tokens", "records"))
+    assert all(header in table for header in ("kind", "base_model", "tokens", "records", "cost_usd"))
 
 
 def test_models_keys_and_audit_log_of_the_organization(cli: Cli, owner: Tenant) -> None:
