@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from mint.schemas.common import WireModel
 
@@ -40,3 +40,17 @@ class AdapterVersionPublic(WireModel):
     metrics: dict[str, Any]
     status: str
     created_at: datetime
+
+
+class ReplayCreate(BaseModel):
+    """Train a version's recipe again on another base."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(max_length=100, description="The base to replay onto, e.g. `tiny-qwen3-moe`.")
+    suffix: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="The new adapter's name (default: `<adapter>-<base>`).",
+    )

@@ -488,7 +488,7 @@ RL_HYPERPARAMETERS = (
 )
 
 
-def _method_view(kind: str, plan: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def method_view(kind: str, plan: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """OpenAI's `method` object of a plan, and the plan's common hyperparameters."""
     hyperparameters = {key: plan[key] for key in ("batch_size", "learning_rate_multiplier", "n_epochs") if key in plan}
     method_type = TYPE_OF_METHOD[kind]
@@ -522,7 +522,7 @@ def _stages_view(job: TrainingJob, versions: StageVersions) -> list[dict[str, An
         views.append(
             {
                 "stage": number,
-                "method": _method_view(plan["method"], plan)[0],
+                "method": method_view(plan["method"], plan)[0],
                 "training_file": stage["training_file"],
                 "validation_file": stage.get("validation_file"),
                 "status": status,
@@ -561,7 +561,7 @@ def job_view(
 ) -> dict[str, Any]:
     """The job in OpenAI's shape (see `mint.schemas.fine_tuning.FineTuningJob`); a chained
     job lists its stages, with the versions of those that succeeded (`stage_versions`)."""
-    method, hyperparameters = _method_view(job.method, job.spec.get("plan", {}))
+    method, hyperparameters = method_view(job.method, job.spec.get("plan", {}))
     error = job.error
     from_adapter = job.spec.get("from_adapter")
     return {

@@ -197,3 +197,53 @@ def test_an_sft_then_rl_chain_registers_a_version_per_stage_and_resumes_in_the_s
         (16, 2),
         (20, 2),
     ]
+
+
+def test_a_versions_lineage_is_replayed_on_another_base_as_one_job_of_its_recipes(
+    client: TestClient, tenant: Tenant, workers: Workers
+) -> None:
+    workers.start("replay")
+    chat = upload(client, tenant, chat_rows(8))
+    prompts = upload(client, tenant, prompt_rows(4))
+    lineage = _create(
+        client,
+        tenant,
+        {
+            "model": BASE,
+            "suffix": "lineage",
+            "seed": 5,
+            "lora": {"rank": 4},
+            "stages": [
+                {"method": SFT, "training_file": chat["id"], "steps": 2, "learning_rate": 2e-3},
+                {"method": _rl(max_steps_without_signal=50), "training_file": prompts["id"], "steps": 1},
+            ],
+        },
+    )
+    assert _finished(client, tenant, lineage["id"])["status"] == "succeeded"
+    adapter_id = _versions(client, tenant, "lineage")[0]["adapter_id"]
+
+    # Onto a base no worker of this suite runs: the job waits, and its request is the recipe.
+    replayed = client.post(
+        f"/v1/adapters/{adapter_id}/versions/2/replay",
+        headers=tenant.headers("developer"),
+        json={"model": "tiny-qwen3-moe"},
+    )
+    assert replayed.status_code == 200, replayed.text
+    job = replayed.json()
+    assert (job["model"], job["status"], job["metadata"]) == ("tiny-qwen3-moe", "queued", {"replay_of": "lineage@2"})
+    assert job["lora"]["rank"] == 4 and job["total_steps"] == 3
+    stages = job["stages"]
+    assert [(s["method"]["type"], s["training_file"], s["total_steps"]) for s in stages] == [
+        ("supervised", chat["id"], 2),
+        ("reinforcement", prompts["id"], 1),
+    ]
+    assert stages[0]["method"]["supervised"]["hyperparameters"]["batch_size"] == 4
+    rl = stages[1]["method"]["reinforcement"]
+    assert rl["grader"]["type"] == "exact" and rl["hyperparameters"]["group_size"] == 3
+    cancelled = client.post(f"/v1/fine_tuning/jobs/{job['id']}/cancel", headers=tenant.headers("developer"))
+    assert cancelled.status_code == 200
+
+    same = client.post(
+        f"/v1/adapters/{adapter_id}/versions/1/replay", headers=tenant.headers("developer"), json={"model": BASE}
+    )
+    assert same.status_code == 400 and "already on tiny-glm-moe" in same.text

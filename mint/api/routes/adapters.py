@@ -8,12 +8,14 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from fastapi.responses import StreamingResponse
 
-from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from mint.api.deps import CurrentPrincipal, DispatchDep, QuotasDep, SessionDep, SettingsDep
 from mint.api.downloads import TAR_MEDIA_TYPE, binary_response, stream_object
 from mint.api.pagination import After, Limit, id_path, page_of
-from mint.schemas.adapters import AdapterPublic, AdapterVersionPublic
+from mint.api.routes.fine_tuning import job_public
+from mint.schemas.adapters import AdapterPublic, AdapterVersionPublic, ReplayCreate
 from mint.schemas.common import MAX_VERSION, Page
-from mint.services import adapters
+from mint.schemas.fine_tuning import FineTuningJob
+from mint.services import adapters, replay
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Adapter, AdapterVersion
 
@@ -71,3 +73,29 @@ def download_version(
     row = adapters.get_version(session, principal.organization_id, adapter_id, version)
     stream = object_store_for(settings).stream(row.object_key)
     return stream_object(stream, media_type=TAR_MEDIA_TYPE, filename=f"{row.sha256[:16]}.tar")
+
+
+@router.post("/{adapter_id}/versions/{version}/replay", response_model=FineTuningJob)
+def replay_version(
+    adapter_id: AdapterId,
+    version: Version,
+    body: ReplayCreate,
+    session: SessionDep,
+    dispatch: DispatchDep,
+    quotas: QuotasDep,
+    principal: CurrentPrincipal,
+) -> FineTuningJob:
+    """Train this version's recipe again on another base: one job whose stages are the recipes of
+    its lineage, oldest first, each on the file it used, at the version's rank and alpha. Evaluate
+    its version on the same benchmark version and compare it with this one."""
+    job = replay.replay_version(
+        session,
+        principal,
+        adapter_id,
+        version,
+        model=body.model,
+        suffix=body.suffix,
+        send=dispatch,
+        quotas=quotas,
+    )
+    return job_public(session, job)

@@ -42,7 +42,7 @@ EventCursor = Annotated[
 ]
 
 
-def _view(session: SessionDep, job: TrainingJob) -> FineTuningJob:
+def job_public(session: SessionDep, job: TrainingJob) -> FineTuningJob:
     stages = fine_tuning.stage_versions_of(session, job) if "stages" in job.spec else None
     return FineTuningJob.model_validate(
         fine_tuning.job_view(job, fine_tuning.fine_tuned_model_of(session, job), stages)
@@ -65,7 +65,7 @@ def create_job(
     job = fine_tuning.create_job(
         session, principal, body, send=dispatch, quotas=quotas, idempotency_key=idempotency_key
     )
-    return _view(session, job)
+    return job_public(session, job)
 
 
 @router.post("/estimate", response_model=JobEstimate)
@@ -92,12 +92,12 @@ def list_jobs(
 ) -> Page[FineTuningJob]:
     """Jobs of this organization, newest first."""
     result = fine_tuning.list_jobs(session, principal.organization_id, after=after, limit=limit)
-    return page_from([_view(session, job) for job in result.rows], result.has_more, FineTuningJob)
+    return page_from([job_public(session, job) for job in result.rows], result.has_more, FineTuningJob)
 
 
 @router.get("/{job_id}", response_model=FineTuningJob)
 def get_job(job_id: JobId, session: SessionDep, principal: CurrentPrincipal) -> FineTuningJob:
-    return _view(session, fine_tuning.get_job(session, principal.organization_id, job_id))
+    return job_public(session, fine_tuning.get_job(session, principal.organization_id, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=FineTuningJob)
@@ -105,7 +105,7 @@ def cancel_job(
     job_id: JobId, session: SessionDep, principal: CurrentPrincipal, send: OptionalDispatchDep
 ) -> FineTuningJob:
     """Cancel a queued job at once, or a running one after its current optimizer step."""
-    return _view(session, fine_tuning.cancel_job(session, principal, job_id, send))
+    return job_public(session, fine_tuning.cancel_job(session, principal, job_id, send))
 
 
 @router.get("/{job_id}/events", response_model=EventPage)
