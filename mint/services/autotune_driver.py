@@ -32,7 +32,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import InvalidRequest, MintError, QuotaExceeded
+from mint.errors import InvalidRequest, MintError, QuotaExceeded, SpendLimitExceeded
 from mint.schemas.autotune import AutotuneCreate
 from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
 from mint.schemas.fine_tuning import FineTuningJobCreate
@@ -381,7 +381,12 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
         _set_state(run, phase="final", stop_reason=over)
         decide(run, "stop the search", over)
         return _final(tick, run)
-    job = fine_tuning.create_job(tick.session, _principal(run), body, send=tick.send, quotas=tick.quotas)
+    try:
+        job = fine_tuning.create_job(tick.session, _principal(run), body, send=tick.send, quotas=tick.quotas)
+    except SpendLimitExceeded as refused:  # the organization's limits, not the run's budget
+        _set_state(run, phase="final", stop_reason=refused.message)
+        decide(run, "stop the search", f"the next trial is refused: {refused.message}")
+        return _final(tick, run)
     number = len(trials) + 1
     tick.session.add(
         AutotuneTrial(
