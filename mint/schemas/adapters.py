@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from mint.schemas.common import WireModel
+from mint.schemas.common import RequestModel, WireModel
 
 
 class AdapterPublic(WireModel):
@@ -42,7 +42,7 @@ class AdapterVersionPublic(WireModel):
     created_at: datetime
 
 
-class ReplayCreate(BaseModel):
+class ReplayCreate(RequestModel):
     """Train a version's recipe again on another base."""
 
     model_config = ConfigDict(extra="forbid")

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from mint.schemas.common import WireModel
+from mint.schemas.common import RequestModel, WireModel
 
 MAX_COMMENT = 10_000
 
@@ -20,7 +20,7 @@ class CaptureSettings(BaseModel):
     retention_days: int = Field(description="Days a capture is kept, then deleted.")
 
 
-class CaptureUpdate(BaseModel):
+class CaptureUpdate(RequestModel):
     """What to change of a deployment's capture; an absent field is unchanged."""
 
     model_config = ConfigDict(extra="forbid")
@@ -29,7 +29,7 @@ class CaptureUpdate(BaseModel):
     retention_days: int | None = Field(default=None, ge=1, le=3650, description="Days a capture is kept.")
 
 
-class FeedbackCreate(BaseModel):
+class FeedbackCreate(RequestModel):
     """Feedback on a captured completion; at least one field."""
 
     model_config = ConfigDict(extra="forbid")
@@ -77,7 +77,7 @@ class CapturePublic(WireModel):
     feedback: list[FeedbackPublic] = Field(default_factory=list)
 
 
-class CaptureFilter(BaseModel):
+class CaptureFilter(RequestModel):
     """Which captures to mine: those with a correction in their feedback, of one deployment (or
     all), in a time window, optionally only those scored at most `max_score` or given `label`."""
 

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mint.schemas.common import RequestModel
+
 
 class UsageLine(BaseModel):
     kind: Literal["trained", "sampled", "served"]
@@ -35,7 +37,7 @@ class SpendLimits(BaseModel):
     month_started_at: datetime
 
 
-class SpendLimitsUpdate(BaseModel):
+class SpendLimitsUpdate(RequestModel):
     """The limits to change: a number sets one, null removes it, an absent field is unchanged."""
 
     model_config = ConfigDict(extra="forbid")
