@@ -218,8 +218,9 @@ async def _serve(
     mint = _mint_field(plan, served)
     headers = {"X-Mint-Adapter": served.get("adapter") or plan.base_model}
     if request_body.stream:
-        events = _sse(lines, request_body, plan, mint, settings, principal, completion_id, created, chat)
-        events = _captured_stream(events, captures, principal, plan, mint, request_body, completion_id, started)
+        events = _sse(
+            lines, request_body, plan, mint, settings, principal, completion_id, created, chat, captures, started
+        )
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     choices = _Choices()
     counted = _StreamedUsage()
@@ -267,11 +268,15 @@ async def _sse(
     completion_id: str,
     created: int,
     chat: bool,
+    captures: CaptureWriter,
+    began: float,
 ) -> AsyncIterator[bytes]:
-    """OpenAI's server-sent events; the first chunk of each choice carries the role and `mint`."""
+    """OpenAI's server-sent events; the first chunk of each choice carries the role and `mint`.
+    A stream that ends whole is captured (when its deployment captures) from the node's lines."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     started: set[int] = set()
     served = _StreamedUsage()
+    answer = _Choices() if plan.capture is not None else None
     recorded = False
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -304,10 +309,14 @@ async def _sse(
                 piece["logprobs"] = _logprobs(line, chat)
             started.add(index)
             served.add(line)
+            if answer is not None:
+                answer.add(line)
             yield chunk([piece], **extra)
         usage = served.usage()
         recorded = True
         await run_in_threadpool(_record, settings, principal, plan, mint.get("adapter"), usage["total_tokens"])
+        if answer is not None:
+            _capture(captures, principal, plan, mint.get("adapter"), request_body, completion_id, answer, usage, began)
         yield chunk([], usage=usage)
         yield b"data: [DONE]\n\n"
     except MintError as error:
@@ -317,44 +326,6 @@ async def _sse(
             with anyio.CancelScope(shield=True):  # a disconnect cancels this task
                 tokens = served.usage()["total_tokens"]
                 await run_in_threadpool(_record, settings, principal, plan, mint.get("adapter"), tokens)
-
-
-async def _captured_stream(
-    events: AsyncIterator[bytes],
-    captures: CaptureWriter,
-    principal: Principal,
-    plan: ServingPlan,
-    mint: dict[str, Any],
-    body: ChatCompletionCreate | CompletionCreate,
-    completion_id: str,
-    started: float,
-) -> AsyncIterator[bytes]:
-    """The events as they are, and once the stream has ended whole, its capture: the answer
-    put back together from the chunks the client was sent."""
-    if plan.capture is None:
-        async for event in events:
-            yield event
-        return
-    choices, usage = _Choices(), None
-    async for event in events:
-        yield event
-        data = event.decode().removeprefix("data: ").strip()
-        if not data.startswith("{"):
-            continue
-        chunk = json.loads(data)
-        usage = chunk.get("usage") or usage
-        for piece in chunk.get("choices") or []:
-            delta = piece.get("delta") or {}
-            text = piece.get("text", delta.get("content") or "")
-            line = {"choice": piece["index"], "text": text, "token_ids": [], "logprobs": []}
-            if piece.get("finish_reason"):
-                line["finish_reason"] = piece["finish_reason"]
-                if delta.get("tool_calls"):
-                    calls = [{k: v for k, v in call.items() if k != "index"} for call in delta["tool_calls"]]
-                    line["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
-            choices.add(line)
-    if usage is not None:  # a stream cut short is not captured: there is no whole answer to judge
-        _capture(captures, principal, plan, mint.get("adapter"), body, completion_id, choices, usage, started)
 
 
 SSE = {"text/event-stream": {"schema": {"type": "string", "description": "OpenAI's server-sent events."}}}
