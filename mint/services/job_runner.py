@@ -375,7 +375,8 @@ class JobRun:
             job.heartbeat_at = utcnow()
             prices = pricing.prices_for(session, context.base_model)
             step_cost = prices.of("trained", trained) + prices.of("sampled", sampled)
-            job.cost_usd = pricing.resource_cost(session, "training_job", job.id) + self._unbilled_cost(prices)
+            billed = pricing.resource_cost(session, "training_job", job.id)
+            job.cost_usd = billed + self._unbilled_cost(prices)
             emit_event(
                 session,
                 job.id,
@@ -385,7 +386,7 @@ class JobRun:
                 data={**data, "learning_rate": report.learning_rate, **_rounded(report.metrics)},
             )
             cancel = job.cancel_requested_at is not None
-            allowance = spend.job_allowance(session, job)
+            allowance = spend.job_allowance(session, job, billed)
             last = report.step == plan.steps and stage.number == len(context.stages)
             over = allowance is not None and not last and job.cost_usd + step_cost > allowance.usd
         due = report.step % plan.checkpoint_interval == 0 and report.step < plan.steps

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from mint.errors import InvalidRequest, SpendLimitExceeded
 from mint.services.audit import record_audit
-from mint.services.pricing import resource_cost, spent_since
+from mint.services.pricing import spent_since
 from mint.services.principal import Principal
 from mint.storage.tables import Organization, TrainingJob, utcnow
 
@@ -159,10 +159,9 @@ def check_month_open(session: Session, organization: Organization, what: str) ->
     )
 
 
-def job_allowance(session: Session, job: TrainingJob) -> Allowance | None:
-    """The running job's allowance now (limits may change while it runs)."""
+def job_allowance(session: Session, job: TrainingJob, billed_usd: float) -> Allowance | None:
+    """The running job's allowance now (limits may change while it runs); `billed_usd` is the
+    cost of its usage records so far, part of the month's spend that counts towards itself."""
     organization = session.get(Organization, job.organization_id)
     assert organization is not None
-    status = status_of(session, organization)
-    own = resource_cost(session, "training_job", job.id) if status.month_usd is not None else 0.0
-    return _allowance(status, job.spec.get("request", {}).get("budget_usd"), own)
+    return _allowance(status_of(session, organization), job.spec.get("request", {}).get("budget_usd"), billed_usd)
