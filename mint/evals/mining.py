@@ -51,6 +51,10 @@ class MiningResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
+    def first_reasons(self, count: int = 3) -> str:
+        """`task: why; ...` of the first skipped tasks, for a message that says why nothing was mined."""
+        return "; ".join(f"{task_id}: {why}" for task_id, why in self.skipped[:count])
+
 
 def _answer_text(reference: Any) -> str | None:
     if isinstance(reference, list) and reference and all(isinstance(item, str) for item in reference):

@@ -370,7 +370,7 @@ def dataset_from_failures(
     run = get_eval_run(session, principal.organization_id, body.eval_id, param="eval_id")
     result = mine_run(session, store, run, body.kind)
     if not result.rows:
-        reasons = "; ".join(f"{task_id}: {why}" for task_id, why in result.skipped[:3])
+        reasons = result.first_reasons()
         raise InvalidRequest(
             f"none of the {len(result.skipped)} failed tasks of eval run {run.id} gives a {body.kind} row ({reasons})",
             param="kind",

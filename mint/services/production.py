@@ -128,7 +128,7 @@ def dataset_from_captures(
     """A dataset mined from a deployment's corrected captures."""
     _, result = mine_captures(session, principal.organization_id, body, body.kind)
     if not result.rows:
-        reasons = "; ".join(f"{capture_id}: {why}" for capture_id, why in result.skipped[:3])
+        reasons = result.first_reasons()
         raise InvalidRequest(f"none of the corrected captures gives a {body.kind} row ({reasons})", param="kind")
     dataset = create_dataset_from_rows(
         session,
