@@ -130,7 +130,7 @@ def spent(session: Session, run: AutotuneRun) -> float:
     jobs = session.execute(select(TrainingJob).where(TrainingJob.id.in_(job_ids))).scalars() if job_ids else []
     eval_ids = _eval_ids(session, run)
     runs = session.execute(select(EvalRun).where(EvalRun.id.in_(eval_ids))).scalars() if eval_ids else []
-    return sum(pricing.job_cost(session, job) for job in jobs) + sum(pricing.eval_cost(session, r) for r in runs)
+    return sum(job.cost_usd for job in jobs) + sum(pricing.eval_cost(session, r) for r in runs)
 
 
 def _eval_ids(session: Session, run: AutotuneRun) -> list[str]:
@@ -471,7 +471,7 @@ def _follow(tick: Tick, run: AutotuneRun, trial: AutotuneTrial, request: Autotun
     if trial.status == "training":
         job = session.get(TrainingJob, trial.job_id)
         assert job is not None
-        trial.cost_usd = pricing.job_cost(session, job)
+        trial.cost_usd = job.cost_usd
         if job.status == "succeeded":
             trial.model_ref = fine_tuning.fine_tuned_model_of(session, job)
             assert trial.model_ref is not None

@@ -126,12 +126,6 @@ def resource_cost(session: Session, resource_type: str, resource_id: str) -> flo
     return float(session.execute(query).scalar_one())
 
 
-def job_cost(session: Session, job: TrainingJob) -> float:
-    """What a job has cost so far: its billed usage, or more while it runs (`cost_usd` is
-    updated every step and billed at checkpoints)."""
-    return max(job.cost_usd, resource_cost(session, "training_job", job.id))
-
-
 def eval_cost(session: Session, run: EvalRun) -> float:
     return resource_cost(session, "eval_run", run.id)
 
@@ -343,7 +337,7 @@ def estimate_errors(session: Session, *, limit: int) -> list[EstimateError]:
                 method=job.method,
                 calibrated_on=estimate["calibrated_on"],
                 estimated_usd=estimate["cost_usd"],
-                actual_usd=job_cost(session, job),
+                actual_usd=job.cost_usd,
                 estimated_tokens=estimate["trained_tokens"],
                 actual_tokens=job.trained_tokens,
                 estimated_seconds=estimate["seconds"],

@@ -383,7 +383,7 @@ class TrainingJob(Base):
     completed_steps: Mapped[int] = mapped_column(Integer, default=0)
     trained_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     sampled_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    # What it has cost so far at the price table's rates; its estimate is `spec["estimate"]`.
+    # What it has cost so far (its usage records, and the steps not billed yet); estimate: `spec["estimate"]`.
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(200))
