@@ -362,7 +362,7 @@ def create_job(
             for stage, plan in zip(stages, stored_plans, strict=True)
         ]
     job.spec["estimate"] = {
-        **checked.estimate.public(),  # the keys of PUBLIC_ESTIMATE
+        **checked.estimate.public(),  # the keys of pricing.PUBLIC_ESTIMATE
         "raw_trained_tokens": checked.estimate.raw_trained_tokens,
         "raw_sampled_tokens": checked.estimate.raw_sampled_tokens,
         "prices": checked.estimate.prices,
@@ -534,9 +534,6 @@ def _stages_view(job: TrainingJob, versions: StageVersions) -> list[dict[str, An
         )
         offset += steps
     return views
-
-
-PUBLIC_ESTIMATE = ("trained_tokens", "sampled_tokens", "steps", "seconds", "cost_usd", "calibrated_on")
 
 
 def _public_estimate(stored: Mapping[str, Any] | None) -> dict[str, Any] | None:

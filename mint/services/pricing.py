@@ -246,6 +246,9 @@ def _seconds(job: TrainingJob) -> float:
     return max(elapsed, 0.0)
 
 
+PUBLIC_ESTIMATE = ("trained_tokens", "sampled_tokens", "steps", "seconds", "cost_usd", "calibrated_on")
+
+
 @dataclass(frozen=True)
 class JobEstimate:
     """What a job is expected to use and cost; the raw figures are kept to calibrate later."""
@@ -261,14 +264,11 @@ class JobEstimate:
     prices: dict[str, float]
 
     def public(self) -> dict[str, float | int]:
-        """The figures a client sees."""
+        """The figures a client sees (`PUBLIC_ESTIMATE`), seconds to a tenth, dollars to a micro-dollar."""
+        rounding = {"seconds": 1, "cost_usd": 6}
         return {
-            "trained_tokens": self.trained_tokens,
-            "sampled_tokens": self.sampled_tokens,
-            "steps": self.steps,
-            "seconds": round(self.seconds, 1),
-            "cost_usd": round(self.cost_usd, 6),
-            "calibrated_on": self.calibrated_on,
+            name: round(getattr(self, name), rounding[name]) if name in rounding else getattr(self, name)
+            for name in PUBLIC_ESTIMATE
         }
 
 
