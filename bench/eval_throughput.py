@@ -5,9 +5,9 @@ against the same tasks run one at a time, on the same model and sampling setting
 
 Two `Generate` backends behind the runner's one protocol:
 
-- `trainer`: the resident base's sampler (`ResidentBase.sample_with`), one prompt per forward,
-  which is what eval workers use today. A batch of turns costs what the turns cost one by one,
-  so batching should change nothing here: the ratio is the runner's own overhead.
+- `trainer`: the resident base's sampler (`ResidentBase.sample_batch` through `SamplerGenerate`),
+  which is what eval workers use: every live task's turn decodes in one batch, one forward per
+  token for all of them.
 - `engine`: the serving engine (`mint.serving.torch_engine.TorchEngine`), which decodes a batch
   of prompts in one forward per token. Skipped when the serving package is not installed.
 

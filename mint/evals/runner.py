@@ -16,8 +16,8 @@ tools ends after one turn. Each task is graded with its own grader on what the m
 environment added, and becomes a `TrajectoryRecord`.
 
 Nothing here imports torch: `SamplerGenerate` drives a resident base through its
-`sample_with` method (one prompt after another) behind the same `Generate` protocol that a
-batched serving engine implements.
+`sample_batch` method (every live task's turn decoded in one batch) behind the same `Generate`
+protocol that a serving engine implements.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from mint.errors import InvalidRequest
 from mint.evals.benchmark import BenchmarkTask
 from mint.evals.environments import Environment
 from mint.evals.graders import GradeContext, output_text
-from mint.trainer.types import SampledSequence, SamplingParams
+from mint.trainer.types import SampledSequence, SampleRequest, SamplingParams
 
 DEFAULT_MAX_STEPS = 8
 
@@ -280,16 +280,21 @@ class Sampler(Protocol):
 
     tokenizer: Any
 
-    def sample_with(
-        self, adapter_name: str | None, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int
-    ) -> list[SampledSequence]: ...
+    def check_sample_request(self, request: SampleRequest) -> object: ...
+
+    def sample_batch(
+        self, adapter_name: str | None, requests: Sequence[SampleRequest]
+    ) -> list[list[SampledSequence]]: ...
 
 
 class SamplerGenerate:
     """`Generate` over a resident base's sampler: prompts rendered with the base's chat template
-    exactly as in training (`render_prompt`), then sampled one after another under an adapter
-    (None: the base itself). A prompt the base refuses (longer than its context) becomes a
-    turn with `error` set; other failures propagate.
+    exactly as in training (`render_prompt`), and the turns of every task still running decoded
+    together in one batch under an adapter (None: the base itself). Each request keeps its own
+    seed, so its turn does not depend on the others in the batch. A prompt the base refuses
+    (longer than its context) becomes a turn with `error` set; other failures propagate.
+
+    A turn's latency is the batch's: the time its caller waited for it.
     """
 
     def __init__(
@@ -308,21 +313,37 @@ class SamplerGenerate:
         self.top_p = top_p
 
     def __call__(self, requests: Sequence[GenerateRequest]) -> list[Generation]:
-        return [self._one(request) for request in requests]
-
-    def _one(self, request: GenerateRequest) -> Generation:
         started = time.perf_counter()
         tokenizer = self.sampler.tokenizer
-        prompt: list[int] = []
-        try:
-            prompt = render_prompt(tokenizer, request.messages, request.tools)
-            params = SamplingParams(
-                max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, seed=request.seed
-            )
-            sequence = self.sampler.sample_with(self.adapter_name, prompt, params, 1)[0]
-        except InvalidRequest as exc:
-            elapsed_ms = (time.perf_counter() - started) * 1000
-            return Generation(text="", tokens_in=len(prompt), tokens_out=0, latency_ms=elapsed_ms, error=exc.message)
-        text = tokenizer.decode(sequence.tokens, skip_special_tokens=True).strip()
+        prompts: list[list[int]] = []
+        refused: dict[int, str] = {}  # request index -> why the base cannot run it
+        batch: list[SampleRequest] = []
+        for index, request in enumerate(requests):
+            prompt: list[int] = []
+            try:
+                prompt = render_prompt(tokenizer, request.messages, request.tools)
+                sample_request = SampleRequest(prompt, self._params(request.seed), 1)
+                self.sampler.check_sample_request(sample_request)
+                batch.append(sample_request)
+            except InvalidRequest as exc:
+                refused[index] = exc.message
+            prompts.append(prompt)
+        sampled = iter(self.sampler.sample_batch(self.adapter_name, batch) if batch else [])
         elapsed_ms = (time.perf_counter() - started) * 1000
-        return Generation(text=text, tokens_in=len(prompt), tokens_out=len(sequence.tokens), latency_ms=elapsed_ms)
+        generations = []
+        for index, prompt in enumerate(prompts):
+            tokens = [] if index in refused else next(sampled)[0].tokens
+            text = tokenizer.decode(tokens, skip_special_tokens=True).strip() if tokens else ""
+            generations.append(
+                Generation(
+                    text=text,
+                    tokens_in=len(prompt),
+                    tokens_out=len(tokens),
+                    latency_ms=elapsed_ms,
+                    error=refused.get(index),
+                )
+            )
+        return generations
+
+    def _params(self, seed: int | None) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, seed=seed)

@@ -548,16 +548,20 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
         """The process ends mid-run (not an error the run could record)."""
 
     class DyingBase:
-        """The real base, but the process dies at the first sample of the second batch."""
+        """The real base, but the process dies when the second batch of tasks samples (one
+        sampling call per batch: its tasks' turns decode together)."""
 
         def __init__(self) -> None:
-            self.tokenizer, self.samples = resident.tokenizer, 0
+            self.tokenizer, self.calls = resident.tokenizer, 0
 
-        def sample_with(self, *args: Any) -> Any:
-            self.samples += 1
-            if self.samples > 2:
+        def check_sample_request(self, request: Any) -> Any:
+            return resident.check_sample_request(request)
+
+        def sample_batch(self, *args: Any) -> Any:
+            self.calls += 1
+            if self.calls > 1:
                 raise WorkerDies
-            return resident.sample_with(*args)
+            return resident.sample_batch(*args)
 
     with pytest.raises(WorkerDies):
         eval_runner.execute_eval_run(prepared, run_id, lambda name: DyingBase(), batch_tasks=2)
@@ -574,11 +578,14 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
     counted: list[int] = []
 
     class CountingBase:
-        tokenizer = resident.tokenizer
+        """The real base, counting the prompts it samples."""
 
-        def sample_with(self, *args: Any) -> Any:
-            counted.append(1)
-            return resident.sample_with(*args)
+        tokenizer = resident.tokenizer
+        check_sample_request = resident.check_sample_request
+
+        def sample_batch(self, adapter_name: str | None, requests: list[Any]) -> Any:
+            counted.extend(1 for _ in requests)
+            return resident.sample_batch(adapter_name, requests)
 
     assert eval_runner.execute_eval_run(prepared, run_id, lambda name: CountingBase(), batch_tasks=2) == "succeeded"
     assert len(counted) == 4  # only the four tasks not written yet
