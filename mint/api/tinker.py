@@ -28,6 +28,7 @@ from mint.api.errors import error_response
 from mint.api.pagination import id_path
 from mint.errors import InvalidRequest
 from mint.schemas import tinker as wire
+from mint.schemas import tinker_proto as proto
 from mint.services import tinker, tinker_checkpoints
 from mint.storage.objects import object_store_for
 
@@ -59,7 +60,7 @@ def client_config(
 ) -> wire.ClientConfigResponse:
     """Feature flags for the SDK: API-key auth, custom losses run client-side, and how to split a
     forward_backward batch so that each request stays within this server's limits."""
-    return wire.ClientConfigResponse(**wire.BatchLimits.from_settings(settings).chunking())
+    return wire.ClientConfigResponse(**proto.BatchLimits.from_settings(settings).chunking())
 
 
 @router.post("/client/dynamic_config", response_model=wire.ClientDynamicConfigResponse)
@@ -159,9 +160,9 @@ async def _protobuf_body(request: Request) -> bytes:
     # Its size limit (settings.tinker_max_body_bytes) is enforced by the request gate while it streams.
     if request.headers.get("content-encoding", "identity") not in ("identity", ""):
         raise InvalidRequest("send the forward_backward body uncompressed (this server turns compression off)")
-    if not request.headers.get("content-type", "").startswith(wire.PROTOBUF_MEDIA_TYPE):
+    if not request.headers.get("content-type", "").startswith(proto.PROTOBUF_MEDIA_TYPE):
         raise InvalidRequest(
-            f"forward_backward takes a {wire.PROTOBUF_MEDIA_TYPE} body (tinker_public.ForwardBackwardRequest)"
+            f"forward_backward takes a {proto.PROTOBUF_MEDIA_TYPE} body (tinker_public.ForwardBackwardRequest)"
         )
     return await request.body()
 
@@ -176,7 +177,7 @@ def forward_backward(
 ) -> wire.UntypedAPIFuture:
     """Forward (and backward, unless `forward_only`) over a batch; the body is protobuf, bounded
     by the `tinker_max_*` settings before it is decoded (413 past them)."""
-    request = wire.decode_forward_backward_request(body, wire.BatchLimits.from_settings(settings))
+    request = proto.decode_forward_backward_request(body, proto.BatchLimits.from_settings(settings))
     future = tinker.submit_forward_backward(session, settings, principal.organization_id, request, dispatch)
     return _future(future)
 
@@ -265,7 +266,7 @@ def asample(
 def _answer(state: tinker.FutureState, paused_because: str | None) -> Response:
     if state.status == "succeeded":
         if state.operation in tinker.PROTOBUF_OPERATIONS:
-            return Response(tinker.encode_result(state), media_type=wire.PROTOBUF_MEDIA_TYPE)
+            return Response(tinker.encode_result(state), media_type=proto.PROTOBUF_MEDIA_TYPE)
         return JSONResponse(state.result)
     if state.done:
         return JSONResponse({"error": state.error, "category": state.category})

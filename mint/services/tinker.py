@@ -44,6 +44,7 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.errors import Gone, InvalidRequest, NotFound
 from mint.schemas import tinker as wire
+from mint.schemas import tinker_proto as proto
 from mint.schemas.losses import NEEDS_PROVENANCE
 from mint.services import spend
 from mint.services.dispatch import Dispatch
@@ -528,7 +529,7 @@ def _submit(
     return future
 
 
-def _datum(index: int, datum: wire.WireDatum) -> dict[str, Any]:
+def _datum(index: int, datum: proto.WireDatum) -> dict[str, Any]:
     inputs: dict[str, list[Any]] = {}
     for name, tensor in datum.loss_fn_inputs.items():
         if name == "sampler_logprobs":
@@ -553,7 +554,7 @@ def _datum(index: int, datum: wire.WireDatum) -> dict[str, Any]:
 
 
 def submit_forward_backward(
-    session: Session, settings: Settings, organization_id: str, request: wire.ForwardBackwardProto, send: Dispatch
+    session: Session, settings: Settings, organization_id: str, request: proto.ForwardBackwardProto, send: Dispatch
 ) -> Future:
     def build(row: TrainingSession) -> dict[str, Any]:
         if not request.data:
@@ -885,5 +886,5 @@ def encode_result(state: FutureState) -> bytes:
     """A finished forward, forward_backward or sample result in the protobuf the SDK reads."""
     assert state.result is not None
     if state.operation == "sample":
-        return wire.encode_sample_response(state.result["sequences"], state.result.get("prompt_logprobs"))
-    return wire.encode_forward_backward_output(state.result["logprobs"], state.result["metrics"])
+        return proto.encode_sample_response(state.result["sequences"], state.result.get("prompt_logprobs"))
+    return proto.encode_forward_backward_output(state.result["logprobs"], state.result["metrics"])

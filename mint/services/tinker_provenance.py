@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from mint.errors import InvalidRequest
-from mint.schemas import tinker as wire
+from mint.schemas import tinker_proto as proto
 from mint.storage.tables import Future, TrainingSession
 
 LoadPayload = Callable[[dict[str, Any] | None, str | None], dict[str, Any]]
@@ -95,8 +95,8 @@ class Records:
 
 
 def _walk(
-    records: Records, spans: Sequence[wire.WireSpan], tokens: Sequence[int], where: str
-) -> list[tuple[wire.WireSpan, SampledRecord]]:
+    records: Records, spans: Sequence[proto.WireSpan], tokens: Sequence[int], where: str
+) -> list[tuple[proto.WireSpan, SampledRecord]]:
     """Check that `spans` tile `tokens` and that every run repeats the recorded tokens it names."""
     if sum(span.length for span in spans) != len(tokens):
         raise InvalidRequest(
@@ -122,7 +122,7 @@ def _walk(
 
 
 def attach_stability_info(
-    session: Session, load: LoadPayload, model: TrainingSession, wire_data: Sequence[wire.WireDatum], data: list[dict]
+    session: Session, load: LoadPayload, model: TrainingSession, wire_data: Sequence[proto.WireDatum], data: list[dict]
 ) -> list[dict]:
     """`data` (validated datums, as dicts) with each one's `sampler_logprobs` from the records its
     provenance names; a datum without provenance, or whose provenance does not hold, is refused."""

@@ -20,7 +20,7 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from mint.api.app import create_app
 from mint.config import Settings
 from mint.errors import InvalidRequest, PayloadTooLarge
-from mint.schemas.tinker import BatchLimits, decode_forward_backward_request
+from mint.schemas.tinker_proto import BatchLimits, decode_forward_backward_request
 from tests.conftest import Tenant
 
 IDLE_BASE = "tiny-qwen3-moe"  # no worker of this module consumes its queue
