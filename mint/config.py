@@ -139,6 +139,10 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=1, le=65535)
     public_url: str | None = Field(default=None, description="URL that clients use to reach the API.")
+    url_signing_key: SecretStr | None = Field(
+        default=None,
+        description="Key that signs download URLs Mint serves itself; unset: one kept in the object store.",
+    )
     max_upload_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
     max_dataset_row_bytes: int = Field(
         default=16 * 1024 * 1024,

@@ -454,3 +454,33 @@ def reconcile_after(
             max_attempts=settings.max_attempts,
         )
     return report, sent
+
+
+def serving_node(
+    settings: Settings, base: str, env: dict[str, str] | None = None, *, timeout: float = 180.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A serving node of `base` (settings from `env` on top of the session's), once registered."""
+    from mint.services.serving_nodes import live_nodes
+    from mint.storage.db import session_scope
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mint", "serve", "--base", base, "--port", str(port)], env={**os.environ, **(env or {})}
+    )
+
+    def registered() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"the serving node exited with {process.returncode}")
+        with session_scope(settings.database) as session:
+            return any(node.url.endswith(f":{port}") for node in live_nodes(session, base))
+
+    try:
+        wait_for(registered, "the serving node to register", timeout=timeout)
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

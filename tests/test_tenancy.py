@@ -15,8 +15,16 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import Tenant, record_capture
 
-# Routes open to anyone: health probes for load balancers and Prometheus.
-PUBLIC_ROUTES = {"/healthz", "/readyz", "/metrics", "/api/v1/healthz"}
+# Routes open to anyone: health probes for load balancers and Prometheus, and the objects
+# behind signed download URLs (exported Tinker weights, session traces), whose URL is the credential (checked in
+# tests/tinker_compat/test_checkpoint_lifecycle.py).
+PUBLIC_ROUTES = {
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/api/v1/healthz",
+    "/api/v1/signed/{object_key}",
+}
 # Platform-wide catalogues, the same for every organization (read-only for tenants).
 GLOBAL_ROUTES = {
     "/v1/base_models",
@@ -46,6 +54,7 @@ SELF_ROUTES = {
     "/api/v1/sessions",
     "/api/v1/training_runs",
     "/api/v1/checkpoints",
+    "/api/v1/auth/apikey/me",
     "/v1/autotune",
     "/v1/webhooks",
 }
@@ -78,6 +87,7 @@ TINKER_BODY_ROUTES = {
         "optim_step",
         "save_weights",
         "save_weights_for_sampler",
+        "save_weights_external",
         "load_weights",
         "create_sampling_session",
         "asample",
@@ -292,7 +302,7 @@ def test_other_organization_gets_404_on_every_resource_route(
     checked = 0
     for method, path in api_routes(app):
         params = re.findall(r"{(\w+)}", path)
-        if not params or path in GLOBAL_ROUTES:
+        if not params or path in GLOBAL_ROUTES | PUBLIC_ROUTES:
             continue
         url = path
         for name in params:

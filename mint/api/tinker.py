@@ -26,10 +26,11 @@ from mint.api.deps import CurrentPrincipal, DispatchDep, QuotasDep, SessionDep, 
 from mint.api.downloads import TAR_MEDIA_TYPE, binary_response, stream_object
 from mint.api.errors import error_response
 from mint.api.pagination import id_path
+from mint.config import Settings
 from mint.errors import InvalidRequest
 from mint.schemas import tinker as wire
 from mint.schemas import tinker_proto as proto
-from mint.services import tinker, tinker_checkpoints
+from mint.services import auth, signed_urls, tinker, tinker_checkpoints, tinker_traces
 from mint.storage.objects import object_store_for
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"])
@@ -129,6 +130,27 @@ def get_session(session_id: SessionId, session: SessionDep, principal: CurrentPr
     return tinker.session_view(session, principal.organization_id, session_id)
 
 
+@router.get("/sessions/{session_id}/trace_export", response_model=wire.TraceExportResponse)
+def export_session_trace(
+    session_id: SessionId, request: Request, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+) -> wire.TraceExportResponse:
+    """The session's requests on a timeline (Chrome trace JSON, for https://ui.perfetto.dev), as a
+    download URL that needs no key (`tinker session export-trace`)."""
+    return tinker_traces.export_session_trace(
+        session,
+        settings,
+        object_store_for(settings),
+        principal.organization_id,
+        session_id,
+        _api_url(settings, request),
+    )
+
+
+def _api_url(settings: Settings, request: Request) -> str:
+    """Where clients reach this API: MINT_PUBLIC_URL, else the URL this request came to."""
+    return (settings.public_url or str(request.base_url)).rstrip("/")
+
+
 # ---- training models --------------------------------------------------------------------------
 
 
@@ -215,6 +237,20 @@ def save_weights_for_sampler(
 ) -> wire.UntypedAPIFuture:
     """Named: an adapter version and `tinker://<model>/sampler_weights/<name>`; unnamed: a new sampler."""
     future = tinker.submit_save_weights_for_sampler(session, settings, principal.organization_id, body, dispatch)
+    return _future(future)
+
+
+@router.post("/save_weights_external", response_model=wire.UntypedAPIFuture)
+def save_weights_external(
+    body: wire.SaveWeightsExternalRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatch: DispatchDep,
+    principal: CurrentPrincipal,
+) -> wire.UntypedAPIFuture:
+    """Export the LoRA weights as PEFT files, `tinker://<model>/external_weights/<name>`, to download
+    through `external_weights_urls` (what `tinker checkpoint download` does)."""
+    future = tinker.submit_save_weights_external(session, settings, principal.organization_id, body, dispatch)
     return _future(future)
 
 
@@ -342,12 +378,81 @@ def list_checkpoints(
     return tinker_checkpoints.list_checkpoints(session, principal.organization_id, model_id)
 
 
+CheckpointId = Annotated[
+    str,
+    Path(
+        max_length=300,
+        description="`weights/<name>`, `sampler_weights/<name>` or `external_weights/<name>`.",
+    ),
+]
+
+
+# Routes under a checkpoint come before the delete route, whose `{checkpoint_id:path}` would match them.
+@router.get(
+    "/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/external_weights_urls",
+    response_model=wire.ExternalWeightsUrlsResponse,
+)
+def external_weights_urls(
+    model_id: ModelId,
+    checkpoint_id: CheckpointId,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: CurrentPrincipal,
+) -> wire.ExternalWeightsUrlsResponse:
+    """Short-lived signed URLs of exported weights' files, one per file, that need no key."""
+    return tinker_checkpoints.external_weights_urls(
+        session,
+        settings,
+        object_store_for(settings),
+        principal.organization_id,
+        model_id,
+        checkpoint_id,
+        _api_url(settings, request),
+    )
+
+
+@router.put("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/ttl", response_model=wire.Checkpoint)
+def set_checkpoint_ttl(
+    model_id: ModelId,
+    checkpoint_id: CheckpointId,
+    body: wire.CheckpointTtlRequest,
+    session: SessionDep,
+    principal: CurrentPrincipal,
+) -> wire.Checkpoint:
+    """Expire the checkpoint `ttl_seconds` from now (null: keep it); beat's retention deletes it then."""
+    row = tinker_checkpoints.set_checkpoint_ttl(
+        session, principal.organization_id, model_id, checkpoint_id, body.ttl_seconds
+    )
+    return tinker_checkpoints.checkpoint_view(row)
+
+
+@router.post("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/publish", response_model=wire.Checkpoint)
+def publish_checkpoint(
+    model_id: ModelId, checkpoint_id: CheckpointId, session: SessionDep, principal: CurrentPrincipal
+) -> wire.Checkpoint:
+    """Let every organization read the checkpoint (load, sample, download it); only this one changes it."""
+    return tinker_checkpoints.checkpoint_view(
+        tinker_checkpoints.set_published(session, principal, model_id, checkpoint_id, True)
+    )
+
+
+@router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/publish", response_model=wire.Checkpoint)
+def unpublish_checkpoint(
+    model_id: ModelId, checkpoint_id: CheckpointId, session: SessionDep, principal: CurrentPrincipal
+) -> wire.Checkpoint:
+    """Make a published checkpoint this organization's alone again."""
+    return tinker_checkpoints.checkpoint_view(
+        tinker_checkpoints.set_published(session, principal, model_id, checkpoint_id, False)
+    )
+
+
 @router.delete(
     "/training_runs/{model_id}/checkpoints/{checkpoint_id:path}", response_model=wire.DeleteCheckpointResponse
 )
 def delete_checkpoint(
     model_id: ModelId,
-    checkpoint_id: Annotated[str, Path(max_length=300, description="`weights/<name>` or `sampler_weights/<name>`.")],
+    checkpoint_id: CheckpointId,
     session: SessionDep,
     settings: SettingsDep,
     principal: CurrentPrincipal,
@@ -387,3 +492,36 @@ def download_tokenizer(base_model: BaseName, settings: SettingsDep, _: CurrentPr
     it with `AutoTokenizer.from_pretrained(folder)` on a machine with no model hub."""
     stream = tinker_checkpoints.tokenizer_archive(settings, base_model)
     return stream_object(stream, media_type=TAR_MEDIA_TYPE, filename=f"{base_model}-tokenizer.tar")
+
+
+@router.get(
+    "/signed/{object_key:path}",
+    response_class=StreamingResponse,
+    responses=binary_response("application/octet-stream", "The object the signed URL names."),
+)
+def download_signed_object(
+    object_key: Annotated[str, Path(max_length=1024, description="The object's key, as the signed URL names it.")],
+    expires: Annotated[int, Query(ge=0, lt=2**40, description="When the URL expires (Unix seconds).")],
+    signature: Annotated[str, Query(pattern="^[0-9a-f]{64}$", description="The URL's HMAC-SHA256, hex.")],
+    settings: SettingsDep,
+) -> StreamingResponse:
+    """An object for a download URL the API signed (exported weights' files, session traces): the
+    URL is the credential (no key), valid until `expires`."""
+    stream = signed_urls.signed_object(settings, object_store_for(settings), object_key, expires, signature)
+    return stream_object(stream, media_type="application/octet-stream", filename=object_key.rsplit("/", 1)[-1])
+
+
+# ---- the presented key ------------------------------------------------------------------------
+
+
+@router.get("/auth/apikey/me", response_model=wire.SelfApiKeyResponse)
+def get_self_api_key(session: SessionDep, principal: CurrentPrincipal) -> wire.SelfApiKeyResponse:
+    """The key this request carries (`tinker auth login` checks a pasted key with it)."""
+    return tinker_checkpoints.self_api_key(session, principal)
+
+
+@router.delete("/auth/apikey/me", response_model=wire.SelfApiKeyResponse)
+def revoke_self_api_key(session: SessionDep, principal: CurrentPrincipal) -> wire.SelfApiKeyResponse:
+    """Revoke the key this request carries, and only it (`tinker auth logout`); answers the key revoked."""
+    auth.revoke_own_key(session, principal)
+    return tinker_checkpoints.self_api_key(session, principal)

@@ -21,6 +21,9 @@ T = TypeVar("T")
 # Resource ids and names as they appear in URLs: no control characters (PostgreSQL refuses
 # NUL in text, and nothing legitimate needs them), no spaces, no slashes.
 ID_PATTERN = r"^[A-Za-z0-9_.:@-]+$"
+# What a request's `model` names: an id-like reference (a base, `adapter@version`, a deployment),
+# or a `tinker://` path (named sampler weights; the resolver says what else is not served, and why).
+MODEL_REF_PATTERN = r"^([A-Za-z0-9_.:@-]+|tinker://[^\x00-\x1f\x7f]+)$"
 # Labels people type (key names, descriptions' titles): any printable text.
 LABEL_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 

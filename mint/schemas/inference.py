@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mint.schemas.common import ID_PATTERN, MAX_SEED, FiniteJson, RequestModel
+from mint.schemas.common import MAX_SEED, MODEL_REF_PATTERN, FiniteJson, RequestModel
 
 MAX_COMPLETION_TOKENS = 4096
 # OpenAI's ranges: `top_logprobs` 0-20 (chat), `logprobs` 0-5 (completions; Mint takes up to 20 for both).
@@ -35,7 +35,11 @@ class ChatMessage(RequestModel):
 
 
 class _Sampling(_Lenient):
-    model: str = Field(max_length=300, pattern=ID_PATTERN, description="A base, `adapter@version`, or a deployment.")
+    model: str = Field(
+        max_length=300,
+        pattern=MODEL_REF_PATTERN,
+        description="A base, `adapter@version`, a deployment, or `tinker://<model_id>/sampler_weights/<name>`.",
+    )
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_COMPLETION_TOKENS)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_COMPLETION_TOKENS)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)

@@ -149,6 +149,23 @@ class SaveWeightsForSamplerRequest(_Request):
     user_metadata: dict[str, str] | None = None
 
 
+class SaveWeightsExternalRequest(_Request):
+    """Export the model's LoRA weights as PEFT files to download (`tinker checkpoint download`)."""
+
+    model_id: Id
+    seq_id: SeqId
+    path: str = Field(min_length=1, max_length=200)
+    ttl_seconds: TtlSeconds | None = None
+    age_encryption_recipients: list[str] | None = Field(default=None, max_length=32)
+    user_metadata: dict[str, str] | None = None
+
+
+class CheckpointTtlRequest(_Request):
+    """A checkpoint's new lifetime from now; None keeps it until it is deleted."""
+
+    ttl_seconds: TtlSeconds | None = None
+
+
 class LoadWeightsRequest(_Request):
     """Into a model (`model_id` + `seq_id`), or a new model made by the load (`session_id` +
     `model_seq_id`, the model's first request)."""
@@ -348,7 +365,7 @@ class GetSamplerResponse(_Response):
 
 class Checkpoint(_Response):
     checkpoint_id: str
-    checkpoint_type: Literal["training", "sampler"]
+    checkpoint_type: Literal["training", "sampler", "external"]
     time: datetime
     tinker_path: str
     size_bytes: int | None = None
@@ -406,21 +423,65 @@ class WeightsInfoResponse(_Response):
     train_attn: bool | None = None
 
 
+class ExternalWeightsUrlsResponse(_Response):
+    """One signed download URL per file, keyed by its path in the checkpoint; all expire together."""
+
+    urls: dict[str, str]
+    expires: datetime
+
+
+class TraceExportResponse(_Response):
+    """A session's trace: `ready` with a download URL that needs no key (Mint builds it at once)."""
+
+    status: Literal["pending", "ready", "failed"]
+    url: str | None = None
+    error: str | None = None
+
+
+class ApiKeyOrgDetails(_Response):
+    name: str
+
+
+class ApiKeyUserDetails(_Response):
+    email: str
+
+
+class ApiKeyDetails(_Response):
+    org_details: ApiKeyOrgDetails
+    user_details: ApiKeyUserDetails
+
+
+class SelfApiKeyResponse(_Response):
+    """The presented key, as `tinker auth login` checks it. Tinker numbers its keys, so `key_id`
+    is a number derived from Mint's key id (stable, not secret); `note` holds Mint's id."""
+
+    key_id: int
+    name: str
+    note: str
+    details: ApiKeyDetails
+
+
 # ---- tinker:// paths --------------------------------------------------------------------------
 
 TINKER_SCHEME = "tinker://"
 # A checkpoint's name: what save_state and save_weights_for_sampler were given.
 CHECKPOINT_NAME = re.compile(r"^[^/\x00-\x1f\x7f]{1,200}$")
-PATH_SEGMENTS = {"weights": "training", "sampler_weights": "sampler"}
+CheckpointKind = Literal["training", "sampler", "external"]
+PATH_SEGMENTS: dict[str, CheckpointKind] = {
+    "weights": "training",
+    "sampler_weights": "sampler",
+    "external_weights": "external",
+}
 SEGMENT_OF_KIND = {kind: segment for segment, kind in PATH_SEGMENTS.items()}
 
 
 @dataclass(frozen=True)
 class TinkerPath:
-    """`tinker://<model_id>/weights/<name>` (a training state) or `.../sampler_weights/<name>`."""
+    """`tinker://<model_id>/weights/<name>` (a training state), `.../sampler_weights/<name>` or
+    `.../external_weights/<name>` (PEFT files to download)."""
 
     model_id: str
-    kind: Literal["training", "sampler"]
+    kind: CheckpointKind
     name: str
 
     @classmethod
@@ -428,15 +489,20 @@ class TinkerPath:
         parts = path.removeprefix(TINKER_SCHEME).split("/") if path.startswith(TINKER_SCHEME) else []
         if len(parts) != 3 or parts[1] not in PATH_SEGMENTS or not parts[0] or not parts[2]:
             raise InvalidRequest(
-                f"{path[:300]!r} is not a checkpoint path: use tinker://<model_id>/weights/<name> (training state) "
-                "or tinker://<model_id>/sampler_weights/<name> (sampler weights), as save_state and "
-                "save_weights_for_sampler return them",
+                f"{path[:300]!r} is not a checkpoint path: use tinker://<model_id>/weights/<name> (training state), "
+                "tinker://<model_id>/sampler_weights/<name> (sampler weights) or "
+                "tinker://<model_id>/external_weights/<name> (exported weights), as save_state, "
+                "save_weights_for_sampler and save_weights_external return them",
                 param="path",
             )
         if not re.match(ID_PATTERN, parts[0]) or len(parts[0]) > 100 or not CHECKPOINT_NAME.match(parts[2]):
             raise InvalidRequest(f"{path[:300]!r} names no checkpoint of this server", param="path")
-        kind: Literal["training", "sampler"] = "training" if parts[1] == "weights" else "sampler"
-        return cls(model_id=parts[0], kind=kind, name=parts[2])
+        return cls(model_id=parts[0], kind=PATH_SEGMENTS[parts[1]], name=parts[2])
+
+    @classmethod
+    def of_checkpoint(cls, model_id: str, checkpoint_id: str) -> TinkerPath:
+        """The path of `checkpoint_id` (`weights/<name>`, as the checkpoint routes take it) of a model."""
+        return cls.parse(f"{TINKER_SCHEME}{model_id}/{checkpoint_id}")
 
     @property
     def checkpoint_id(self) -> str:

@@ -21,6 +21,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest, NotFound
+from mint.schemas.tinker import TINKER_SCHEME, TinkerPath
 from mint.storage.archives import pack_folder, unpack_folder
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
@@ -179,7 +180,10 @@ class ResolvedModel:
 
 
 def resolve_model_ref(session: Session, organization_id: str, ref: str) -> ResolvedModel:
-    """`base`, `adapter@version` or `adapter` (its newest ready version) -> ResolvedModel."""
+    """`base`, `adapter@version`, `adapter` (its newest ready version) or named Tinker sampler
+    weights (`tinker://<model_id>/sampler_weights/<name>`, the organization's or published) -> ResolvedModel."""
+    if ref.startswith(TINKER_SCHEME):
+        return _resolve_sampler_weights(session, organization_id, ref)
     if "@" not in ref:
         base = session.get(BaseModelRow, ref)
         if base is not None:
@@ -194,6 +198,30 @@ def resolve_model_ref(session: Session, organization_id: str, ref: str) -> Resol
         unknown="no base model or adapter named {name!r}; list them at /v1/base_models and /v1/adapters",
     )
     return ResolvedModel(ref=model_ref_of(adapter, row), base_model=adapter.base_model, adapter_version=row)
+
+
+def _resolve_sampler_weights(session: Session, organization_id: str, ref: str) -> ResolvedModel:
+    """Named sampler weights are an adapter version (`save_weights_for_sampler` registers them)."""
+    # Imported here: tinker_checkpoints builds on this module (its PEFT files and versions).
+    from mint.services.tinker_checkpoints import readable_checkpoint
+
+    try:
+        path = TinkerPath.parse(ref)
+    except InvalidRequest as exc:
+        raise InvalidRequest(exc.message, param="model") from None
+    if path.kind != "sampler":
+        raise InvalidRequest(
+            f"{path} is not sampler weights; serve tinker://<model_id>/sampler_weights/<name> "
+            "(save_weights_for_sampler with a name)",
+            param="model",
+        )
+    checkpoint = readable_checkpoint(session, organization_id, path, param="model")
+    version = session.get(AdapterVersion, checkpoint.adapter_version_id) if checkpoint.adapter_version_id else None
+    if version is None or version.status != "ready":
+        raise NotFound(f"the sampler weights {path} are no longer available", param="model")
+    adapter = session.get(Adapter, version.adapter_id)
+    assert adapter is not None
+    return ResolvedModel(ref=ref, base_model=adapter.base_model, adapter_version=version)
 
 
 def resolve_version_ref(

@@ -129,6 +129,16 @@ def revoke_api_key(session: Session, actor: Principal, key_id: str) -> ApiKey:
     return key
 
 
+def revoke_own_key(session: Session, actor: Principal) -> None:
+    """Revoke the key that makes this request (any role may give up its own key: `tinker auth logout`)."""
+    key = session.get(ApiKey, actor.key_id) if actor.key_id else None
+    if key is None:
+        raise NotFound("this request carries no API key of its own")
+    if key.revoked_at is None:
+        key.revoked_at = utcnow()
+        record_audit(session, actor, "api_key.revoke", "api_key", key.id, {"name": key.name, "by": "itself"})
+
+
 def authenticate(session: Session, secret: str | None, *, now: datetime | None = None) -> Principal:
     """The principal for a presented key, or Unauthenticated saying why it was refused.
 

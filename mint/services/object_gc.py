@@ -31,7 +31,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 from mint.errors import NotFound
 from mint.services.audit import record_audit
 from mint.services.principal import Principal
-from mint.services.tinker_checkpoints import tokenizer_key
+from mint.services.tinker_checkpoints import EXTERNAL_FILES, external_file_key, tokenizer_key
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectInfo, ObjectStore
 from mint.storage.tables import (
@@ -95,16 +95,26 @@ class GcReport:
 
 
 def referenced_keys(session: Session) -> set[str]:
-    """Every object key a row names: the key columns, and each base's tokenizer archive."""
+    """Every object key a row names: the key columns, each base's tokenizer archive, and the
+    files of exported Tinker weights (whose row names their folder)."""
     query = union(*(select(column).where(column.is_not(None)) for column in OBJECT_KEY_COLUMNS))
     keys = {str(key) for key in session.execute(query).scalars()}
     keys.update(tokenizer_key(name) for name in session.execute(select(BaseModelRow.name)).scalars())
+    exports = select(TinkerCheckpoint.object_key).where(TinkerCheckpoint.kind == "external")
+    keys.update(
+        external_file_key(folder, name) for folder in session.execute(exports).scalars() for name in EXTERNAL_FILES
+    )
     return keys
 
 
 def is_referenced(session: Session, key: str) -> bool:
-    """Whether any row names `key`: one lookup per key column, and the tokenizer archives."""
-    if any(session.execute(select(exists().where(column == key))).scalar() for column in OBJECT_KEY_COLUMNS):
+    """Whether any row names `key`: one lookup per key column (and, for a file of exported
+    weights, its folder), and the tokenizer archives."""
+    named = [key]
+    folder, _, name = key.rpartition("/")
+    if name in EXTERNAL_FILES:
+        named.append(folder)
+    if any(session.execute(select(exists().where(column.in_(named)))).scalar() for column in OBJECT_KEY_COLUMNS):
         return True
     bases = session.execute(select(BaseModelRow.name)).scalars()
     return key in {tokenizer_key(name) for name in bases}

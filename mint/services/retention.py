@@ -1,9 +1,10 @@
 """Retention: what beat deletes on a schedule, rows first, then their objects.
 
-- **Tinker checkpoint TTLs.** A checkpoint saved with `ttl_seconds` has `expires_at`; once it
-  has passed, the row is deleted, then the object if no other row references it. Sampler
-  weights are also an adapter version (the same object), so their object stays with the
-  version; only the `tinker://` path goes.
+- **Tinker checkpoint TTLs.** A checkpoint saved with `ttl_seconds` (or given one by
+  `PUT .../ttl`) has `expires_at`; once it has passed, the row is deleted, then its objects
+  (a training state's archive, exported weights' files) if no other row references them.
+  Sampler weights are also an adapter version (the same object), so their object stays with
+  the version; only the `tinker://` path goes.
 - **Captured traffic.** A deployment's captures (and the feedback on them) are deleted once
   their retention period has passed (`expires_at`).
 - **Checkpoints of finished jobs.** A job that succeeded, failed or was cancelled keeps its
@@ -29,6 +30,7 @@ from sqlalchemy import func, select
 from mint.config import Settings
 from mint.services.captures import expire_captures
 from mint.services.object_gc import delete_if_unreferenced
+from mint.services.tinker_checkpoints import checkpoint_objects
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
 from mint.storage.tables import Checkpoint, TinkerCheckpoint, TrainingJob, as_utc, utcnow
@@ -69,7 +71,7 @@ def expire_tinker_checkpoints(
             .all()
         )
         # A key written after the row expired belongs to a save since (an overwrite): kept.
-        doomed = [(row.object_key, as_utc(row.expires_at)) for row in rows if row.expires_at is not None]
+        doomed = [(key, as_utc(row.expires_at)) for row in rows if row.expires_at for key in checkpoint_objects(row)]
         report.expired_tinker_checkpoints += [row.id for row in rows]
         for row in rows:
             session.delete(row)

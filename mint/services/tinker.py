@@ -49,7 +49,7 @@ from mint.schemas.losses import NEEDS_PROVENANCE
 from mint.services import spend
 from mint.services.dispatch import Dispatch
 from mint.services.quotas import QuotaDefaults, hold
-from mint.services.tinker_checkpoints import newest_checkpoint, owned_checkpoint, owned_model, str_dict
+from mint.services.tinker_checkpoints import newest_checkpoint, owned_model, readable_checkpoint, str_dict
 from mint.services.tinker_provenance import attach_stability_info
 from mint.services.workers import base_is_served, live_worker
 from mint.storage.db import session_scope
@@ -640,13 +640,41 @@ def submit_save_weights_for_sampler(
     )
 
 
+def submit_save_weights_external(
+    session: Session, settings: Settings, organization_id: str, body: wire.SaveWeightsExternalRequest, send: Dispatch
+) -> Future:
+    """Export the LoRA weights as PEFT files (`tinker://<model>/external_weights/<name>`), which
+    `external_weights_urls` signs for download. An export of the same name is replaced."""
+    if body.age_encryption_recipients:
+        raise InvalidRequest(
+            "Mint does not encrypt exported weights (age_encryption_recipients); omit the recipients, and "
+            "the files are served only through short-lived signed URLs",
+            param="age_encryption_recipients",
+        )
+
+    def build(row: TrainingSession) -> dict[str, Any]:
+        return {
+            "name": _checkpoint_name(body.path),
+            "ttl_seconds": body.ttl_seconds,
+            "user_metadata": str_dict(body.user_metadata),
+        }
+
+    return _submit(session, settings, organization_id, body.model_id, body.seq_id, "save_weights_external", build, send)
+
+
 def submit_load_weights(
     session: Session, settings: Settings, organization_id: str, body: wire.LoadWeightsRequest, send: Dispatch
 ) -> Future:
     """Load a checkpoint into a model (`model_id` + `seq_id`), or create a model from it
     (`session_id` + `model_seq_id`: LoRA options come from the checkpoint's model)."""
     path = wire.TinkerPath.parse(body.path)
-    checkpoint = owned_checkpoint(session, organization_id, path)
+    if path.kind == "external":
+        raise InvalidRequest(
+            f"{path} is exported weights, for download; load the training state (tinker://.../weights/...) "
+            "or the sampler weights (tinker://.../sampler_weights/...) it was made from",
+            param="path",
+        )
+    checkpoint = readable_checkpoint(session, organization_id, path)
     if path.kind == "sampler" and body.optimizer:
         raise InvalidRequest(
             f"{path} holds sampler weights, without optimizer state; load a tinker://.../weights/... path "
@@ -701,11 +729,11 @@ def create_sampling_session(
         path = wire.TinkerPath.parse(body.model_path)
         if path.kind != "sampler":
             raise InvalidRequest(
-                f"{path} is a training state; sample from sampler weights (save_weights_for_sampler), "
+                f"{path} is not sampler weights; sample from sampler weights (save_weights_for_sampler), "
                 "or from a training client with save_weights_and_get_sampling_client",
                 param="model_path",
             )
-        checkpoint = owned_checkpoint(session, organization_id, path)
+        checkpoint = readable_checkpoint(session, organization_id, path)
         source = session.get(TrainingSession, checkpoint.model_id)
         assert source is not None
         base_model, key, model_path = source.base_model, checkpoint.object_key, str(path)

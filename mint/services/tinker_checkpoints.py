@@ -4,8 +4,13 @@
   `tinker_checkpoints` row (`tinker://<model>/weights/<name>`); `save_weights_for_sampler`
   with a name also registers an adapter version (adapter `tinker-<model>`), so the weights
   appear in `/v1/adapters` and can be evaluated and deployed. Save-and-sample snapshots are
-  stored by content hash and loaded by samplers, not registered. The worker writes them
-  (`mint.services.tinker_runner`); this module lists, describes and deletes them.
+  stored by content hash and loaded by samplers, not registered. `save_weights_external`
+  writes the PEFT files one object each (`tinker://<model>/external_weights/<name>`), for
+  `external_weights_urls` to sign for download. The worker writes checkpoints
+  (`mint.services.tinker_runner`); this module lists, describes, signs, publishes, sets the
+  lifetime of and deletes them.
+- **Publishing**: a published checkpoint can be read by every organization (loaded, sampled,
+  described, downloaded) and changed only by its own; publishing and unpublishing are audited.
 - **Tokenizers** travel with no hub: the first worker of a base to serve a Tinker model saves
   the base's tokenizer (`save_pretrained`) as `tokenizers/<base>.tar` in the object store; the
   API unpacks it under `MINT_HOME/tokenizers/<base>/` and answers that folder as the model's
@@ -20,9 +25,11 @@ The row readers shared with `mint.services.tinker` and the runner (`owned_model`
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +37,25 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import NotFound
+from mint.errors import InvalidRequest, NotFound
 from mint.schemas import tinker as wire
+from mint.services import signed_urls
+from mint.services.adapters import PEFT_FILES
+from mint.services.audit import record_audit
+from mint.services.principal import Principal
 from mint.storage.archives import unpack_folder
 from mint.storage.objects import ObjectStore, ObjectStream, object_store_for
 from mint.storage.queries import get_owned
-from mint.storage.tables import BaseModelRow, Future, TinkerCheckpoint, TrainingSession, as_utc
+from mint.storage.tables import (
+    ApiKey,
+    BaseModelRow,
+    Future,
+    Organization,
+    TinkerCheckpoint,
+    TrainingSession,
+    as_utc,
+    utcnow,
+)
 
 # ---- rows as the API and the worker halves read them ---------------------------------------
 
@@ -57,18 +77,32 @@ def owned_model(session: Session, organization_id: str, model_id: str) -> Traini
     return row
 
 
-def owned_checkpoint(session: Session, organization_id: str, path: wire.TinkerPath) -> TinkerCheckpoint:
-    """The organization's checkpoint at a `tinker://` path."""
-    row = session.execute(
+def checkpoint_at(session: Session, path: wire.TinkerPath) -> TinkerCheckpoint | None:
+    """The checkpoint at a `tinker://` path, whoever owns it."""
+    return session.execute(
         select(TinkerCheckpoint).where(
             TinkerCheckpoint.model_id == path.model_id,
             TinkerCheckpoint.kind == path.kind,
             TinkerCheckpoint.name == path.name,
-            TinkerCheckpoint.organization_id == organization_id,
         )
     ).scalar_one_or_none()
-    if row is None:
+
+
+def owned_checkpoint(session: Session, organization_id: str, path: wire.TinkerPath) -> TinkerCheckpoint:
+    """The organization's checkpoint at a `tinker://` path."""
+    row = checkpoint_at(session, path)
+    if row is None or row.organization_id != organization_id:
         raise NotFound(f"no checkpoint {path} in this organization", param="path")
+    return row
+
+
+def readable_checkpoint(
+    session: Session, organization_id: str, path: wire.TinkerPath, *, param: str = "path"
+) -> TinkerCheckpoint:
+    """The checkpoint at a `tinker://` path if this organization may read it: its own, or published."""
+    row = checkpoint_at(session, path)
+    if row is None or not (row.organization_id == organization_id or row.public):
+        raise NotFound(f"no checkpoint {path} in this organization, nor published", param=param)
     return row
 
 
@@ -102,14 +136,19 @@ def get_info(session: Session, settings: Settings, organization_id: str, model_i
     )
 
 
+def path_of(row: TinkerCheckpoint) -> wire.TinkerPath:
+    return wire.TinkerPath(row.model_id, row.kind, row.name)  # type: ignore[arg-type]
+
+
 def checkpoint_view(row: TinkerCheckpoint) -> wire.Checkpoint:
-    path = wire.TinkerPath(row.model_id, "training" if row.kind == "training" else "sampler", row.name)
+    path = path_of(row)
     return wire.Checkpoint(
         checkpoint_id=path.checkpoint_id,
-        checkpoint_type="training" if row.kind == "training" else "sampler",
+        checkpoint_type=path.kind,
         time=as_utc(row.created_at),
         tinker_path=str(path),
         size_bytes=row.size_bytes,
+        public=row.public,
         user_metadata=str_dict(row.user_metadata) or None,
         expires_at=as_utc(row.expires_at) if row.expires_at else None,
     )
@@ -180,26 +219,35 @@ def list_user_checkpoints(
 def delete_checkpoint(
     session: Session, store: ObjectStore, organization_id: str, model_id: str, checkpoint_id: str
 ) -> wire.TinkerPath:
-    """Forget a checkpoint. A training state's object goes with it; sampler weights stay an
-    adapter version (retire that through /v1/adapters).
+    """Forget a checkpoint. A training state's object, or exported weights' files, go with it;
+    sampler weights stay an adapter version (retire that through /v1/adapters).
 
-    The row is deleted and committed first: a crash before the object is deleted leaves an
-    object no row references, which `mint admin gc` collects, never a path to nothing."""
+    The row is deleted and committed first: a crash before the objects are deleted leaves
+    objects no row references, which `mint admin gc` collects, never a path to nothing."""
     owned_model(session, organization_id, model_id)
-    segment, _, name = checkpoint_id.partition("/")
-    path = wire.TinkerPath.parse(f"{wire.TINKER_SCHEME}{model_id}/{segment}/{name}")
+    path = wire.TinkerPath.of_checkpoint(model_id, checkpoint_id)
     row = owned_checkpoint(session, organization_id, path)
-    kind, key = row.kind, row.object_key
+    keys = checkpoint_objects(row)
     session.delete(row)
     session.commit()
-    if kind == "training":
+    for key in keys:
         store.delete(key)
     return path
 
 
+def checkpoint_objects(row: TinkerCheckpoint) -> list[str]:
+    """The objects that go with a checkpoint's row: none for sampler weights (an adapter version's)."""
+    if row.kind == "training":
+        return [row.object_key]
+    if row.kind == "external":
+        return [external_file_key(row.object_key, name) for name in EXTERNAL_FILES]
+    return []
+
+
 def weights_info(session: Session, organization_id: str, tinker_path: str) -> wire.WeightsInfoResponse:
+    """What a checkpoint holds (its base and LoRA shape), for one the organization may read."""
     path = wire.TinkerPath.parse(tinker_path)
-    checkpoint = owned_checkpoint(session, organization_id, path)
+    checkpoint = readable_checkpoint(session, organization_id, path)
     model = session.get(TrainingSession, checkpoint.model_id)
     assert model is not None
     return wire.WeightsInfoResponse(
@@ -208,6 +256,93 @@ def weights_info(session: Session, organization_id: str, tinker_path: str) -> wi
         train_attn=model.lora.get("train_attn"),
         train_mlp=model.lora.get("train_mlp"),
         train_unembed=model.lora.get("train_unembed"),
+    )
+
+
+# ---- lifetime and publishing --------------------------------------------------------------------
+
+
+def set_checkpoint_ttl(
+    session: Session, organization_id: str, model_id: str, checkpoint_id: str, ttl_seconds: int | None
+) -> TinkerCheckpoint:
+    """Expire a checkpoint `ttl_seconds` from now (None: never); beat's retention task deletes it then."""
+    row = owned_checkpoint(session, organization_id, wire.TinkerPath.of_checkpoint(model_id, checkpoint_id))
+    row.expires_at = utcnow() + timedelta(seconds=ttl_seconds) if ttl_seconds else None
+    return row
+
+
+def set_published(
+    session: Session, actor: Principal, model_id: str, checkpoint_id: str, public: bool
+) -> TinkerCheckpoint:
+    """Publish (every organization may read it) or unpublish one of the organization's checkpoints."""
+    row = owned_checkpoint(session, actor.organization_id, wire.TinkerPath.of_checkpoint(model_id, checkpoint_id))
+    if row.public != public:
+        row.public = public
+        action = "tinker_checkpoint.publish" if public else "tinker_checkpoint.unpublish"
+        record_audit(session, actor, action, "tinker_checkpoint", row.id, {"path": str(path_of(row))})
+    return row
+
+
+# ---- exported weights: signed downloads ------------------------------------------------------
+
+# What an export holds: the PEFT folder that `PeftModel.from_pretrained` loads.
+EXTERNAL_FILES = PEFT_FILES
+
+
+def external_prefix(checkpoint_row_id: str) -> str:
+    return f"tinker/external/{checkpoint_row_id}"
+
+
+def external_file_key(prefix: str, name: str) -> str:
+    return f"{prefix}/{name}"
+
+
+def external_weights_urls(
+    session: Session,
+    settings: Settings,
+    store: ObjectStore,
+    organization_id: str,
+    model_id: str,
+    checkpoint_id: str,
+    api_url: str,
+) -> wire.ExternalWeightsUrlsResponse:
+    """A download URL per file of exported weights (`external_weights/<name>`) that needs no key,
+    all expiring together (`signed_urls.download_url`)."""
+    path = wire.TinkerPath.of_checkpoint(model_id, checkpoint_id)
+    row = readable_checkpoint(session, organization_id, path)
+    if path.kind != "external":
+        raise InvalidRequest(
+            f"{path} is not exported weights; export them with save_weights_external (`tinker checkpoint "
+            "download` does this for a tinker://.../weights/... path)",
+            param="checkpoint_id",
+        )
+    urls, expires = {}, utcnow()
+    for name in EXTERNAL_FILES:
+        urls[name], expires = signed_urls.download_url(
+            settings, store, api_url, external_file_key(row.object_key, name)
+        )
+    return wire.ExternalWeightsUrlsResponse(urls=urls, expires=expires)
+
+
+# ---- the presented key ----------------------------------------------------------------------
+
+
+def self_api_key(session: Session, principal: Principal) -> wire.SelfApiKeyResponse:
+    """The key that made this request, as `tinker auth login` verifies it. Mint's keys belong to
+    an organization, not a person, so the user's email is empty."""
+    key = session.get(ApiKey, principal.key_id) if principal.key_id else None
+    if key is None:
+        raise NotFound("this request carries no API key of its own")
+    organization = session.get(Organization, key.organization_id)
+    assert organization is not None
+    return wire.SelfApiKeyResponse(
+        key_id=int.from_bytes(hashlib.sha256(key.id.encode()).digest()[:6], "big"),
+        name=key.name,
+        note=f"Mint key {key.id} ({key.prefix}...), role {key.role}",
+        details=wire.ApiKeyDetails(
+            org_details=wire.ApiKeyOrgDetails(name=organization.name),
+            user_details=wire.ApiKeyUserDetails(email=""),
+        ),
     )
 
 

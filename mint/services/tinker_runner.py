@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.errors import Conflict, InvalidRequest, MintError
 from mint.schemas import tinker as wire
-from mint.services import adapters
+from mint.services import adapters, tinker_checkpoints
 from mint.services.tinker import (
     adapter_name_of,
     expire_session,
@@ -467,6 +467,31 @@ def _save_weights_for_sampler(ctx: _ModelContext, payload: dict[str, Any]) -> di
     return {"path": str(path), "type": "save_weights_for_sampler"}
 
 
+def _save_weights_external(ctx: _ModelContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """The LoRA weights as PEFT files, one object each, for signed download; a same-named export is replaced."""
+    training = ctx.training()
+    name = payload["name"]
+    with session_scope(ctx.settings.database) as session:
+        existing = _checkpoint_named(session, ctx.model_id, "external", name)
+        checkpoint_id = existing.id if existing is not None else new_id("tkc")
+    prefix = tinker_checkpoints.external_prefix(checkpoint_id)
+    with tempfile.TemporaryDirectory(prefix="mint-tinker-external-") as scratch:
+        folder = Path(scratch)
+        training.save_weights_for_sampler(folder)
+        infos = [
+            ctx.store.put_bytes(tinker_checkpoints.external_file_key(prefix, file), (folder / file).read_bytes())
+            for file in tinker_checkpoints.EXTERNAL_FILES
+        ]
+    size_bytes = sum(info.size_bytes for info in infos)
+    with session_scope(ctx.settings.database) as session:
+        # The row's digest is the weights file's: what a downloader can check its copy against.
+        _upsert_checkpoint(
+            session, ctx, checkpoint_id, "external", name, prefix, infos[-1].sha256, size_bytes, None, payload
+        )
+    path = wire.TinkerPath(ctx.model_id, "external", name)
+    return {"path": str(path), "size_bytes": size_bytes, "type": "save_weights_external"}
+
+
 def _snapshot(ctx: _ModelContext, training: LoraSession, folder: Path, archive: bytes, seq: int) -> dict[str, Any]:
     """Save-and-sample: the weights as they are now, for a new sampler of the same session."""
     if ctx.tinker_session_id is None:
@@ -501,6 +526,7 @@ _OPERATIONS: dict[str, Callable[[_ModelContext, dict[str, Any]], dict[str, Any]]
     "optim_step": _optim_step,
     "save_weights": _save_weights,
     "save_weights_for_sampler": _save_weights_for_sampler,
+    "save_weights_external": _save_weights_external,
 }
 
 

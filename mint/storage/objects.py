@@ -112,7 +112,9 @@ class ObjectStore(Protocol):
     `put` streams `source` to `key` and replaces any previous object atomically; `stream`
     reads an object a chunk at a time (what serves downloads: `get_bytes` holds the whole
     object, for small ones only); `list` is sorted by key; `delete` is idempotent; `check` is
-    a cheap readiness probe that raises ServiceUnavailable saying what to fix.
+    a cheap readiness probe that raises ServiceUnavailable saying what to fix;
+    `presigned_url` is a URL that reads one object without credentials for `expires_s`
+    seconds, where the store can make one (None: the API serves the download itself).
     """
 
     url: str
@@ -127,6 +129,7 @@ class ObjectStore(Protocol):
     def delete(self, key: str) -> None: ...
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
     def check(self) -> None: ...
+    def presigned_url(self, key: str, expires_s: int) -> str | None: ...
 
 
 def validate_key(key: str) -> str:
@@ -308,6 +311,10 @@ class LocalObjectStore:
             info = self._info(key)
             if info is not None:  # None: deleted since the walk saw it
                 yield info
+
+    def presigned_url(self, key: str, expires_s: int) -> str | None:
+        """A folder has no URLs of its own: the API serves its downloads."""
+        return None
 
     def check(self) -> None:
         for folder in (self.root, self._incoming, self._meta):
@@ -496,6 +503,14 @@ class S3ObjectStore:
                     except NotFound:  # deleted since the listing, or not written by Mint
                         continue
                     yield info
+
+    def presigned_url(self, key: str, expires_s: int) -> str | None:
+        """A GET URL of the bucket itself, signed with this store's credentials for `expires_s`."""
+        return self._client.generate_presigned_url(
+            "get_object",
+            Params={"Bucket": self.bucket, "Key": self._key(validate_key(key))},
+            ExpiresIn=expires_s,
+        )
 
     def check(self) -> None:
         try:

@@ -31,6 +31,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -60,7 +61,7 @@ SESSION_STATUSES = ("active", "closed")
 FUTURE_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 TINKER_SESSION_STATUSES = ("active", "finished")
 AUTOTUNE_STATUSES = ("queued", "running", "succeeded", "stopped", "failed", "cancelled")
-TINKER_CHECKPOINT_KINDS = ("training", "sampler")
+TINKER_CHECKPOINT_KINDS = ("training", "sampler", "external")
 USAGE_KINDS = ("trained", "sampled", "served")
 WEBHOOK_DELIVERY_STATUSES = ("pending", "succeeded", "failed")
 
@@ -644,9 +645,12 @@ class Future(Base):
 
 
 class TinkerCheckpoint(Base):
-    """A saved training state (`kind` training) or sampler weights (`kind` sampler) of a Tinker
-    model, addressed as `tinker://<model_id>/weights/<name>` or `.../sampler_weights/<name>`.
-    Sampler weights are also an adapter version (`adapter_version_id`)."""
+    """A saved training state (`kind` training), sampler weights (`kind` sampler) or external
+    weights (`kind` external: PEFT files to download) of a Tinker model, addressed as
+    `tinker://<model_id>/weights/<name>`, `.../sampler_weights/<name>` or `.../external_weights/<name>`.
+    Sampler weights are also an adapter version (`adapter_version_id`). A `public` checkpoint
+    can be read (listed, loaded, sampled, downloaded) by every organization; only its own
+    organization can change or delete it."""
 
     __tablename__ = "tinker_checkpoints"
     __table_args__ = (
@@ -665,6 +669,7 @@ class TinkerCheckpoint(Base):
     adapter_version_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("adapter_versions.id"))
     user_metadata: Mapped[dict[str, Any]] = mapped_column(default=dict)
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = _created()
 
 

@@ -10,10 +10,7 @@ the package keeps the suite's time down on small machines.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +18,7 @@ import pytest
 
 from mint.config import Settings
 from mint.sdk import Job, Mint
-from tests.conftest import LiveServer, Tenant, Workers, free_port, make_tenant, wait_for
+from tests.conftest import LiveServer, Tenant, Workers, make_tenant, serving_node
 
 BASE = "tiny-glm-moe"
 # Only so that a hung process cannot hang the suite; everything here takes seconds.
@@ -71,30 +68,7 @@ def worker(prepared: Settings) -> Iterator[subprocess.Popen[bytes]]:
 @pytest.fixture(scope="package")
 def node(prepared: Settings) -> Iterator[subprocess.Popen[bytes]]:
     """A serving node of the tiny base, registered in the session's database."""
-    from mint.services.serving_nodes import live_nodes
-    from mint.storage.db import session_scope
-
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mint", "serve", "--base", BASE, "--port", str(port)], env=os.environ.copy()
-    )
-
-    def registered() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"the serving node exited with {process.returncode}")
-        with session_scope(prepared.database) as session:
-            return any(node.url.endswith(f":{port}") for node in live_nodes(session, BASE))
-
-    try:
-        wait_for(registered, "the serving node to register", timeout=HANG_S)
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    yield from serving_node(prepared, BASE, timeout=HANG_S)
 
 
 @pytest.fixture(scope="package")

@@ -8,10 +8,7 @@ registered through the adapters service; the node fetches them from the object s
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,40 +19,15 @@ from sqlalchemy import select
 
 from mint.config import Settings, get_settings
 from mint.services import adapters
-from mint.services.serving_nodes import live_nodes
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Adapter, ServingNode, UsageRecord
-from tests.conftest import LiveServer, Tenant, free_port, make_tenant, wait_for
+from tests.conftest import LiveServer, Tenant, make_tenant, serving_node, wait_for
 
 pytestmark = [pytest.mark.torch, pytest.mark.integration]
 
 BASE = "tiny-glm-moe"
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
-
-
-def serving_node(settings: Settings, base: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    """A serving node of `base` (settings from `env` on top of the session's), once registered."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mint", "serve", "--base", base, "--port", str(port)], env={**os.environ, **(env or {})}
-    )
-
-    def registered() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"the serving node exited with {process.returncode}")
-        with session_scope(settings.database) as session:
-            return any(node.url.endswith(f":{port}") for node in live_nodes(session, base))
-
-    try:
-        wait_for(registered, "the serving node to register")
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 @pytest.fixture(scope="module")
