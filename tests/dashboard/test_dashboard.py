@@ -511,3 +511,41 @@ def test_an_auto_runs_page_shows_its_trials_decisions_and_held_out_result(
     expect(page.locator("#auto-decisions")).to_contain_text("evaluate the base")
     page.close()
     api.http.close()
+
+
+def test_the_tinker_runs_pages_show_runs_and_their_checkpoints(
+    live_server: LiveServer, tenant: Tenant, workers: Workers, browser: Any
+) -> None:
+    """A model trained through the official tinker SDK, as a viewer sees it: listed under Tinker
+    runs with its base, rank and last checkpoints; its page lists each checkpoint with its type,
+    whether it is published, and when it expires."""
+    import tinker
+    from playwright.sync_api import expect
+
+    workers.start("dashboard-tinker", base=BASE)
+    service = tinker.ServiceClient(base_url=live_server.url, api_key=tenant.keys["developer"])
+    training = service.create_lora_training_client(base_model=BASE, rank=4, seed=1).result()
+    state = training.save_state("ui-state").result().path
+    weights = training.save_weights_for_sampler("ui-weights").result().path
+    rest = service.create_rest_client()
+    rest.publish_checkpoint_from_tinker_path(weights).result()
+    rest.set_checkpoint_ttl_from_tinker_path(state, 7200).result()
+    service.close("success").result()
+
+    page = browser.new_page()
+    page.goto(f"{live_server.url}/ui/")
+    page.get_by_label("API key").fill(tenant.keys["viewer"])
+    page.get_by_role("button", name="Sign in").click()
+    nav(page, "Tinker runs").click()
+    runs = page.get_by_role("table", name="Tinker runs, newest first")
+    row = runs.get_by_role("row").filter(has_text=training.model_id)
+    expect(row).to_contain_text(BASE)
+    expect(row).to_contain_text(state)
+    expect(row).to_contain_text(weights)
+    row.get_by_role("link", name=training.model_id).click()
+    checkpoints = page.get_by_role("table", name="Checkpoints, oldest first")
+    expect(checkpoints.get_by_role("row").filter(has_text=weights)).to_contain_text("public")
+    saved = checkpoints.get_by_role("row").filter(has_text=state)
+    expect(saved).to_contain_text("private")
+    expect(saved).not_to_contain_text("never")  # it has a TTL now
+    page.close()

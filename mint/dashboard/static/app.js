@@ -11,6 +11,7 @@ import * as deployments from "./deployments.js";
 import * as evals from "./evals.js";
 import * as jobs from "./jobs.js";
 import * as overview from "./overview.js";
+import * as tinker from "./tinker.js";
 import * as usage from "./usage.js";
 
 // [pattern, page render function, title]
@@ -27,6 +28,8 @@ const ROUTES = [
   [/^\/adapters\/([^/]+)$/, adapters.renderAdapter, "Adapter"],
   [/^\/autotune$/, autotune.renderRuns, "Auto runs"],
   [/^\/autotune\/([^/]+)$/, autotune.renderRun, "Auto run"],
+  [/^\/tinker$/, tinker.renderRuns, "Tinker runs"],
+  [/^\/tinker\/([^/]+)$/, tinker.renderRun, "Tinker run"],
   [/^\/deployments$/, deployments.renderDeployments, "Deployments"],
   [/^\/deployments\/([^/]+)$/, deployments.renderDeployment, "Deployment"],
   [/^\/usage$/, usage.render, "Usage"],
