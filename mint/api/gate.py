@@ -58,6 +58,7 @@ def route_body_limits(settings: Settings) -> dict[str, int]:
     return {
         "/v1/datasets": upload,
         "/v1/files": upload,
+        "/v1/adapters": upload,
         "/v1/benchmarks": BENCHMARK_BODY_BYTES,
         "/v1/benchmarks/{benchmark_id}/versions": BENCHMARK_BODY_BYTES,
         "/api/v1/forward_backward": settings.tinker_max_body_bytes,

@@ -1,4 +1,4 @@
-"""`mint adapters ...`: adapters, their versions, and downloads in PEFT format."""
+"""`mint adapters ...`: uploads, adapters, their versions, and downloads in PEFT format."""
 
 from __future__ import annotations
 
@@ -48,6 +48,21 @@ def list_versions(api: Remote, name: Annotated[str, typer.Argument(help="The ada
     with api.client() as client:
         versions = client.adapters.versions(client.adapters.find(name).id)
     api.table(versions, VERSION_COLUMNS, title=f"versions of {name}")
+
+
+@app.command("upload")
+@remote
+def upload(
+    api: Remote,
+    name: Annotated[str, typer.Argument(help="The adapter's name (new, or existing: a new version).")],
+    folder: Annotated[Path, typer.Argument(file_okay=False, help="A PEFT folder (adapter_config.json, safetensors).")],
+    base: Annotated[str, typer.Option("--base", help="The base model it was trained on.")],
+) -> None:
+    """Bring in a LoRA adapter trained elsewhere; a worker of its base then checks that it loads
+    (status validating, then ready or invalid: see `mint adapters versions NAME`)."""
+    with api.client() as client:
+        version = client.adapters.upload(name, base, folder)
+    emit_one(wire(version), as_json=api.as_json)
 
 
 @app.command("download")

@@ -38,7 +38,8 @@ class AdapterVersionPublic(WireModel):
         default=None, description="The version this one was trained from (warm start or an earlier stage)."
     )
     metrics: dict[str, Any]
-    status: str
+    status: str = Field(description="validating (an upload a worker has not loaded yet), ready, invalid, withdrawn.")
+    error: str | None = Field(default=None, description="Why an uploaded version is invalid.")
     created_at: datetime
 
 
@@ -54,3 +55,7 @@ class ReplayCreate(RequestModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
         description="The new adapter's name (default: `<adapter>-<base>`).",
     )
+
+
+# An adapter's name: what `adapter@version` references start with.
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"

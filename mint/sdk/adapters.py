@@ -1,5 +1,5 @@
-"""Adapters and their immutable versions: list, read, resolve `name@N`, and download a version
-in PEFT format to a folder that `peft.PeftModel.from_pretrained` loads.
+"""Adapters and their immutable versions: upload one trained elsewhere, list, read, resolve
+`name@N`, and download a version in PEFT format to a folder that `peft.PeftModel.from_pretrained` loads.
 
 A download is checked against the version's sha256 before anything is unpacked, and the
 archive is unpacked by hand: only regular files with plain names are written, so an archive
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import io
 import os
 import shutil
 import tarfile
@@ -18,7 +19,7 @@ from pathlib import Path, PurePosixPath
 
 from mint.schemas.adapters import AdapterPublic, AdapterVersionPublic
 from mint.schemas.common import Page
-from mint.sdk._http import AsyncHTTP, Call, SyncHTTP, parse_bytes, parse_list, parse_model
+from mint.sdk._http import AsyncHTTP, Call, SyncHTTP, Upload, parse_bytes, parse_list, parse_model
 from mint.sdk.errors import BadRequestError, DownloadError, NotFoundError
 from mint.sdk.pagination import AsyncPager, PageCall, SyncPager
 
@@ -43,6 +44,25 @@ def get_version(adapter_id: str, version: int) -> Call[AdapterVersionPublic]:
 
 def download_call(version: AdapterVersionPublic) -> Call[bytes]:
     return Call("GET", f"/v1/adapters/{version.adapter_id}/versions/{version.version}/download", parse_bytes)
+
+
+PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def upload_call(name: str, base_model: str, folder: Folder) -> Call[AdapterVersionPublic]:
+    """The PEFT folder's two files (what `save_pretrained` writes, less its README) as one tar."""
+    missing = [file for file in PEFT_FILES if not (Path(folder) / file).is_file()]
+    if missing:
+        raise BadRequestError(
+            f"{folder} is not a PEFT adapter folder: it has no {' or '.join(missing)}", param="folder"
+        )
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for file in PEFT_FILES:
+            tar.add(Path(folder) / file, arcname=file)
+    form = {"name": name, "base_model": base_model}
+    upload = Upload(archive.getvalue(), "adapter.tar", form, field_name="files", content_type="application/x-tar")
+    return Call("POST", "/v1/adapters", parse_model(AdapterVersionPublic), upload=upload)
 
 
 def split_ref(ref: str) -> tuple[str, int | None]:
@@ -125,10 +145,17 @@ class _Download:
 
 
 class Adapters:
-    """`/v1/adapters`: adapters, their versions, and downloads in PEFT format."""
+    """`/v1/adapters`: uploads, adapters, their versions, and downloads in PEFT format."""
 
     def __init__(self, http: SyncHTTP) -> None:
         self._http = http
+
+    def upload(self, name: str, base_model: str, folder: Folder) -> AdapterVersionPublic:
+        """Bring in a LoRA adapter trained elsewhere (a PEFT folder) as the next version of `name`.
+
+        It is `validating` until a worker of its base has loaded it, then `ready` or `invalid`
+        (with `error`); poll `version(adapter_id, version)`."""
+        return self._http.send(upload_call(name, base_model, folder))
 
     def list(self, *, limit: int = 20) -> SyncPager[AdapterPublic]:
         """Every adapter of the organization, newest first."""
@@ -184,6 +211,9 @@ class AsyncAdapters:
 
     def __init__(self, http: AsyncHTTP) -> None:
         self._http = http
+
+    async def upload(self, name: str, base_model: str, folder: Folder) -> AdapterVersionPublic:
+        return await self._http.send(upload_call(name, base_model, folder))
 
     def list(self, *, limit: int = 20) -> AsyncPager[AdapterPublic]:
         return AsyncPager(self._http, list_adapters(limit))

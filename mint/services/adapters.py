@@ -102,9 +102,11 @@ def register_version(
     training_job_id: str | None = None,
     metrics: dict[str, Any] | None = None,
     parent_version_id: str | None = None,
+    status: str = "ready",
 ) -> AdapterVersion:
     """Store an adapter archive (once per content) and record it as the adapter's next version,
-    with the version it was trained from (`parent_version_id`), if any."""
+    with the version it was trained from (`parent_version_id`), if any; an upload starts
+    `validating` (`mint.services.adapter_uploads`)."""
     sha256 = hashlib.sha256(archive).hexdigest()
     key = object_key_of(sha256)
     if not store.exists(key):
@@ -128,6 +130,7 @@ def register_version(
         training_job_id=training_job_id,
         parent_version_id=parent_version_id,
         metrics=metrics or {},
+        status=status,
     )
     session.add(version)
     session.flush()

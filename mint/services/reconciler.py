@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from mint.config import DEFAULT_MAX_ATTEMPTS
 from mint.errors import Conflict, NotFound
-from mint.services import evals, webhooks
+from mint.services import adapter_uploads, evals, webhooks
 from mint.services.dispatch import Dispatch
 from mint.services.fine_tuning import emit_event, give_up, mark_queued, send_job
 from mint.services.leases import WORKER_STOPPED, exhausted
@@ -53,6 +53,7 @@ class ReconcileReport:
     resent_eval_runs: list[str] = field(default_factory=list)
     gave_up: list[str] = field(default_factory=list)
     resent_autotune_runs: list[str] = field(default_factory=list)
+    resent_adapter_validations: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, list[str]]:
         return {
@@ -63,6 +64,7 @@ class ReconcileReport:
             "resent_eval_runs": self.resent_eval_runs,
             "gave_up": self.gave_up,
             "resent_autotune_runs": self.resent_autotune_runs,
+            "resent_adapter_validations": self.resent_adapter_validations,
         }
 
 
@@ -154,11 +156,15 @@ def reconcile_jobs(
         evals.mark_queued(run)
         report.resent_eval_runs.append(run.id)
         runs.append(run)
+    uploads = adapter_uploads.stranded_validations(session, grace_s=grace_s, pending=pending)
+    report.resent_adapter_validations += [version.id for version in uploads]
     session.commit()
     for job in to_send:
         send_job(job, send)
     for run in runs:
         evals.send_run(run, send)
+    for version in uploads:
+        adapter_uploads.send_validation(version, send)
     return report
 
 

@@ -52,7 +52,7 @@ JOB_METHODS = ("sft", "dpo", "rl")
 JOB_STATUSES = ("validating_files", "queued", "running", "succeeded", "failed", "cancelled")
 EVENT_LEVELS = ("info", "warning", "error")
 EVENT_TYPES = ("message", "metrics")
-ADAPTER_VERSION_STATUSES = ("ready", "withdrawn", "deleted")
+ADAPTER_VERSION_STATUSES = ("validating", "ready", "invalid", "withdrawn", "deleted")
 DEPLOYMENT_KINDS = ("single", "mixture")
 DEPLOYMENT_STATUSES = ("active", "withdrawn")
 REVISION_ACTIONS = ("create", "promote", "rollback", "withdraw", "update")
@@ -471,7 +471,10 @@ class AdapterVersion(Base):
     # stage of a chained job); None for an adapter trained from scratch or uploaded.
     parent_version_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("adapter_versions.id"))
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # An uploaded version is `validating` until a worker of its base loads it: then `ready`, or
+    # `invalid` with what did not fit in `error`.
     status: Mapped[str] = mapped_column(String(16), default="ready")
+    error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _created()
 
 

@@ -35,7 +35,7 @@ from torch import nn
 
 from mint.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from mint.schemas.base_models import BaseModelSpec
-from mint.trainer import checkpoint, lora
+from mint.trainer import checkpoint, lora, peft_files
 from mint.trainer.combining import Combiner, Loops
 from mint.trainer.mixed_adapters import Span, can_mix, mixed_adapters
 from mint.trainer.models import load_base_model, tensors_fingerprint
@@ -107,10 +107,6 @@ def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
 
 # PEFT options a saved adapter may carry only at these values (Mint trains plain LoRA), and
 # options that must be empty when present.
-_PLAIN_LORA = {"peft_type": "LORA", "use_dora": False, "use_rslora": False, "bias": "none"}
-_UNUSED_LORA = ("modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern")
-
-
 def _read_peft_adapter(folder: Path) -> tuple[LoraOptions, dict[str, torch.Tensor]]:
     """The LoRA options and weights of a PEFT-format adapter folder (JSON and safetensors only)."""
     config_file, weights_file = (folder / name for name in checkpoint.SAMPLER_FILES)
@@ -119,25 +115,8 @@ def _read_peft_adapter(folder: Path) -> tuple[LoraOptions, dict[str, torch.Tenso
             f"{folder} is not a PEFT adapter: it needs {' and '.join(checkpoint.SAMPLER_FILES)}", param="path"
         )
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
-        for key, plain in _PLAIN_LORA.items():
-            if config.get(key, plain) != plain:
-                raise ValueError(f"{key} is {config[key]!r}; Mint loads plain LoRA adapters ({key}: {plain!r})")
-        for key in _UNUSED_LORA:
-            if config.get(key):
-                raise ValueError(f"{key} is set; Mint loads plain LoRA adapters, without {key}")
-        if any(isinstance(config.get(key), str) for key in ("target_modules", "target_parameters")):
-            raise ValueError("targets written as one regex string are not supported; list the target names")
-        options = LoraOptions(
-            rank=int(config["r"]),
-            alpha=float(config["lora_alpha"]),
-            dropout=0.0,
-            target_modules=sorted(config.get("target_modules") or []),
-            target_parameters=sorted(config.get("target_parameters") or []),
-        )
-    except (OSError, KeyError, TypeError, ValueError) as exc:
+        options = peft_files.lora_options(json.loads(config_file.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
         raise InvalidRequest(f"{config_file} is not a usable LoRA config: {exc}", param="adapter") from exc
     try:
         weights = load_file(weights_file)

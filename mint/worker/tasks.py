@@ -13,6 +13,7 @@ from typing import Any
 from celery import shared_task
 
 from mint.config import get_settings
+from mint.services.adapter_uploads import VALIDATE_ADAPTER_TASK, validate_uploaded_version
 from mint.services.job_runner import run_job
 from mint.services.retention import enforce_retention
 from mint.services.webhook_delivery import deliver, resend_due
@@ -46,6 +47,12 @@ def run_fine_tuning_job(job_id: str) -> str:
     """Run one fine-tuning job on this worker's resident base (a duplicate message returns at once)."""
     settings = get_settings()
     return run_job(settings, job_id, signals.process_identity(), resident_base, CeleryDispatch(settings))
+
+
+@shared_task(name=VALIDATE_ADAPTER_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def validate_adapter(version_id: str) -> str:
+    """Load an uploaded adapter version into this worker's resident base: `ready`, or `invalid` with why."""
+    return validate_uploaded_version(get_settings(), version_id, resident_base)
 
 
 @shared_task(name="mint.system.reconcile", acks_late=True, ignore_result=True, time_limit=120)

@@ -83,6 +83,11 @@ def test_upload_train_follow_and_download(cli: Cli, worker: Any, tmp_path: Path)
     downloaded = as_json(cli("adapters", "download", "cli-bot@1", "--out", str(out), "--json"))
     assert downloaded["sha256"] == mine["versions"][0]["sha256"] and Path(downloaded["path"]) == out
     assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    # The downloaded folder comes back in as an adapter of its own (a worker then validates it).
+    uploaded = as_json(cli("adapters", "upload", "cli-bot-copy", str(out), "--base", BASE, "--json"))
+    assert uploaded["model"] == "cli-bot-copy@1" and uploaded["status"] == "validating"
+    assert uploaded["sha256"] == downloaded["sha256"]  # the same files, archived the same way
+    assert "not a PEFT adapter folder" in cli("adapters", "upload", "x", str(tmp_path), "--base", BASE, code=6).stderr
 
 
 @pytest.mark.torch

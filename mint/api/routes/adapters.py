@@ -1,21 +1,22 @@
-"""Adapters and their versions: list, read, and download a version in PEFT format (a tar of
-`adapter_config.json` and `adapter_model.safetensors`, whose sha256 is the version's)."""
+"""Adapters and their versions: upload one trained elsewhere, list, read, and download a version
+in PEFT format (a tar of `adapter_config.json` and `adapter_model.safetensors`, whose sha256 is
+the version's)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, File, Form, Path, UploadFile
 from fastapi.responses import StreamingResponse
 
 from mint.api.deps import CurrentPrincipal, DispatchDep, QuotasDep, SessionDep, SettingsDep
 from mint.api.downloads import TAR_MEDIA_TYPE, binary_response, stream_object
 from mint.api.pagination import After, Limit, id_path, page_of
 from mint.api.routes.fine_tuning import job_public
-from mint.schemas.adapters import AdapterPublic, AdapterVersionPublic, ReplayCreate
+from mint.schemas.adapters import ADAPTER_NAME_PATTERN, AdapterPublic, AdapterVersionPublic, ReplayCreate
 from mint.schemas.common import MAX_VERSION, Page
 from mint.schemas.fine_tuning import FineTuningJob
-from mint.services import adapters, replay
+from mint.services import adapter_uploads, adapters, replay
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Adapter, AdapterVersion
 
@@ -36,6 +37,40 @@ def list_adapters(
 ) -> Page[AdapterPublic]:
     result = adapters.list_adapters(session, principal.organization_id, after=after, limit=limit)
     return page_of(result, AdapterPublic)
+
+
+@router.post("", response_model=AdapterVersionPublic, status_code=201)
+def upload_adapter(
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatch: DispatchDep,
+    principal: CurrentPrincipal,
+    name: Annotated[
+        str, Form(max_length=64, pattern=ADAPTER_NAME_PATTERN, description="The adapter's name (new or existing).")
+    ],
+    base_model: Annotated[str, Form(max_length=100, description="The base it was trained on, e.g. `tiny-glm-moe`.")],
+    files: Annotated[
+        list[UploadFile],
+        File(description="`adapter_config.json` and `adapter_model.safetensors`, or one `.tar` holding them."),
+    ],
+) -> AdapterVersionPublic:
+    """Bring in a LoRA adapter trained outside Mint (a PEFT folder). What can be checked without
+    the base is checked now (a 400 names what is wrong); the version is then `validating` until
+    a worker of its base has loaded it: `ready` to evaluate, deploy and train on, or `invalid`
+    with the reason in `error`."""
+    limit = settings.max_upload_bytes
+    contents = {upload.filename or "": upload.file.read(limit + 1) for upload in files}
+    version = adapter_uploads.upload_adapter(
+        session,
+        object_store_for(settings),
+        dispatch,
+        principal,
+        name=name,
+        base_model=base_model,
+        files=contents,
+        max_bytes=limit,
+    )
+    return _public(adapters.get_adapter(session, principal.organization_id, version.adapter_id), version)
 
 
 @router.get("/{adapter_id}", response_model=AdapterPublic)
