@@ -156,3 +156,41 @@ def test_an_adapter_trained_by_peft_outside_mint_is_validated_evaluated_and_trai
     with torch.no_grad(), resident._use(session.session_id) as model:
         mint_logits = model(input_ids=torch.tensor([ids])).logits[0]
     assert torch.allclose(mint_logits, peft_logits, atol=1e-5, rtol=0)
+
+
+def test_an_upload_whose_validation_message_was_lost_is_sent_again(
+    client: TestClient, tenant: Tenant, prepared: Settings, tmp_path: Path
+) -> None:
+    """On a base whose queue no worker of the suite consumes, the upload stays `validating`; once
+    it is older than the grace period and its message is not in the queue, the reconciler sends
+    the validation again."""
+    from datetime import timedelta
+
+    from safetensors.torch import save_file
+
+    from mint.services.adapter_uploads import VALIDATE_ADAPTER_TASK
+    from mint.storage.tables import AdapterVersion, utcnow
+    from tests.conftest import reconcile_after
+
+    weights = tmp_path / "adapter_model.safetensors"
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    save_file({f"{prefix}.lora_A.weight": torch.zeros(4, 8), f"{prefix}.lora_B.weight": torch.zeros(8, 4)}, weights)
+    config = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}
+    response = client.post(
+        "/v1/adapters",
+        headers=tenant.headers("developer"),
+        data={"name": "lost-validation", "base_model": "tiny-qwen3-moe"},
+        files=[
+            ("files", ("adapter_config.json", json.dumps(config).encode(), "application/json")),
+            ("files", ("adapter_model.safetensors", weights.read_bytes(), "application/octet-stream")),
+        ],
+    )
+    assert response.status_code == 201, response.text
+    version_id = response.json()["id"]
+    report, sent = reconcile_after(prepared, AdapterVersion, {})
+    assert version_id not in report.resent_adapter_validations  # within the grace period
+    report, sent = reconcile_after(
+        prepared, AdapterVersion, {version_id: {"created_at": utcnow() - timedelta(hours=1)}}
+    )
+    assert version_id in report.resent_adapter_validations
+    assert (VALIDATE_ADAPTER_TASK, [version_id]) in sent
