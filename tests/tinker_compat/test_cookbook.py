@@ -128,3 +128,51 @@ def test_rl_recipe_math_rl_arithmetic(workdir: Path, live_server: LiveServer, lo
     assert [row["step"] for row in rows if "env/all/reward/total" in row] == list(range(steps))
     assert all(row["env/all/ac_tokens_per_turn"] > 0 for row in rows if "env/all/reward/total" in row)
     assert checkpoint_paths(log_path)[-1]["sampler_path"].endswith("/sampler_weights/final")
+
+
+def test_rl_recipe_multiplayer_guess_number(
+    workdir: Path, live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A multi-turn game against an environment (the recipe's own guess-the-number player), one step."""
+    from tinker_cookbook.recipes.multiplayer_rl.guess_number import train
+
+    monkeypatch.setenv("TINKER_BASE_URL", live_server.url)  # the recipe takes no base_url: the SDK's variable
+    log_path = workdir / "guess-log"
+    config = train.build_config(
+        train.CLIConfig(
+            model_name=BASE,
+            renderer_name="role_colon",
+            group_size=2,
+            batch_size=2,
+            max_tokens=4,
+            eval_every=0,
+            save_every=0,
+            log_path=str(log_path),
+            behavior_if_log_dir_exists="delete",
+            max_steps=1,
+        )
+    )
+    asyncio.run(train.train.main(config))
+    assert [row["step"] for row in metrics(log_path) if any(key.startswith("env/") for key in row)] == [0]
+
+
+def test_rl_recipe_preference_shorter(workdir: Path, live_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RL from pairwise preferences (shorter answers win), with the post-update KL the recipe asks for."""
+    from tinker_cookbook.recipes.preference.shorter import train
+
+    monkeypatch.setenv("TINKER_BASE_URL", live_server.url)
+    log_path = workdir / "shorter-log"
+    train.cli_main(
+        train.CLIConfig(
+            model_name=BASE,
+            renderer_name="role_colon",
+            batch_size=2,
+            group_size=2,
+            max_tokens=4,
+            eval_every=0,
+            log_path=str(log_path),
+            behavior_if_log_dir_exists="delete",
+            max_steps=1,
+        )
+    )
+    assert [row["step"] for row in metrics(log_path) if any(key.startswith("env/") for key in row)] == [0]
