@@ -549,3 +549,42 @@ def test_the_tinker_runs_pages_show_runs_and_their_checkpoints(
     expect(saved).to_contain_text("private")
     expect(saved).not_to_contain_text("never")  # it has a TTL now
     page.close()
+
+
+def test_a_versions_lineage_page_shows_what_it_was_trained_from(
+    live_server: LiveServer, tenant: Tenant, workers: Workers, browser: Any
+) -> None:
+    """A version warm-started from another, as a viewer sees it: the adapter's page links each
+    version's lineage, which lists the parent then the child, oldest first, with how each was
+    made and the job that made it."""
+    from playwright.sync_api import expect
+
+    api = Api(live_server.url, tenant)
+    rows = api.upload("lineage.jsonl", training_rows())
+    workers.start("dashboard-lineage")
+    common = {"model": BASE, "training_file": rows["id"], "steps": 1, "method": {"type": "supervised"}}
+    parent_job = api.post("/v1/fine_tuning/jobs", {**common, "suffix": "lineage-parent"}, status=200)
+    parent = api.finished(f"/v1/fine_tuning/jobs/{parent_job['id']}")["fine_tuned_model"]
+    child_job = api.post(
+        "/v1/fine_tuning/jobs", {**common, "suffix": "lineage-child", "from_adapter": parent}, status=200
+    )
+    child = api.finished(f"/v1/fine_tuning/jobs/{child_job['id']}")["fine_tuned_model"]
+
+    page = browser.new_page()
+    page.goto(f"{live_server.url}/ui/")
+    page.get_by_label("API key").fill(tenant.keys["viewer"])
+    page.get_by_role("button", name="Sign in").click()
+    nav(page, "Adapters").click()
+    page.get_by_role("link", name="lineage-child", exact=True).click()
+    page.get_by_role("link", name=f"Lineage of {child}").click()
+    chain = page.get_by_role("table", name="Lineage, oldest first").locator("tbody tr")
+    expect(chain).to_have_count(2)
+    expect(chain.nth(0)).to_contain_text(parent)
+    expect(chain.nth(0)).to_contain_text(parent_job["id"])
+    expect(chain.nth(1)).to_contain_text(child)
+    expect(chain.nth(1)).to_contain_text("sft")
+    expect(chain.nth(1).get_by_role("link", name=child_job["id"])).to_have_attribute(
+        "href", f"#/jobs/{child_job['id']}"
+    )
+    page.close()
+    api.http.close()

@@ -95,6 +95,19 @@ def get_version(
     return _public(adapters.get_adapter(session, principal.organization_id, adapter_id), row)
 
 
+@router.get("/{adapter_id}/versions/{version}/lineage", response_model=list[AdapterVersionPublic])
+def get_lineage(
+    adapter_id: AdapterId, version: Version, session: SessionDep, principal: CurrentPrincipal
+) -> list[AdapterVersionPublic]:
+    """The version and the versions it was trained from (warm starts, earlier stages of a chained
+    job), oldest first: each with its job, method, training file and metrics."""
+    row = adapters.get_version(session, principal.organization_id, adapter_id, version)
+    return [
+        _public(adapters.get_adapter(session, principal.organization_id, ancestor.adapter_id), ancestor)
+        for ancestor in replay.lineage(session, row)
+    ]
+
+
 @router.get(
     "/{adapter_id}/versions/{version}/download",
     response_class=StreamingResponse,

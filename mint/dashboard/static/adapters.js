@@ -61,6 +61,10 @@ export async function renderAdapter(adapterId) {
               version.training_job_id ? link(`#/jobs/${version.training_job_id}`, version.training_job_id) : "uploaded",
           ],
           ["Metrics", (version) => metricsText(version.metrics)],
+          [
+            "Lineage",
+            (version) => link(`#/adapters/${adapter.id}/versions/${version.version}`, `Lineage of ${version.model}`),
+          ],
           ["Created", (version) => when(version.created_at)],
           [
             "Download",
@@ -80,6 +84,42 @@ export async function renderAdapter(adapterId) {
         versions,
         { empty: "No versions yet." },
       ),
+    ),
+  ];
+}
+
+// How a version came to be: it and the versions it was trained from, oldest first.
+function origin(version) {
+  if (version.training_job_id) return version.metrics?.method ?? "trained";
+  if (version.metrics?.uploaded) return "uploaded";
+  if (version.metrics?.tinker_path) return "Tinker sampler weights";
+  return "—";
+}
+
+export async function renderLineage(adapterId, number) {
+  const chain = await get(`/v1/adapters/${encodeURIComponent(adapterId)}/versions/${number}/lineage`);
+  const last = chain[chain.length - 1];
+  return [
+    ...heading(
+      `Lineage of ${last.model}`,
+      "The version and the versions it was trained from (warm starts, earlier stages), oldest first.",
+    ),
+    table(
+      "Lineage, oldest first",
+      [
+        ["Model", (version) => link(`#/adapters/${version.adapter_id}`, version.model)],
+        ["How", (version) => origin(version)],
+        [
+          "Job",
+          (version) =>
+            version.training_job_id ? link(`#/jobs/${version.training_job_id}`, version.training_job_id) : "—",
+        ],
+        ["Training file", (version) => (version.metrics?.training_file ? code(version.metrics.training_file) : "—")],
+        ["Status", (version) => status(version.status)],
+        ["Metrics", (version) => metricsText(version.metrics)],
+        ["Created", (version) => when(version.created_at)],
+      ],
+      chain,
     ),
   ];
 }

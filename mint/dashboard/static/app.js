@@ -26,6 +26,7 @@ const ROUTES = [
   [/^\/jobs\/([^/]+)$/, jobs.renderJob, "Job"],
   [/^\/adapters$/, adapters.renderAdapters, "Adapters"],
   [/^\/adapters\/([^/]+)$/, adapters.renderAdapter, "Adapter"],
+  [/^\/adapters\/([^/]+)\/versions\/(\d+)$/, adapters.renderLineage, "Lineage"],
   [/^\/autotune$/, autotune.renderRuns, "Auto runs"],
   [/^\/autotune\/([^/]+)$/, autotune.renderRun, "Auto run"],
   [/^\/tinker$/, tinker.renderRuns, "Tinker runs"],
