@@ -25,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import InvalidRequest, NotFound, PayloadTooLarge
+from mint.errors import InvalidRequest, MintError, NotFound, PayloadTooLarge
 from mint.services import adapters
 from mint.services.audit import record_audit
 from mint.services.dispatch import Dispatch
@@ -148,7 +148,7 @@ def validate_uploaded_version(settings: Settings, version_id: str, load_base: Ca
         folder = adapters.extract_adapter(object_store_for(settings).get_bytes(key), Path(scratch))
         try:
             base.close(base.create_session_from_adapter(folder).session_id)
-        except InvalidRequest as exc:
+        except MintError as exc:  # whatever the loader refuses, with its reason (else the reconciler resends)
             error = exc.message.replace(str(folder), "the upload")
     with session_scope(settings.database) as session:
         version = session.get(AdapterVersion, version_id)
