@@ -144,11 +144,12 @@ def test_principal_is_authenticated_once(client: TestClient, tenant: Tenant, mon
     assert calls == ["gate"]
 
 
-def test_only_probes_docs_and_the_dashboard_need_no_key(app: FastAPI) -> None:
+def test_only_probes_docs_the_dashboard_and_signed_downloads_need_no_key(app: FastAPI) -> None:
     from mint.api.gate import gated_routes
 
     public = {route.template for route in gated_routes(app.routes) if not route.needs_key}
     assert public == {
+        "/api/v1/signed/{object_key:path}",  # the signed URL is the credential (signed_urls)
         "/healthz",
         "/readyz",
         "/metrics",
