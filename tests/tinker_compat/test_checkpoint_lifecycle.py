@@ -250,16 +250,12 @@ def test_sampler_weights_answer_on_the_openai_routes_as_the_tinker_sampler_does(
     tokenizer = training.get_tokenizer()
     path = training.save_weights_for_sampler("served").result().path
     prompt = "Ping 9 ->"
-    sampled = (
-        connect(alice)
-        .create_sampling_client(model_path=path)
-        .sample(
-            types.ModelInput.from_ints(tokenizer.encode(prompt)),
-            num_samples=1,
-            sampling_params=types.SamplingParams(max_tokens=6, temperature=0.0, stop=[]),
-        )
-        .result()
-    )
+    sampler = connect(alice).create_sampling_client(model_path=path).result()
+    sampled = sampler.sample(
+        types.ModelInput.from_ints(tokenizer.encode(prompt)),
+        num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=6, temperature=0.0, stop=[]),
+    ).result()
     expected = tokenizer.decode(sampled.sequences[0].tokens)
 
     openai = OpenAI(base_url=f"{live_server.url}/v1", api_key=alice.keys["developer"], max_retries=0)
