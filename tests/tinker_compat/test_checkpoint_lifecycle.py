@@ -1,5 +1,6 @@
 """The official `tinker` CLI, unmodified, manages Mint's checkpoints: `run list`, `checkpoint
-list | download | publish | unpublish | set-ttl`, and the key check of `tinker auth login`.
+list | info | download | publish | unpublish | set-ttl | delete`, `session export-trace`, and the
+key check of `tinker auth login`.
 
 `checkpoint download` of a training state runs the whole export path: a training client made
 from the state, `save_weights_external`, signed URLs (`external_weights_urls`, served by the API
@@ -135,6 +136,8 @@ def test_the_tinker_cli_lists_downloads_publishes_and_expires_checkpoints(
     assert timedelta(minutes=110) < expires - datetime.now(UTC) <= timedelta(hours=2)
     tinker_cli(live_server, alice, "checkpoint", "set-ttl", state, "--remove")
     assert checkpoints_of(live_server, alice, model_id)[state]["expires_at"] is None
+    info = tinker_cli(live_server, alice, "checkpoint", "info", state)
+    assert info["tinker_path"] == state and info["lora_rank"] == 4 and info["expires_at"] is None
 
     # publish: bob can read the sampler weights (and sample them), not change them; unpublish hides them again
     assert_bob_reads(rest, bob, sampler_path, readable=False)
@@ -174,6 +177,10 @@ def test_the_tinker_cli_lists_downloads_publishes_and_expires_checkpoints(
     assert export not in checkpoints_of(live_server, alice, model_id)
     with httpx.Client(timeout=60) as anyone:
         assert anyone.get(urls.urls["adapter_config.json"]).status_code in (403, 404)
+
+    # delete: the training state goes; the sampler weights stay listed.
+    assert tinker_cli(live_server, alice, "checkpoint", "delete", state, "--yes")["deleted_count"] == 1
+    assert set(checkpoints_of(live_server, alice, model_id)) == {sampler_path}
 
 
 def assert_bob_reads(rest: Callable[[Tenant], tinker.RestClient], bob: Tenant, path: str, *, readable: bool) -> None:
