@@ -14,7 +14,7 @@ from mint.api.downloads import TAR_MEDIA_TYPE, binary_response, stream_object
 from mint.api.pagination import After, Limit, id_path, page_of
 from mint.api.routes.fine_tuning import job_public
 from mint.schemas.adapters import ADAPTER_NAME_PATTERN, AdapterPublic, AdapterVersionPublic, ReplayCreate
-from mint.schemas.common import MAX_VERSION, Page
+from mint.schemas.common import ID_PATTERN, MAX_VERSION, Page
 from mint.schemas.fine_tuning import FineTuningJob
 from mint.services import adapter_uploads, adapters, replay
 from mint.storage.objects import object_store_for
@@ -48,7 +48,9 @@ def upload_adapter(
     name: Annotated[
         str, Form(max_length=64, pattern=ADAPTER_NAME_PATTERN, description="The adapter's name (new or existing).")
     ],
-    base_model: Annotated[str, Form(max_length=100, description="The base it was trained on, e.g. `tiny-glm-moe`.")],
+    base_model: Annotated[
+        str, Form(max_length=100, pattern=ID_PATTERN, description="The base it was trained on, e.g. `tiny-glm-moe`.")
+    ],
     files: Annotated[
         list[UploadFile],
         File(description="`adapter_config.json` and `adapter_model.safetensors`, or one `.tar` holding them."),
