@@ -75,6 +75,15 @@ def token_logprobs(logits_N_V: torch.Tensor, targets_N: torch.Tensor) -> torch.T
     return picked_N - torch.logsumexp(logits_N_V, dim=-1)
 
 
+def top_logprobs(logits_N_V: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `k` most likely tokens at each of N positions and their logprobs, most likely first:
+    `(ids_N_K, logprobs_N_K)`, each logprob the number `token_logprobs` gives for that token
+    (logit - logsumexp, in float32), so a top-k list and a sampled token's logprob agree."""
+    logits_N_V = logits_N_V.float()
+    values_N_K, ids_N_K = logits_N_V.topk(min(k, logits_N_V.shape[-1]), dim=-1)
+    return ids_N_K, values_N_K - torch.logsumexp(logits_N_V, dim=-1, keepdim=True)
+
+
 # A pass with gradients whose activations would take more than this (by `activation_bytes`) is a
 # large pass: each decoder layer keeps only its input and recomputes the rest in the backward
 # pass (`checkpointed_layers`), and on the host freed blocks go back to the system
