@@ -195,7 +195,9 @@ def _collect(gather: Any, lines: Iterator[str]) -> list[dict[str, Any]]:
 
 
 def _completion_lines(node: Any, body: NodeCompletion) -> Iterator[str]:
-    """JSON lines: what served the request, then each choice's new tokens, then its end."""
+    """JSON lines: what served the request, then each choice's new tokens, then its end. When
+    the request asked for logprobs, a line's `logprobs_content` holds its tokens' OpenAI chat
+    entries (text, bytes, logprob, top_logprobs), named here, where the tokenizer is."""
     routed, decision = node.route(body)
     served = {
         "adapter": routed.adapter.ref if routed.adapter else None,
@@ -211,6 +213,8 @@ def _completion_lines(node: Any, body: NodeCompletion) -> Iterator[str]:
         for event in first_events if choice == 0 else node.stream(routed.choice(choice)):
             text.append(event.text)
             line = {"choice": choice, "text": event.text, "token_ids": event.token_ids, "logprobs": event.logprobs}
+            if body.logprobs:
+                line["logprobs_content"] = node.logprobs_content(event)
             if event.finished:
                 line |= {
                     "finish_reason": event.finish_reason,

@@ -11,6 +11,12 @@ No database connection is held while a node generates: the caller is authenticat
 model resolved, each in a short session closed before the node is called, and usage is
 recorded in another once the node has answered (at the end of a stream, likewise). A node
 whose queue is full answers 429, and so does the API, with the node's Retry-After.
+
+Logprobs are OpenAI's: the node, which has the tokenizer, sends each token's text, bytes,
+logprob and top-k list as chat's `logprobs.content` entries; chat returns them as they are,
+text completions reshape them into `tokens`, `token_logprobs`, `top_logprobs` (one
+`{token: logprob}` per token, None when k is 0) and `text_offset` (characters from the start
+of the prompt, as OpenAI counts them). Streamed chunks carry the entries of their own tokens.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from starlette.concurrency import run_in_threadpool
 from mint.api.deps import BriefPrincipal, SettingsDep
 from mint.api.pagination import id_path
 from mint.config import Settings
-from mint.errors import MintError, NotFound
+from mint.errors import InvalidRequest, MintError, NotFound
 from mint.schemas.inference import (
     ChatCompletion,
     ChatCompletionCreate,
@@ -105,10 +111,10 @@ class _Choices:
         self.by_index: dict[int, dict[str, Any]] = {}
 
     def add(self, line: dict[str, Any]) -> None:
-        choice = self.by_index.setdefault(line["choice"], {"text": [], "token_ids": [], "logprobs": []})
+        choice = self.by_index.setdefault(line["choice"], {"text": [], "token_ids": [], "logprobs_content": []})
         choice["text"].append(line["text"])
         choice["token_ids"] += line["token_ids"]
-        choice["logprobs"] += line["logprobs"]
+        choice["logprobs_content"] += line.get("logprobs_content") or []
         if "finish_reason" in line:
             choice["finish_reason"] = line["finish_reason"]
             choice["message"] = line.get("message")
@@ -133,7 +139,7 @@ def _capture(
         return
     chat = isinstance(body, ChatCompletionCreate)
     asked = body.model_dump(mode="json", exclude_none=True, exclude={"stream", "stream_options", "model"})
-    answers = [_choice(index, choice, chat, with_logprobs=False) for index, choice in choices.in_order()]
+    answers = [_choice(index, choice, body, with_logprobs=False) for index, choice in choices.in_order()]
     writer.offer(
         CaptureRecord(
             id=completion_id,
@@ -186,18 +192,37 @@ def _node_request(plan: ServingPlan, body: ChatCompletionCreate | CompletionCrea
         stop=body.stop or [],  # type: ignore[arg-type]
         n=body.n,
         stream=True,
+        logprobs=body.alternatives is not None,
+        top_logprobs=body.alternatives or 0,
     )
 
 
-def _logprobs(line: dict[str, Any], chat: bool) -> dict[str, Any] | None:
-    if chat:
-        return {
-            "content": [
-                {"token": str(t), "logprob": lp, "bytes": None, "top_logprobs": []}
-                for t, lp in zip(line["token_ids"], line["logprobs"], strict=True)
-            ]
-        }
-    return {"tokens": [str(t) for t in line["token_ids"]], "token_logprobs": line["logprobs"]}
+def _logprobs(
+    content: list[dict[str, Any]], body: ChatCompletionCreate | CompletionCreate, offset: int = 0
+) -> dict[str, Any]:
+    """OpenAI's `choice.logprobs` of the tokens whose chat entries (from the node) are `content`;
+    for a text completion, `offset` is the completion's characters before the first of them."""
+    if isinstance(body, ChatCompletionCreate):
+        return {"content": content, "refusal": None}
+    offsets = []
+    at = len(body.prompt) + offset
+    for entry in content:
+        offsets.append(at)
+        at += len(entry["token"])
+    tops = None
+    if body.alternatives:
+        tops = []
+        for entry in content:
+            top: dict[str, float] = {}
+            for other in entry["top_logprobs"]:
+                top.setdefault(other["token"], other["logprob"])  # two tokens may share a (lossy) text
+            tops.append(top)
+    return {
+        "tokens": [entry["token"] for entry in content],
+        "token_logprobs": [entry["logprob"] for entry in content],
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
 
 
 async def _serve(
@@ -208,6 +233,12 @@ async def _serve(
 ) -> Response:
     started = time.perf_counter()
     chat = isinstance(request_body, ChatCompletionCreate)
+    if (
+        isinstance(request_body, ChatCompletionCreate)
+        and request_body.top_logprobs is not None
+        and not request_body.logprobs
+    ):
+        raise InvalidRequest("top_logprobs needs logprobs: set logprobs to true to use it", param="top_logprobs")
     plan, node = await run_in_threadpool(_plan, settings, principal, request_body.model)
     node_body = _node_request(plan, request_body)
     completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -235,7 +266,10 @@ async def _serve(
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": request_body.model,
-        "choices": [_choice(index, choice, chat, bool(request_body.logprobs)) for index, choice in choices.in_order()],
+        "choices": [
+            _choice(index, choice, request_body, request_body.alternatives is not None)
+            for index, choice in choices.in_order()
+        ],
         "usage": usage,
         "system_fingerprint": (served.get("sha256") or "")[:16] or None,
         "mint": mint,
@@ -243,11 +277,13 @@ async def _serve(
     return JSONResponse(body, headers=headers)
 
 
-def _choice(index: int, choice: dict[str, Any], chat: bool, with_logprobs: bool) -> dict[str, Any]:
+def _choice(
+    index: int, choice: dict[str, Any], body: ChatCompletionCreate | CompletionCreate, with_logprobs: bool
+) -> dict[str, Any]:
     text = "".join(choice["text"])
-    logprobs = _logprobs(choice, chat) if with_logprobs else None
+    logprobs = _logprobs(choice["logprobs_content"], body) if with_logprobs else None
     finish = choice.get("finish_reason", "length")
-    if chat:
+    if isinstance(body, ChatCompletionCreate):
         message = choice.get("message") or {"role": "assistant", "content": text}
         return {
             "index": index,
@@ -275,6 +311,7 @@ async def _sse(
     A stream that ends whole is captured (when its deployment captures) from the node's lines."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     started: set[int] = set()
+    offsets: dict[int, int] = {}  # each choice's characters of token text streamed so far
     served = _StreamedUsage()
     answer = _Choices() if plan.capture is not None else None
     recorded = False
@@ -305,8 +342,10 @@ async def _sse(
                 piece = {"index": index, "delta": delta, "finish_reason": finish}
             else:
                 piece = {"index": index, "text": line["text"], "finish_reason": finish}
-            if request_body.logprobs:
-                piece["logprobs"] = _logprobs(line, chat)
+            if request_body.alternatives is not None:
+                content = line.get("logprobs_content") or []
+                piece["logprobs"] = _logprobs(content, request_body, offsets.get(index, 0))
+                offsets[index] = offsets.get(index, 0) + sum(len(entry["token"]) for entry in content)
             started.add(index)
             served.add(line)
             if answer is not None:

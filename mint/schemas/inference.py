@@ -49,13 +49,6 @@ class _Sampling(_Lenient):
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     stream: bool = False
-    logprobs: bool | Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    top_logprobs: int | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_TOP_LOGPROBS,
-        description="OpenAI's range; Mint returns each sampled token's logprob, without alternatives.",
-    )
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     metadata: FiniteJson | None = Field(default=None, description="Routing metadata for mixture deployments.")
@@ -77,10 +70,38 @@ class ChatCompletionCreate(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1000)
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
     tool_choice: Any = None
+    logprobs: bool | None = Field(
+        default=None,
+        description="Return each output token's text, bytes and logprob (`choice.logprobs.content`), "
+        "under the model's own distribution (temperature 1).",
+    )
+    top_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="With `logprobs: true`: also the k most likely tokens at each position, most likely first.",
+    )
+
+    @property
+    def alternatives(self) -> int | None:
+        """How many most likely tokens to list at each position; None: no logprobs asked for."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionCreate(_Sampling):
     prompt: str = Field(min_length=1, max_length=200_000)
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="Return each output token's logprob (the model's own distribution, at temperature 1) "
+        "and the k most likely tokens at each position (`choice.logprobs.top_logprobs`; none for 0).",
+    )
+
+    @property
+    def alternatives(self) -> int | None:
+        """How many most likely tokens to list at each position; None: no logprobs asked for."""
+        return self.logprobs
 
 
 class AdapterOnNode(BaseModel):

@@ -220,7 +220,7 @@ class Chat:
         self, model: str, messages: Sequence[Message], *, stream: bool = False, **params: Any
     ) -> ChatCompletion | Stream:
         """Answer `messages` with `model`; `params` are OpenAI's (max_tokens, temperature, top_p,
-        seed, stop, n, logprobs, tools, metadata). With `stream=True`, returns a `Stream`."""
+        seed, stop, n, logprobs, top_logprobs, tools, metadata). With `stream=True`, returns a `Stream`."""
         call = chat_call(model, messages, stream, params)
         if stream:
             return Stream(self._http.open_stream(call))

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mint.schemas.inference import MAX_COMPLETION_TOKENS, AdapterOnNode
+from mint.schemas.inference import MAX_COMPLETION_TOKENS, MAX_TOP_LOGPROBS, AdapterOnNode
 from mint.serving.mixture import MixtureTarget
 
 
@@ -25,7 +25,9 @@ class NodeCompletion(BaseModel):
     `messages` are OpenAI chat messages (a developer message already given the system role)
     rendered with the base's chat template and `tools`; `prompt` is text continued as is.
     `n` choices are sampled, choice i with seed `seed + i`. `stream` asks the node for its
-    JSON lines as they come rather than one list at the end.
+    JSON lines as they come rather than one list at the end. `logprobs` asks for each token's
+    text, bytes and logprob in those lines (OpenAI's chat entries, which the node can name
+    since it has the tokenizer), with the `top_logprobs` most likely tokens of each step.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -43,6 +45,8 @@ class NodeCompletion(BaseModel):
     stop: list[str] = Field(default_factory=list)
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
+    logprobs: bool = False
+    top_logprobs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _one_prompt_one_target(self) -> NodeCompletion:

@@ -34,8 +34,11 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
 from mint.errors import InvalidRequest, NotFound
+from mint.schemas.inference import MAX_TOP_LOGPROBS
 
 FinishReason = Literal["stop", "length"]
+# The k most likely tokens at one step, most likely first: (token id, logprob) pairs.
+TopLogprobs = list[tuple[int, float]]
 
 # Content hashes, `name@version` references and uuids all fit; nothing that could be a path.
 _ADAPTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
@@ -79,6 +82,12 @@ class GenerateRequest(_Frozen):
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
+    top_logprobs: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="Also return, for every sampled token, the k most likely tokens of its step and their logprobs.",
+    )
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -137,7 +146,9 @@ class GenerateResult(_Frozen):
 
     `tokens` holds every sampled token, including the one that ended the request (a stop or
     end-of-sequence token, or the token that completed a stop string); `logprobs[i]` is the
-    logprob of `tokens[i]` under the serving model's own distribution (temperature 1). `text`
+    logprob of `tokens[i]` under the serving model's own distribution (temperature 1), and
+    `top_logprobs[i]` (when the request asked for k > 0; empty otherwise) the k most likely
+    tokens of that step under the same distribution, most likely first. `text`
     is the completion's text without special tokens, cut before a matched stop string and
     without the text of a matched stop token. `stop_match` is what ended it: a stop string, a
     token id, or None when it ran out of tokens (`finish_reason` "length").
@@ -148,6 +159,7 @@ class GenerateResult(_Frozen):
     tokens: list[int]
     text: str
     logprobs: list[float]
+    top_logprobs: list[TopLogprobs] = Field(default_factory=list)
     finish_reason: FinishReason
     stop_match: str | int | None = None
     usage: Usage
@@ -156,6 +168,8 @@ class GenerateResult(_Frozen):
     def _aligned(self) -> GenerateResult:
         if len(self.tokens) != len(self.logprobs) or len(self.tokens) != self.usage.completion_tokens:
             raise ValueError("tokens, logprobs and usage.completion_tokens must agree")
+        if self.top_logprobs and len(self.top_logprobs) != len(self.tokens):
+            raise ValueError("top_logprobs has one list per token, or none")
         return self
 
 
@@ -167,6 +181,7 @@ class DecodingRow(Protocol):
     prompt: list[int]
     tokens: list[int]
     logprobs: list[float]
+    top_logprobs: list[TopLogprobs]
     final_text: str
     finish_reason: FinishReason | None
     stop_match: str | int | None
@@ -185,6 +200,7 @@ def result_of(row: DecodingRow) -> GenerateResult:
         tokens=list(row.tokens),
         text=row.final_text,
         logprobs=list(row.logprobs),
+        top_logprobs=list(row.top_logprobs),
         finish_reason=row.finish_reason,
         stop_match=row.stop_match,
         usage=usage_of(row),
@@ -194,14 +210,15 @@ def result_of(row: DecodingRow) -> GenerateResult:
 class StreamEvent(_Frozen):
     """New output of one request: the tokens sampled since its last event and the text they add.
 
-    Concatenated in order, a request's `token_ids`, `logprobs` and `text` equal its
-    `GenerateResult`'s. Its last event, and only that one, has `finish_reason` and `usage`.
+    Concatenated in order, a request's `token_ids`, `logprobs`, `top_logprobs` and `text`
+    equal its `GenerateResult`'s. Its last event, and only that one, has `finish_reason` and `usage`.
     """
 
     index: int = Field(ge=0)
     token_ids: list[int] = Field(default_factory=list)
     text: str = ""
     logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = Field(default_factory=list, description="Empty unless the request asked.")
     finish_reason: FinishReason | None = None
     stop_match: str | int | None = None
     usage: Usage | None = None

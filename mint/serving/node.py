@@ -42,6 +42,7 @@ from mint.serving.engine import ADAPTER_FILES, AdapterTensors, Engine, GenerateR
 from mint.serving.mixture import MixtureTarget
 from mint.serving.router import RouteDecision, Router
 from mint.serving.tiers import CpuTier, EngineTier, LocalDiskTier, ObjectStoreTier
+from mint.serving.token_text import TokenText
 from mint.storage.archives import read_archive
 from mint.storage.objects import ObjectStore
 
@@ -92,6 +93,7 @@ class ServingNode:
         self.store = store
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        self.token_text = TokenText(self.tokenizer)
         self._object_keys: dict[str, str] = {}
         self.ssd = LocalDiskTier(ssd_dir, capacity_bytes=ssd_bytes)
         self.cache = TieredCache(
@@ -224,6 +226,7 @@ class ServingNode:
             top_p=request.top_p,
             seed=request.seed,
             stop=request.stop,
+            top_logprobs=request.top_logprobs if request.logprobs else 0,
         )
 
     def stream(self, request: NodeCompletion, *, refuse_when_full: bool = False) -> Iterator[StreamEvent]:
@@ -274,11 +277,29 @@ class ServingNode:
             token_ids=[token for event in events for token in event.token_ids],
             text="".join(event.text for event in events),
             logprobs=[value for event in events for value in event.logprobs],
+            top_logprobs=[top for event in events for top in event.top_logprobs],
             finish_reason=last.finish_reason,
             stop_match=last.stop_match,
             usage=last.usage,
         )
         return [merged]
+
+    def logprobs_content(self, event: StreamEvent) -> list[dict[str, Any]]:
+        """OpenAI's chat logprobs entries of an event's tokens: each token's text, bytes and
+        logprob, and its step's most likely tokens (`top_logprobs`, empty unless asked for).
+
+        The entries cover the tokens of the completion's text: a stop token that ended the
+        request (end of sequence, or one of `stop_token_ids`) is left out, as its text is.
+        """
+        tokens = list(zip(event.token_ids, event.logprobs, strict=True))
+        tops = event.top_logprobs or [[] for _ in tokens]
+        if event.finish_reason == "stop" and isinstance(event.stop_match, int) and tokens:
+            tokens, tops = tokens[:-1], tops[:-1]
+        text = self.token_text
+        return [
+            text.entry(token, logprob) | {"top_logprobs": [text.entry(other, value) for other, value in top]}
+            for (token, logprob), top in zip(tokens, tops, strict=True)
+        ]
 
     def _batch_loop(self) -> None:
         while not self._stop.is_set():

@@ -14,6 +14,11 @@ each row's real tokens end at the last column, an attention mask hides the paddi
 position ids count each row's own tokens. When rows leave, the columns that are padding for
 every remaining row are dropped.
 
+Each step's logits give every sampled token its logprob (logit - logsumexp in float32: the
+model's own distribution, at temperature 1, whatever the request samples with), and, for
+the rows whose request asked for `top_logprobs` k > 0, the k most likely tokens with the
+same numbers (`mint.trainer.packing.top_logprobs`); rows that did not ask compute no top-k.
+
 Adapters come in the PEFT format written by `peft` and by Mint's trainer
 (`save_weights_for_sampler`): module LoRA (`target_modules`), parameter LoRA on a linear's
 weight, and parameter LoRA on fused experts (`target_parameters`, one rank-r pair per expert).
@@ -49,6 +54,7 @@ from mint.serving.engine import (
     GenerateRequest,
     GenerateResult,
     StreamEvent,
+    TopLogprobs,
     Usage,
     check_adapter_id,
     result_of,
@@ -67,7 +73,7 @@ from mint.serving.lora_slots import (
 from mint.serving.peft_format import adapter_files, holdback, read_config
 from mint.trainer.lora import TargetCatalogue
 from mint.trainer.models import load_base_model
-from mint.trainer.packing import token_logprobs
+from mint.trainer.packing import token_logprobs, top_logprobs
 from mint.trainer.sampling import choose_tokens, end_of_sequence_ids
 from mint.trainer.types import SamplingParams
 
@@ -148,8 +154,10 @@ class _Row:
     stop_token_ids: frozenset[int]
     text: _CompletionText
     generator: torch.Generator | None
+    alternatives: int = 0  # the request's top_logprobs k: 0 computes no top-k list
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)
     final_text: str = ""
     finish_reason: FinishReason | None = None
     stop_match: str | int | None = None
@@ -452,6 +460,7 @@ class TorchEngine(BatchEngine):
             stop_token_ids=frozenset(stop_ids),
             text=_CompletionText(self._detokenize, request.stop, streaming),
             generator=None if request.temperature == 0.0 else _generator(request.seed, self.device),
+            alternatives=request.top_logprobs,
         )
 
     def _admit(self, requests: Sequence[GenerateRequest], *, streaming: bool) -> list[_Row]:
@@ -554,15 +563,33 @@ class TorchEngine(BatchEngine):
             if row.generator is not None:
                 chosen_B[i] = choose_tokens(logits_B_V[i : i + 1], row.params, row.generator)[0]
         logprobs_B = token_logprobs(logits_B_V, chosen_B)
+        tops = self._top_logprobs(rows, logits_B_V)
         return [
-            self._advance(row, token, logprob)
-            for row, token, logprob in zip(rows, chosen_B.tolist(), logprobs_B.tolist(), strict=True)
+            self._advance(row, token, logprob, tops.get(i))
+            for i, (row, token, logprob) in enumerate(zip(rows, chosen_B.tolist(), logprobs_B.tolist(), strict=True))
         ]
 
-    def _advance(self, row: _Row, token: int, logprob: float) -> StreamEvent:
-        """Append one token to a row and decide whether it is finished."""
+    @staticmethod
+    def _top_logprobs(rows: list[_Row], logits_B_V: torch.Tensor) -> dict[int, TopLogprobs]:
+        """{row position: its k most likely tokens and their logprobs} for the rows that asked for
+        top_logprobs; computed on those rows' logits only, so other rows pay nothing."""
+        asking = [i for i, row in enumerate(rows) if row.alternatives > 0]
+        if not asking:
+            return {}
+        index_A = torch.tensor(asking, dtype=torch.long, device=logits_B_V.device)
+        ids_A_K, logprobs_A_K = top_logprobs(logits_B_V[index_A], max(rows[i].alternatives for i in asking))
+        return {
+            i: list(zip(ids[: rows[i].alternatives], values[: rows[i].alternatives], strict=True))
+            for i, ids, values in zip(asking, ids_A_K.tolist(), logprobs_A_K.tolist(), strict=True)
+        }
+
+    def _advance(self, row: _Row, token: int, logprob: float, top: TopLogprobs | None) -> StreamEvent:
+        """Append one token (and its top-k list, when the row asked for one) to a row and decide
+        whether it is finished."""
         row.tokens.append(token)
         row.logprobs.append(logprob)
+        if top is not None:
+            row.top_logprobs.append(top)
         delta = ""
         if token in row.stop_token_ids:
             self._finish(row, "stop", token, self._detokenize(row.tokens[:-1]))
@@ -579,6 +606,7 @@ class TorchEngine(BatchEngine):
             token_ids=[token],
             text=delta,
             logprobs=[logprob],
+            top_logprobs=[] if top is None else [top],
             finish_reason=row.finish_reason,
             stop_match=row.stop_match,
             usage=row.usage() if row.finish_reason is not None else None,

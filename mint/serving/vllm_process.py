@@ -5,7 +5,9 @@
 `max_num_seqs = max_batch_size`. Each request becomes one vLLM request with its own
 `SamplingParams` (seed, temperature, top_p, top_k, max_tokens, stop strings and token ids,
 `logprobs=0` for the sampled tokens' logprobs, which vLLM computes from the raw logits, i.e.
-at temperature 1) and its adapter's `LoRARequest`, so vLLM's scheduler batches requests on
+at temperature 1, or `logprobs=k` for a request that asked for `top_logprobs` k: vLLM's dict
+of each position then holds the k most likely tokens and the sampled one, and the k best by
+rank become the token's top-k list) and its adapter's `LoRARequest`, so vLLM's scheduler batches requests on
 different adapters and on the base together, step by step, with continuous batching.
 
 Adapters:
@@ -73,6 +75,7 @@ from mint.serving.engine import (
     GenerateRequest,
     GenerateResult,
     StreamEvent,
+    TopLogprobs,
     Usage,
     check_adapter_id,
     result_of,
@@ -117,8 +120,10 @@ class _Run:
     stops: tuple[str, ...]
     streaming: bool
     decode: Callable[[list[int]], str]
+    alternatives: int = 0  # the request's top_logprobs k
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)
     sent: int = 0  # characters of text already streamed
     final_text: str = ""
     finish_reason: FinishReason | None = None
@@ -134,8 +139,10 @@ class _Run:
         if completion.logprobs is None or len(completion.logprobs) < len(new_tokens):
             raise ServiceUnavailable("vLLM returned tokens without their logprobs")
         new_logprobs = [float(completion.logprobs[i][token].logprob) for i, token in enumerate(new_tokens)]
+        new_tops = [self._top(completion.logprobs[i]) for i in range(len(new_tokens))] if self.alternatives > 0 else []
         self.tokens += new_tokens
         self.logprobs += new_logprobs
+        self.top_logprobs += new_tops
         delta = ""
         if output.finished:
             self._finish(completion.finish_reason, completion.stop_reason)
@@ -154,10 +161,19 @@ class _Run:
             token_ids=new_tokens,
             text=delta,
             logprobs=new_logprobs,
+            top_logprobs=new_tops,
             finish_reason=self.finish_reason,
             stop_match=self.stop_match,
             usage=self.usage() if self.finish_reason is not None else None,
         )
+
+    def _top(self, position: Any) -> TopLogprobs:
+        """The k best of vLLM's {token id: Logprob} at one position (its top k, plus the sampled
+        token when that is not among them), by rank, most likely first."""
+        ranked = sorted(
+            position.items(), key=lambda item: (item[1].rank if item[1].rank is not None else 1 << 62, -item[1].logprob)
+        )
+        return [(int(token), float(logprob.logprob)) for token, logprob in ranked[: self.alternatives]]
 
     def _finish(self, reason: str | None, stop_reason: str | int | None) -> None:
         if reason == "length":
@@ -394,7 +410,7 @@ class VllmEngine(BatchEngine):
             stop=list(request.stop) or None,
             stop_token_ids=list(request.stop_token_ids) or None,
             ignore_eos=request.ignore_eos,
-            logprobs=0,  # the sampled token's own logprob only
+            logprobs=request.top_logprobs,  # the sampled token's own logprob, and the top k asked for
             detokenize=bool(request.stop),  # vLLM matches stop strings on its text; Mint decodes its own
             output_kind=RequestOutputKind.DELTA if streaming else RequestOutputKind.FINAL_ONLY,
         )
@@ -408,6 +424,7 @@ class VllmEngine(BatchEngine):
             stops=tuple(request.stop),
             streaming=streaming,
             decode=self._detokenize,
+            alternatives=request.top_logprobs,
         )
 
     def _detokenize(self, tokens: list[int]) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import torch
 from pydantic import ValidationError
 from safetensors.torch import load_file
 
@@ -316,6 +317,79 @@ def test_a_text_prompt_is_tokenized_by_the_engine(engine: Engine, kit: AdapterKi
     (by_text,) = engine.generate([GenerateRequest(adapter_id=ids["beta"], prompt=text, max_tokens=5, temperature=0)])
     assert by_text.usage.prompt_tokens == len(prompt)
     assert by_text.tokens == engine.generate([greedy(ids["beta"], prompt, 5)])[0].tokens[: len(by_text.tokens)]
+
+
+# ---- top_logprobs ----------------------------------------------------------------------------------
+
+# Against a full softmax over one forward pass of the whole sequence: the torch engine computes
+# the same float32 numbers (in a KV-cached, batched decode); vLLM's kernels differ more.
+TOP_LOGPROB_TOLERANCE = {"torch": 1e-4, "vllm": 1e-3}
+
+
+@pytest.fixture(scope="module")
+def base_logprobs(engine_factory: EngineFactory, serving_cache: Path) -> Callable[[list[int], list[int]], torch.Tensor]:
+    """log_softmax of the factory's base (no adapter) at each completion token's step: (T, V)."""
+    from mint.schemas.base_models import get_base_model_spec
+    from mint.trainer.models import load_base_model
+    from tests.serving.conftest import CONFIGS
+
+    model, _ = load_base_model(get_base_model_spec(engine_factory.base, CONFIGS), serving_cache)
+
+    def logprobs(prompt: list[int], tokens: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            logits_1_L_V = model(input_ids=torch.tensor([prompt + tokens])).logits.float()
+        return torch.log_softmax(logits_1_L_V[0, len(prompt) - 1 : -1], dim=-1)
+
+    return logprobs
+
+
+def test_top_logprobs_list_the_most_likely_tokens_with_the_sampled_tokens_numbers(
+    engine: Engine,
+    kit: AdapterKit,
+    engine_factory: EngineFactory,
+    base_logprobs: Callable[[list[int], list[int]], torch.Tensor],
+) -> None:
+    ids = load(engine, kit, "alpha")
+    requests = [
+        greedy(None, PROMPTS[0], 6, top_logprobs=3),
+        greedy(ids["alpha"], PROMPTS[1], 6, top_logprobs=3),
+        greedy(None, PROMPTS[2], 4),  # asks for no list: gets none, batched with those that do
+        sampled(None, PROMPTS[1], seed=5, top_logprobs=5),
+    ]
+    asked = [3, 3, 0, 5]
+    results = engine.generate(requests)
+    assert results[2].top_logprobs == []
+    for result, k in zip(results, asked, strict=True):
+        if not k:
+            continue
+        assert len(result.top_logprobs) == len(result.tokens)
+        for token, logprob, top in zip(result.tokens, result.logprobs, result.top_logprobs, strict=True):
+            values = [value for _, value in top]
+            assert len(top) == k and values == sorted(values, reverse=True)
+            listed = dict(top)
+            if token in listed:
+                assert listed[token] == pytest.approx(logprob, abs=1e-6)
+            else:
+                assert logprob <= values[-1] + 1e-6
+    for greedy_result in results[:2]:  # at temperature 0 the sampled token is the most likely one
+        assert [top[0][0] for top in greedy_result.top_logprobs] == greedy_result.tokens
+    assert_matches_reference(results[1], kit, "alpha", PROMPTS[1])  # the adapter's own numbers, as peft's
+
+    tolerance = TOP_LOGPROB_TOLERANCE[engine_factory.name]
+    for result, prompt, k in ((results[0], PROMPTS[0], 3), (results[3], PROMPTS[1], 5)):
+        reference_T_V = base_logprobs(prompt, result.tokens)
+        for step, top in enumerate(result.top_logprobs):
+            best = reference_T_V[step].topk(k).values.tolist()
+            assert [value for _, value in top] == pytest.approx(best, abs=tolerance)
+            for token, value in top:
+                assert value == pytest.approx(float(reference_T_V[step, token]), abs=tolerance)
+
+    grouped = by_index(list(engine.stream(requests)))
+    for result in results:
+        streamed = [top for event in grouped[result.index] for top in event.top_logprobs]
+        assert [[token for token, _ in top] for top in streamed] == [[t for t, _ in top] for top in result.top_logprobs]
+        for top, expected in zip(streamed, result.top_logprobs, strict=True):
+            assert [value for _, value in top] == pytest.approx([value for _, value in expected], abs=LOGPROB_TOLERANCE)
 
 
 # ---- streaming and continuous batching ----------------------------------------------------------

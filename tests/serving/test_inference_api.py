@@ -143,6 +143,133 @@ def test_text_completions_models_and_errors(client: Any, versions: list[str], ow
         _ask(theirs, versions[0])
 
 
+# ---- logprobs and top_logprobs ------------------------------------------------------------------
+
+TOP_K = 3
+# The node's torch engine and a full softmax over one forward pass compute the same float32 numbers.
+LOGPROB_TOLERANCE = 1e-4
+
+
+class Reference:
+    """The base loaded here with transformers: each step's full log_softmax, to check the node's numbers."""
+
+    def __init__(self, settings: Settings) -> None:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        from mint.config import PROJECT_ROOT
+        from mint.schemas.base_models import get_base_model_spec
+        from mint.trainer.models import load_base_model
+
+        spec = get_base_model_spec(BASE, PROJECT_ROOT / "configs" / "models")
+        self.model, self.tokenizer = load_base_model(spec, settings.models_cache_dir)
+        self.byte_encoder = bytes_to_unicode()
+        self.added = {str(token): token_id for token_id, token in self.tokenizer.added_tokens_decoder.items()}
+
+    def token_id(self, raw: bytes) -> int:
+        """The vocabulary id of a token's exact bytes (byte-level BPE: one character per byte)."""
+        text = raw.decode(errors="replace")
+        if text in self.added:
+            return self.added[text]
+        return int(self.tokenizer.convert_tokens_to_ids("".join(self.byte_encoder[byte] for byte in raw)))
+
+    def logprobs(self, prompt: list[int], tokens: list[int]) -> Any:
+        """log_softmax at each completion token's step, (T, V), float32."""
+        import torch
+
+        with torch.no_grad():
+            logits_1_L_V = self.model(input_ids=torch.tensor([prompt + tokens])).logits.float()
+        return torch.log_softmax(logits_1_L_V[0, len(prompt) - 1 : -1], dim=-1)
+
+    def check(self, prompt: list[int], entries: list[tuple[bytes, float, list[tuple[bytes, float]]]]) -> None:
+        """Greedy entries (a token's bytes, its logprob, its top list): k sorted alternatives, the
+        sampled token first, every number the full softmax's."""
+        tokens = [self.token_id(raw) for raw, _, _ in entries]
+        reference_T_V = self.logprobs(prompt, tokens)
+        for step, ((raw, logprob, top), token) in enumerate(zip(entries, tokens, strict=True)):
+            values = [value for _, value in top]
+            assert len(top) == TOP_K and values == sorted(values, reverse=True)
+            assert top[0] == (raw, logprob)  # temperature 0: the sampled token is the most likely one
+            assert logprob == pytest.approx(float(reference_T_V[step, token]), abs=LOGPROB_TOLERANCE)
+            best = reference_T_V[step].topk(TOP_K).values.tolist()
+            assert values == pytest.approx(best, abs=LOGPROB_TOLERANCE)
+            for other, value in top:
+                assert value == pytest.approx(float(reference_T_V[step, self.token_id(other)]), abs=LOGPROB_TOLERANCE)
+
+
+@pytest.fixture(scope="module")
+def reference(prepared: Settings) -> Reference:
+    return Reference(prepared)
+
+
+def _check_text(tokens: list[str], raw: list[bytes], text: str) -> None:
+    """Token texts add up to the completion's text (exactly when it is ASCII; by bytes otherwise)."""
+    assert b"".join(raw).decode(errors="replace") == text
+    if text.isascii():
+        assert "".join(tokens) == text
+
+
+def test_chat_logprobs_list_the_top_tokens_of_the_models_own_distribution(client: Any, reference: Reference) -> None:
+    from mint.chat.render import render_prompt
+
+    reply = _ask(client, BASE, logprobs=True, top_logprobs=TOP_K)
+    content = reply.choices[0].logprobs.content
+    assert content and len(content) <= reply.usage.completion_tokens
+    entries = [(bytes(e.bytes), e.logprob, [(bytes(t.bytes), t.logprob) for t in e.top_logprobs]) for e in content]
+    assert all(e.token == bytes(e.bytes).decode(errors="replace") for e in content)
+    reference.check(render_prompt(reference.tokenizer, QUESTION), entries)
+    _check_text([e.token for e in content], [bytes(e.bytes) for e in content], reply.choices[0].message.content)
+
+    chunks = list(_ask(client, BASE, logprobs=True, top_logprobs=TOP_K, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.bytes, [t.token for t in e.top_logprobs]) for e in streamed] == [
+        (e.token, e.bytes, [t.token for t in e.top_logprobs]) for e in content
+    ]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-6)
+
+    assert _ask(client, BASE, logprobs=True).choices[0].logprobs.content[0].top_logprobs == []
+    assert _ask(client, BASE).choices[0].logprobs is None
+
+
+def test_top_logprobs_without_logprobs_is_a_400_that_says_to_set_it(client: Any) -> None:
+    from openai import BadRequestError
+
+    with pytest.raises(BadRequestError, match="set logprobs to true") as refused:
+        _ask(client, BASE, top_logprobs=TOP_K)
+    assert refused.value.status_code == 400
+    with pytest.raises(BadRequestError, match="set logprobs to true"):
+        _ask(client, BASE, logprobs=False, top_logprobs=0)
+
+
+def test_completion_logprobs_in_openais_legacy_shape(client: Any, reference: Reference) -> None:
+    prompt = "Once upon a time"
+    completion = client.completions.create(model=BASE, prompt=prompt, max_tokens=6, temperature=0, logprobs=TOP_K)
+    choice = completion.choices[0]
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) >= 1
+    assert all("\ufffd" not in token for token in logprobs.tokens)  # whole characters: bytes are the texts'
+    raw = [token.encode() for token in logprobs.tokens]
+    entries = [
+        (token, logprob, [(other.encode(), value) for other, value in top.items()])
+        for token, logprob, top in zip(raw, logprobs.token_logprobs, logprobs.top_logprobs, strict=True)
+    ]
+    reference.check(list(reference.tokenizer(prompt, add_special_tokens=False)["input_ids"]), entries)
+    _check_text(logprobs.tokens, raw, choice.text)
+    # Characters from the start of the prompt, as OpenAI counts them.
+    assert logprobs.text_offset == [len(prompt) + len("".join(logprobs.tokens[:i])) for i in range(len(raw))]
+
+    chunks = list(
+        client.completions.create(model=BASE, prompt=prompt, max_tokens=6, temperature=0, logprobs=TOP_K, stream=True)
+    )
+    parts = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert [t for part in parts for t in part.tokens] == logprobs.tokens
+    assert [o for part in parts for o in part.text_offset] == logprobs.text_offset
+    assert [list(top) for part in parts for top in part.top_logprobs] == [list(top) for top in logprobs.top_logprobs]
+    assert [v for part in parts for v in part.token_logprobs] == pytest.approx(logprobs.token_logprobs, abs=1e-6)
+
+    bare = client.completions.create(model=BASE, prompt=prompt, max_tokens=2, temperature=0, logprobs=0)
+    assert bare.choices[0].logprobs.top_logprobs is None and len(bare.choices[0].logprobs.token_logprobs) >= 1
+
+
 def test_usage_counts_tokens_served(client: Any, versions: list[str], owner: Tenant, prepared: Settings) -> None:
     reply = _ask(client, versions[0])
     with session_scope(prepared.database) as session:

@@ -95,6 +95,55 @@ def test_a_node_serves_stored_versions_and_after_a_restart_serves_its_ssd_copies
         restarted.close()
 
 
+def test_a_node_names_each_tokens_text_and_bytes_in_its_logprobs(
+    engine_factory: EngineFactory, engine: Engine, tmp_path: Path
+) -> None:
+    spec = get_base_model_spec(engine_factory.base, CONFIGS)
+    node = ServingNode(spec, engine, LocalObjectStore(tmp_path / "objects"), ssd_dir=tmp_path / "ssd")
+    try:
+        request = NodeCompletion(
+            prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, seed=0, logprobs=True, top_logprobs=2
+        )
+        events = list(node.stream(request))
+        content = [entry for event in events for entry in node.logprobs_content(event)]
+        (whole,) = node.complete(request)
+        assert len(content) == len(whole.token_ids) == MAX_TOKENS and whole.finish_reason == "length"
+        assert [entry["logprob"] for entry in content] == pytest.approx(whole.logprobs, abs=1e-3)
+        assert b"".join(bytes(entry["bytes"]) for entry in content).decode(errors="replace") == whole.text
+        for entry in content:
+            assert entry["token"] == bytes(entry["bytes"]).decode(errors="replace")
+            first = entry["top_logprobs"][0]  # greedy: the sampled token is the most likely one
+            assert len(entry["top_logprobs"]) == 2
+            assert (first["token"], first["bytes"], first["logprob"]) == (
+                entry["token"],
+                entry["bytes"],
+                entry["logprob"],
+            )
+
+        # A character split across tokens: `bytes` is exact, `token` the lossy text, as OpenAI gives them.
+        text = "日本 — “quote”"
+        tokens = list(node.tokenizer(text, add_special_tokens=False)["input_ids"])
+        pieces = [node.token_text.bytes_of(token) for token in tokens]
+        assert b"".join(pieces) == text.encode()
+        assert any("\ufffd" in node.token_text.text_of(token) for token in tokens)
+
+        # The stop token that ended a completion is not part of its text, nor of its logprobs.
+        end = node.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        event = whole.model_copy(
+            update={
+                "token_ids": [*whole.token_ids[:2], end],
+                "logprobs": [*whole.logprobs[:2], -0.5],
+                "top_logprobs": [],
+                "finish_reason": "stop",
+                "stop_match": end,
+            }
+        )
+        assert [entry["token"] for entry in node.logprobs_content(event)] == [e["token"] for e in content[:2]]
+        assert node.token_text.text_of(end) == "<|im_end|>"
+    finally:
+        node.close()
+
+
 # ---- which engine a node runs -----------------------------------------------------------------------
 
 
