@@ -30,7 +30,7 @@ from mint.config import Settings
 from mint.errors import InvalidRequest
 from mint.schemas import tinker as wire
 from mint.schemas import tinker_proto as proto
-from mint.services import auth, signed_urls, tinker, tinker_checkpoints, tinker_traces
+from mint.services import auth, signed_urls, tinker, tinker_checkpoints, tinker_sampling, tinker_traces
 from mint.storage.objects import object_store_for
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"])
@@ -280,7 +280,7 @@ def create_sampling_session(
 
 @router.get("/samplers/{sampler_id}", response_model=wire.GetSamplerResponse)
 def get_sampler(sampler_id: SamplerId, session: SessionDep, principal: CurrentPrincipal) -> wire.GetSamplerResponse:
-    return tinker.get_sampler(session, principal.organization_id, sampler_id)
+    return tinker_sampling.get_sampler(session, principal.organization_id, sampler_id)
 
 
 @router.post("/asample", response_model=wire.UntypedAPIFuture)
@@ -292,7 +292,7 @@ def asample(
     principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
     """Sample continuations (with their logprobs) on a worker of the sampler's base."""
-    future, sequence_ids = tinker.submit_sample(session, settings, principal.organization_id, body, dispatch)
+    future, sequence_ids = tinker_sampling.submit_sample(session, settings, principal.organization_id, body, dispatch)
     return wire.UntypedAPIFuture(request_id=future.id, model_id=future.model_id, sample_sequence_ids=sequence_ids)
 
 

@@ -427,34 +427,104 @@ def _check_config_size(config: dict[str, float | str]) -> None:
         )
 
 
-def encode_forward_backward_output(logprobs: Sequence[Sequence[float]], metrics: dict[str, float]) -> bytes:
-    """A `ForwardBackwardOutput` with one `ArrayRecord` holding each datum's `logprobs` (float32)."""
-    offsets = [0]
+def encode_forward_backward_output(logprobs: Sequence[Sequence[Any]], metrics: dict[str, float]) -> bytes:
+    """A `ForwardBackwardOutput` holding each datum's `logprobs` (float32): one `ArrayRecord` per
+    run of consecutive data of the same trailing shape, () for (N,) logprobs and (K,) for data
+    scored against (N, K) targets, as the SDK reassembles ragged outputs."""
+    out = b""
+    runs: list[tuple[tuple[int, ...], list[Sequence[Any]]]] = []
     for row in logprobs:
-        offsets.append(offsets[-1] + 4 * len(row))
-    flat = [value for row in logprobs for value in row]
-    batched = _len_field(1, _packed("f", flat)) + _len_field(2, _packed("q", offsets)) + _varint_field(3, DTYPE_FLOAT32)
-    entry = _string_field(1, "logprobs") + _len_field(2, batched)
-    record = _string_field(1, "ArrayRecord") + _len_field(2, entry) + _varint_field(3, len(logprobs))
-    out = _string_field(1, "ArrayRecord") + _len_field(2, record)
+        trailing = (len(row[0]),) if row and isinstance(row[0], list | tuple) else ()
+        if not runs or runs[-1][0] != trailing:
+            runs.append((trailing, []))
+        runs[-1][1].append(row)
+    for trailing, rows in runs or [((), [])]:
+        flat = [value for row in rows for value in _flat(row)]
+        offsets = [0]
+        for row in rows:
+            offsets.append(offsets[-1] + 4 * len(_flat(row)))
+        batched = (
+            _len_field(1, _packed("f", flat))
+            + _len_field(2, _packed("q", offsets))
+            + _varint_field(3, DTYPE_FLOAT32)
+            + (_len_field(4, _varints(trailing)) if trailing else b"")
+        )
+        entry = _string_field(1, "logprobs") + _len_field(2, batched)
+        record = _string_field(1, "ArrayRecord") + _len_field(2, entry) + _varint_field(3, len(rows))
+        out = out or _string_field(1, "ArrayRecord")
+        out += _len_field(2, record)
     for name, value in metrics.items():
         metric = _string_field(1, name) + _tag(2, _FIXED64) + struct.pack("<d", float(value))
         out += _len_field(3, metric)
     return out
 
 
-def encode_sample_response(sequences: Sequence[dict[str, Any]], prompt_logprobs: Sequence[float] | None) -> bytes:
-    """A `SampleResponse`: each sequence's tokens (int32), logprobs (float32) and stop reason;
-    prompt logprobs with NaN where there is none (position 0)."""
+def _varints(values: Sequence[int]) -> bytes:
+    """A packed repeated varint field's payload (a `repeated int64` such as a shape)."""
+    return b"".join(_varint(value) for value in values)
+
+
+def _flat(row: Sequence[Any]) -> list[float]:
+    return [value for cells in row for value in cells] if row and isinstance(row[0], list | tuple) else list(row)
+
+
+# Tinker's filler for an empty cell of a top-k table (`tinker.types.topk_logprobs.MASK_LOGPROB`).
+TOPK_MASK_ID, TOPK_MASK_LOGPROB = 0, -99999.0
+
+
+def _topk_table(rows: Sequence[Sequence[Sequence[Any]] | None]) -> bytes:
+    """A `TopkLogprobs`: (length, k) int32 ids and float32 logprobs, row-major; a position with
+    no list (None) or a shorter one is filled with the mask entry."""
+    k = max((len(row) for row in rows if row), default=0)
+    ids: list[int] = []
+    values: list[float] = []
+    for row in rows:
+        entries = list(row or [])
+        ids += [int(entry[0]) for entry in entries] + [TOPK_MASK_ID] * (k - len(entries))
+        values += [float(entry[1]) for entry in entries] + [TOPK_MASK_LOGPROB] * (k - len(entries))
+    return (
+        _len_field(1, _packed("i", ids))
+        + _len_field(2, _packed("f", values))
+        + _varint_field(3, k)
+        + _varint_field(4, len(rows))
+    )
+
+
+def _target_tensor(targets: dict[str, Any]) -> bytes:
+    """A float32 `Tensor` of target logprobs, in the layout the request's ids came in: dense
+    [rows, K], or sparse CSR with the same crow and col indices."""
+    rows: list[list[float]] = targets["rows"]
+    width = len(rows[0]) if rows else 0
+    shape = _len_field(4, _varints([len(rows), width]))
+    if "crow_indices" in targets:
+        crow, col = targets["crow_indices"], targets["col_indices"]
+        values = [rows[row][col[at]] for row in range(len(rows)) for at in range(crow[row], crow[row + 1])]
+        csr = _len_field(1, _packed("f", values)) + _len_field(2, _packed("q", crow)) + _len_field(3, _packed("q", col))
+        return _len_field(2, csr) + _varint_field(3, DTYPE_FLOAT32) + shape
+    return (
+        _len_field(1, _packed("f", [value for row in rows for value in row])) + _varint_field(3, DTYPE_FLOAT32) + shape
+    )
+
+
+def encode_sample_response(result: dict[str, Any]) -> bytes:
+    """A `SampleResponse` from a stored sample result: each sequence's tokens (int32), logprobs
+    (float32), stop reason and top-k table; the prompt's logprobs (NaN where there is none, as at
+    position 0), top-k table and target logprobs, each where the request asked for it."""
     out = b""
-    for sequence in sequences:
+    for sequence in result["sequences"]:
         message = (
             _varint_field(1, STOP_REASONS[sequence["stop_reason"]])
             + _len_field(2, _packed("i", sequence["tokens"]))
             + _len_field(3, _packed("f", sequence["logprobs"]))
         )
+        if sequence.get("top_logprobs") is not None:
+            message += _len_field(4, _topk_table(sequence["top_logprobs"]))
         out += _len_field(1, message)
-    if prompt_logprobs is not None:
-        values = [math.nan if value is None else value for value in prompt_logprobs]
+    if result.get("prompt_logprobs") is not None:
+        values = [math.nan if value is None else value for value in result["prompt_logprobs"]]
         out += _len_field(2, _packed("f", values))
+    if result.get("topk_prompt_logprobs") is not None:
+        out += _len_field(3, _topk_table(result["topk_prompt_logprobs"]))
+    if result.get("target_prompt_logprobs") is not None:
+        out += _len_field(5, _target_tensor(result["target_prompt_logprobs"]))
     return out

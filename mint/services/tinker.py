@@ -42,7 +42,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import Gone, InvalidRequest, NotFound
+from mint.errors import Gone, InvalidRequest
 from mint.schemas import tinker as wire
 from mint.schemas import tinker_proto as proto
 from mint.schemas.losses import NEEDS_PROVENANCE
@@ -56,7 +56,7 @@ from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
 from mint.storage.queries import get_owned
 from mint.storage.tables import BaseModelRow, Future, TinkerSession, TrainingSession, as_utc, new_id, utcnow
-from mint.trainer.types import AdamParams, Datum, LoraOptions, SamplingParams
+from mint.trainer.types import TWO_D_INPUTS, AdamParams, Datum, LoraOptions
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def get_payload(store: ObjectStore, inline: dict[str, Any] | None, key: str | No
     return dict(inline or {})
 
 
-def _set_request(store: ObjectStore, future: Future, payload: dict[str, Any]) -> None:
+def set_request(store: ObjectStore, future: Future, payload: dict[str, Any]) -> None:
     future.request, future.request_object_key = _put_payload(store, f"tinker/requests/{future.id}.json", payload)
 
 
@@ -215,7 +215,7 @@ def _release_models(session: Session, holders: list[tuple[str, str]], send: Disp
     for model_id, worker_id in holders:
         ref = live_worker(session, worker_id)
         if ref is not None:
-            _send_quietly(send, RELEASE_TASK, [model_id], worker=ref)
+            send_quietly(send, RELEASE_TASK, [model_id], worker=ref)
 
 
 def finish_session(
@@ -326,7 +326,7 @@ def _enabled_base(session: Session, name: str) -> BaseModelRow:
 # ---- sending to workers --------------------------------------------------------------------------------
 
 
-def _send_quietly(send: Dispatch, task: str, args: list[str], **where: Any) -> None:
+def send_quietly(send: Dispatch, task: str, args: list[str], **where: Any) -> None:
     try:
         send(task, args=args, **where)
     except Exception:  # noqa: BLE001 - the row is committed; a waiting retrieve_future sends it again
@@ -336,14 +336,14 @@ def _send_quietly(send: Dispatch, task: str, args: list[str], **where: Any) -> N
 def _dispatch_model(session: Session, row: TrainingSession, send: Dispatch) -> None:
     """Wake the worker that holds a model (or, before one claims it, the workers of its base)."""
     if row.worker_id is None:
-        _send_quietly(send, RUN_MODEL_TASK, [row.id], base_model=row.base_model)
+        send_quietly(send, RUN_MODEL_TASK, [row.id], base_model=row.base_model)
         return
     ref = live_worker(session, row.worker_id)
     if ref is None:
         _lose_model(session, row)
         session.commit()
         return
-    _send_quietly(send, RUN_MODEL_TASK, [row.id], worker=ref)
+    send_quietly(send, RUN_MODEL_TASK, [row.id], worker=ref)
 
 
 def _lose_model(session: Session, row: TrainingSession) -> None:
@@ -389,7 +389,7 @@ def future_at(session: Session, model_id: str, seq_id: int) -> Future | None:
     ).scalar_one_or_none()
 
 
-def _new_future(row: TrainingSession, operation: str, seq_id: int | None) -> Future:
+def new_future(row: TrainingSession, operation: str, seq_id: int | None) -> Future:
     return Future(
         id=new_id("fut"),
         organization_id=row.organization_id,
@@ -431,8 +431,8 @@ def _new_model(
         next_seq_id=0,
         tinker_session_id=tinker_session.id,
     )
-    future = _new_future(row, operation, 0)
-    _set_request(object_store_for(settings), future, request)
+    future = new_future(row, operation, 0)
+    set_request(object_store_for(settings), future, request)
     first = _commit_once(session, model_id, 0, row, future)
     if first is not None:
         return first
@@ -509,7 +509,7 @@ def _submit(
         )
     if row.status != "active":
         raise_if_expired(session.get(TinkerSession, row.tinker_session_id) if row.tinker_session_id else None)
-    future = _new_future(row, operation, seq_id)
+    future = new_future(row, operation, seq_id)
     session.add(future)
     if row.status != "active":
         fail_future(future, "user", f"model {model_id} is closed (its session finished, or its worker stopped)")
@@ -521,7 +521,7 @@ def _submit(
         if _commit_once(session, row.id, seq_id) is None:
             _dispatch_model(session, row, send)
         raise
-    _set_request(object_store_for(settings), future, payload)
+    set_request(object_store_for(settings), future, payload)
     first = _commit_once(session, row.id, seq_id)
     if first is not None:
         return first
@@ -538,15 +538,21 @@ def _datum(index: int, datum: proto.WireDatum) -> dict[str, Any]:
                 "recorded (record_stability_info); name the sampled sequences with Datum.with_provenance instead",
                 param="data",
             )
-        if len(tensor.shape) != 1:
+        if not 1 <= len(tensor.shape) <= 2 or (len(tensor.shape) == 2 and name not in TWO_D_INPUTS):
             raise InvalidRequest(
                 f"data[{index}].loss_fn_inputs[{name!r}] has shape {list(tensor.shape)}; Mint's losses take one "
-                "value per position (1-D)",
+                f"value per position (N,), and {' and '.join(sorted(TWO_D_INPUTS))} may also be (N, K) "
+                "(K targets per position, for cross_entropy)",
                 param="data",
             )
         if not all(math.isfinite(value) for value in tensor.values):
             raise InvalidRequest(f"data[{index}].loss_fn_inputs[{name!r}] holds NaN or infinite values", param="data")
-        inputs[name] = list(tensor.values)
+        values = list(tensor.values)
+        if len(tensor.shape) == 2:
+            width = tensor.shape[1]
+            inputs[name] = [values[row * width : (row + 1) * width] for row in range(tensor.shape[0])]
+        else:
+            inputs[name] = values
     try:
         return Datum(model_input=datum.tokens, loss_fn_inputs=inputs).model_dump(mode="json")
     except ValidationError as exc:
@@ -761,78 +767,6 @@ def create_sampling_session(
     return row
 
 
-def get_sampler(session: Session, organization_id: str, sampler_id: str) -> wire.GetSamplerResponse:
-    row = get_owned(session, TrainingSession, sampler_id, organization_id=organization_id, noun="sampler")
-    if row.kind != "sampling":
-        raise NotFound(f"No sampler with id {sampler_id!r} in this organization.", param="sampler_id")
-    return wire.GetSamplerResponse(sampler_id=row.id, base_model=row.base_model, model_path=row.model_path)
-
-
-def submit_sample(
-    session: Session, settings: Settings, organization_id: str, body: wire.SampleRequest, send: Dispatch
-) -> tuple[Future, list[str]]:
-    """Record a sample request and send it to the base's workers; returns its future and the
-    ids of the sequences it will hold."""
-    if body.sampling_session_id is None:
-        raise InvalidRequest("send a sampling_session_id (create_sampling_session)", param="sampling_session_id")
-    sampler = get_owned(
-        session, TrainingSession, body.sampling_session_id, organization_id=organization_id, noun="sampler"
-    )
-    if sampler.kind != "sampling":
-        raise NotFound(
-            f"No sampler with id {body.sampling_session_id!r} in this organization.", param="sampling_session_id"
-        )
-    if sampler.status != "active":
-        raise_if_expired(session.get(TinkerSession, sampler.tinker_session_id) if sampler.tinker_session_id else None)
-        raise InvalidRequest(f"sampler {sampler.id} is closed (its session finished)", param="sampling_session_id")
-    unsupported = {
-        "topk_prompt_logprobs": body.topk_prompt_logprobs,
-        "topk_sample_logprobs": body.topk_sample_logprobs,
-        "target_prompt_logprobs": body.target_prompt_logprobs,
-        "prompt_alt_tokens_k": body.prompt_alt_tokens_k,
-    }
-    for name, value in unsupported.items():
-        if value:
-            raise InvalidRequest(f"{name} is not available on this server; leave it unset", param=name)
-    prompt = body.prompt.tokens()
-    if not prompt:
-        raise InvalidRequest("the prompt is empty", param="prompt")
-    last_n = body.prompt_logprobs_last_n
-    if last_n is not None and not 1 <= last_n <= len(prompt) - 1:
-        raise InvalidRequest(
-            f"prompt_logprobs_last_n must be 1 to len(prompt) - 1 = {len(prompt) - 1}", param="prompt_logprobs_last_n"
-        )
-    sp = body.sampling_params
-    try:
-        params = SamplingParams(
-            max_tokens=sp.max_tokens,
-            temperature=sp.temperature,
-            top_p=sp.top_p,
-            top_k=sp.top_k,
-            stop=sp.stop,
-            seed=sp.seed,
-        )
-    except ValidationError as exc:
-        raise InvalidRequest(f"sampling_params: {exc.errors()[0]['msg']}", param="sampling_params") from None
-    future = _new_future(sampler, "sample", None)
-    _set_request(
-        object_store_for(settings),
-        future,
-        {
-            "prompt": prompt,
-            "params": params.model_dump(mode="json"),
-            "num_samples": body.num_samples,
-            "prompt_logprobs": bool(body.prompt_logprobs),
-            "prompt_logprobs_last_n": last_n,
-            "record_stability_info": bool(body.record_stability_info),
-        },
-    )
-    session.add(future)
-    session.commit()
-    _send_quietly(send, SAMPLE_TASK, [future.id], base_model=sampler.base_model)
-    return future, [f"{future.id}:{index}" for index in range(body.num_samples)]
-
-
 # ---- futures --------------------------------------------------------------------------------
 
 
@@ -886,7 +820,7 @@ def _inspect_waiting(session: Session, future: Future, send: Dispatch) -> str | 
         if ref is None:
             _lose_model(session, row)
         elif future.status == "pending" and waited > RESEND_AFTER_S:
-            _send_quietly(send, RUN_MODEL_TASK, [row.id], worker=ref)
+            send_quietly(send, RUN_MODEL_TASK, [row.id], worker=ref)
         return None
     if future.status == "running" and future.worker_id and live_worker(session, future.worker_id) is None:
         fail_future(
@@ -897,7 +831,7 @@ def _inspect_waiting(session: Session, future: Future, send: Dispatch) -> str | 
         return f"no worker holds base {row.base_model} now; start one with `mint worker --base {row.base_model}`"
     if future.status == "pending" and waited > RESEND_AFTER_S:
         task, args = (RUN_MODEL_TASK, [row.id]) if row.kind == "training" else (SAMPLE_TASK, [future.id])
-        _send_quietly(send, task, args, base_model=row.base_model)
+        send_quietly(send, task, args, base_model=row.base_model)
     return None
 
 
@@ -914,5 +848,5 @@ def encode_result(state: FutureState) -> bytes:
     """A finished forward, forward_backward or sample result in the protobuf the SDK reads."""
     assert state.result is not None
     if state.operation == "sample":
-        return proto.encode_sample_response(state.result["sequences"], state.result.get("prompt_logprobs"))
+        return proto.encode_sample_response(state.result)
     return proto.encode_forward_backward_output(state.result["logprobs"], state.result["metrics"])

@@ -10,7 +10,7 @@ recorded (same organization, same Tinker session, same tokens) and the datum gai
 per-position `sampler_logprobs` input the loss reads (0 on prompt positions, which must carry
 no advantage). The client never sends those numbers, so it cannot make them up.
 
-A sequence id is `<sample future id>:<index>` (`mint.services.tinker.submit_sample`); its
+A sequence id is `<sample future id>:<index>` (`mint.services.tinker_sampling.submit_sample`); its
 record is that future's stored request (the prompt) and result (the sequences). Records live
 as long as the future does.
 """

@@ -53,6 +53,7 @@ from mint.storage.archives import pack_folder, unpack_folder
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
 from mint.storage.tables import Future, TinkerCheckpoint, TinkerSession, TrainingSession, as_utc, new_id, utcnow
+from mint.trainer.prompt_scores import PromptQuery
 from mint.trainer.types import AdamParams, Datum, LoraOptions, SampledSequence, SampleRequest, SamplingParams
 
 if TYPE_CHECKING:
@@ -682,7 +683,10 @@ def _sample_batch(
     runnable: list[tuple[int, SampleRequest]] = []
     for index, payload in enumerate(payloads):
         request = SampleRequest(
-            payload["prompt"], SamplingParams.model_validate(payload["params"]), int(payload["num_samples"])
+            payload["prompt"],
+            SamplingParams.model_validate(payload["params"]),
+            int(payload["num_samples"]),
+            top_logprobs=int(payload.get("topk_sample_logprobs") or 0),
         )
         try:
             resident.check_sample_request(request)
@@ -702,25 +706,42 @@ def _sample_batch(
 def _sample_result(
     resident: ResidentBase, adapter: str | None, payload: dict[str, Any], sequences: list[SampledSequence]
 ) -> dict[str, Any]:
-    """A sample request's stored result: its sequences, and its prompt's logprobs if it asked."""
+    """A sample request's stored result: its sequences (with their top-k logprobs if it asked),
+    and what it asked about its prompt: logprobs, top-k logprobs, target logprobs. Prompt lists
+    have one entry per prompt token, None at position 0 (and before the last N with
+    `prompt_logprobs_last_n`)."""
     prompt: list[int] = payload["prompt"]
-    prompt_logprobs: list[float | None] | None = None
-    if payload["prompt_logprobs"]:
-        prompt_logprobs = [None]
-        if len(prompt) > 1:
-            datum = Datum(model_input=prompt[:-1], loss_fn_inputs={"target_tokens": prompt[1:]})
-            prompt_logprobs += resident.evaluate(adapter, [datum], None, None, backward=False).logprobs[0]
+    targets = payload.get("target_prompt_logprobs")
+    top_k = int(payload.get("topk_prompt_logprobs") or 0)
+    result: dict[str, Any] = {}
+    if payload["prompt_logprobs"] or top_k or targets:
+        query = PromptQuery(
+            prompt, logprobs=bool(payload["prompt_logprobs"]), top_k=top_k, targets=targets and targets["rows"]
+        )
+        scores = resident.score_prompt(adapter, query)
         last_n = payload.get("prompt_logprobs_last_n")
-        if last_n:
-            prompt_logprobs = [None] * (len(prompt) - last_n) + prompt_logprobs[-last_n:]
+        skipped = len(prompt) - last_n if last_n else 1  # leading positions with no score
+
+        def per_token(values: list[Any]) -> list[Any]:
+            return [None] * skipped + values[skipped - 1 :]
+
+        if scores.logprobs is not None:
+            result["prompt_logprobs"] = per_token(scores.logprobs)
+        if scores.top is not None:
+            result["topk_prompt_logprobs"] = per_token(scores.top)
+        if scores.targets is not None:
+            result["target_prompt_logprobs"] = {**targets, "rows": scores.targets}
     # With record_stability_info the result keeps each token's logprob under the distribution
     # it was drawn from: the stability info that stable_reinforce reads, by sequence id, from
     # this stored result (mint.services.tinker_provenance). The client never receives it.
     record = {"sampler_logprobs"} if payload.get("record_stability_info") else set()
+    if payload.get("topk_sample_logprobs"):
+        record.add("top_logprobs")
     return {
         "sequences": [
             sequence.model_dump(mode="json", include={"tokens", "logprobs", "stop_reason", *record})
             for sequence in sequences
         ],
-        "prompt_logprobs": prompt_logprobs,
+        "prompt_logprobs": result.pop("prompt_logprobs", None),
+        **result,
     }

@@ -44,8 +44,19 @@ class PackedBatch:
     input_ids_B_L: torch.Tensor
     position_ids_B_L: torch.Tensor
     real_B_L: torch.Tensor  # True at a datum's own tokens, False at padding
-    targets_N: torch.Tensor  # the real positions' next-token targets, data end to end
+    # The real positions' next-token targets, data end to end: K per position, K the widest
+    # datum's (1 for data with one target per position), narrower data padded on the right.
+    targets_N_K: torch.Tensor
     lengths: list[int]
+    widths: list[int | None]  # each datum's K, None for (N,) targets
+
+    def split(self, logprobs_N_K: torch.Tensor) -> list[torch.Tensor]:
+        """Per-datum logprobs from the batch's (N, K) table: (L,) for a datum with one target
+        per position, (L, K) for one with K."""
+        return [
+            part_L_K[:, :width] if width is not None else part_L_K[:, 0]
+            for part_L_K, width in zip(torch.split(logprobs_N_K, self.lengths), self.widths, strict=True)
+        ]
 
 
 def pack(data: Sequence[Datum], device: torch.device) -> PackedBatch:
@@ -54,23 +65,38 @@ def pack(data: Sequence[Datum], device: torch.device) -> PackedBatch:
     width = max(lengths)
     input_ids = [list(datum.model_input) + [PAD_TOKEN_ID] * (width - datum.length) for datum in data]
     real = [[True] * length + [False] * (width - length) for length in lengths]
-    targets = [token for datum in data for token in datum.target_tokens]
+    widths = [datum.targets_per_position for datum in data]
+    if all(k is None for k in widths):
+        flat = [token for datum in data for token in datum.target_tokens]
+        targets_N_K = torch.tensor(flat, dtype=torch.long, device=device).unsqueeze(-1)
+    else:
+        k = max(w or 1 for w in widths)
+        rows = [
+            (row if w is not None else [row]) + [PAD_TOKEN_ID] * (k - (w or 1))  # type: ignore[operator,list-item]
+            for datum, w in zip(data, widths, strict=True)
+            for row in datum.target_tokens
+        ]
+        targets_N_K = torch.tensor(rows, dtype=torch.long, device=device)
     return PackedBatch(
         input_ids_B_L=torch.tensor(input_ids, dtype=torch.long, device=device),
         position_ids_B_L=torch.arange(width, device=device).expand(len(data), width),
         real_B_L=torch.tensor(real, dtype=torch.bool, device=device),
-        targets_N=torch.tensor(targets, dtype=torch.long, device=device),
+        targets_N_K=targets_N_K,
         lengths=lengths,
+        widths=widths,
     )
 
 
 def token_logprobs(logits_N_V: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits)[target] in float32, for each of N positions.
+    """log_softmax(logits)[target] in float32, for each of N positions: (N,) for targets (N,),
+    (N, K) for K targets per position (N, K).
 
     Computed as logit[target] - logsumexp(logits), which is the same number as gathering from
     `log_softmax` without keeping an (N, V) table of logprobs alive for the backward pass.
     """
     logits_N_V = logits_N_V.float()
+    if targets_N.dim() == 2:
+        return logits_N_V.gather(-1, targets_N) - torch.logsumexp(logits_N_V, dim=-1, keepdim=True)
     picked_N = logits_N_V.gather(-1, targets_N.unsqueeze(-1)).squeeze(-1)
     return picked_N - torch.logsumexp(logits_N_V, dim=-1)
 
@@ -157,23 +183,32 @@ def _causal_lm(model: nn.Module) -> nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def _chunk_logprobs(
+# Turns the logits of real positions [start, stop) of a batch (data end to end) into per-position
+# tensors (first dimension stop - start): what a pass computes from the output head.
+Reduce = Callable[[torch.Tensor, int, int], tuple[torch.Tensor, ...]]
+
+
+def _chunk_outputs(
     head: nn.Module,
     hidden_C_H: torch.Tensor,
-    targets_C: torch.Tensor,
+    reduce: Reduce,
+    start: int,
+    stop: int,
     scope: Callable[[], AbstractContextManager[Any]] = nullcontext,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, ...]:
     with scope():
-        return token_logprobs(head(hidden_C_H), targets_C)
+        return reduce(head(hidden_C_H), start, stop)
 
 
-def packed_logprobs(
+def position_outputs(
     model: nn.Module,
     batch: PackedBatch,
+    reduce: Reduce,
     spans: Sequence[tuple[int, int]] | None = None,
     span_scope: Callable[[int], AbstractContextManager[Any]] | None = None,
-) -> list[torch.Tensor]:
-    """One forward over the batch; returns each datum's `logprobs_T` (with grad if enabled).
+) -> tuple[torch.Tensor, ...]:
+    """One forward over the batch; `reduce` applied to the logits of its N real positions,
+    its outputs concatenated over positions (with grad if enabled).
 
     For plain-head architectures the decoder runs once and the output head runs in chunks of
     real positions; with gradients on, each chunk is recomputed in the backward pass instead of
@@ -198,7 +233,7 @@ def packed_logprobs(
     if architectures[0] not in PLAIN_HEAD_ARCHITECTURES or not hasattr(causal, "get_decoder"):
         with layers_scope:
             logits_N_V = model(**inputs).logits[batch.real_B_L]
-        return list(torch.split(token_logprobs(logits_N_V, batch.targets_N), batch.lengths))
+        return reduce(logits_N_V, 0, logits_N_V.shape[0])
     with layers_scope:
         hidden_N_H = causal.get_decoder()(**inputs).last_hidden_state[batch.real_B_L]
     head = causal.get_output_embeddings()
@@ -207,9 +242,26 @@ def packed_logprobs(
         scope = functools.partial(span_scope, index) if span_scope is not None else nullcontext
         for start in range(span_start, span_stop, HEAD_CHUNK_POSITIONS):
             stop = min(start + HEAD_CHUNK_POSITIONS, span_stop)
-            hidden_C_H, targets_C = hidden_N_H[start:stop], batch.targets_N[start:stop]
+            hidden_C_H = hidden_N_H[start:stop]
             if torch.is_grad_enabled():  # recomputed in the backward pass, in its scope again
-                chunks.append(checkpoint(_chunk_logprobs, head, hidden_C_H, targets_C, scope, use_reentrant=False))
+                chunks.append(
+                    checkpoint(_chunk_outputs, head, hidden_C_H, reduce, start, stop, scope, use_reentrant=False)
+                )
             else:
-                chunks.append(_chunk_logprobs(head, hidden_C_H, targets_C, scope))
-    return list(torch.split(torch.cat(chunks), batch.lengths))
+                chunks.append(_chunk_outputs(head, hidden_C_H, reduce, start, stop, scope))
+    return tuple(torch.cat(parts) for parts in zip(*chunks, strict=True))
+
+
+def packed_logprobs(
+    model: nn.Module,
+    batch: PackedBatch,
+    spans: Sequence[tuple[int, int]] | None = None,
+    span_scope: Callable[[int], AbstractContextManager[Any]] | None = None,
+) -> list[torch.Tensor]:
+    """One forward over the batch; returns each datum's logprobs of its targets, (L,) or (L, K)
+    (with grad if enabled). See `position_outputs` for the chunks and spans."""
+
+    def targets_logprobs(logits_C_V: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor]:
+        return (token_logprobs(logits_C_V, batch.targets_N_K[start:stop]),)
+
+    return batch.split(position_outputs(model, batch, targets_logprobs, spans, span_scope)[0])

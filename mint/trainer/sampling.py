@@ -14,7 +14,9 @@ Each chosen token's logprob is taken from the model's own distribution at temper
 `packing.token_logprobs`, the function `forward` uses, so sampled logprobs equal the logprobs
 a later `forward` computes for the same tokens (up to float32 rounding). Each token's logprob
 under the distribution it was actually drawn from (temperature, top-k, top-p applied) is kept
-too, as `sampler_logprobs`: the stability info `stable_reinforce` weighs against.
+too, as `sampler_logprobs`: the stability info `stable_reinforce` weighs against. A request that
+asks for `top_logprobs` k also gets, at each position, the k most likely tokens under the same
+temperature-1 distribution (`packing.top_logprobs`), computed for its rows only.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mint.trainer.packing import token_logprobs
+from mint.trainer.packing import token_logprobs, top_logprobs
 from mint.trainer.types import SampledSequence, SampleRequest, SamplingParams
 
 # Extra tokens decoded before a stop string's span, so that a multi-byte character cut at the
@@ -138,13 +140,21 @@ class _Request:
         self.tokens: list[list[int]] = [[] for _ in range(self.num_rows)]
         self.logprobs: list[list[float]] = [[] for _ in range(self.num_rows)]
         self.sampler_logprobs: list[list[float]] = [[] for _ in range(self.num_rows)]
+        self.top_k = decoding.request.top_logprobs
+        self.top: list[list[list[tuple[int, float]]]] = [[] for _ in range(self.num_rows)]
         self.done = [False] * self.num_rows
         self.stopped = [False] * self.num_rows
 
     def add(
-        self, tokens: list[int], logprobs: list[float], drawn: list[float], decode: Callable[[list[int]], str]
+        self,
+        tokens: list[int],
+        logprobs: list[float],
+        drawn: list[float],
+        decode: Callable[[list[int]], str],
+        top: list[list[tuple[int, float]]] | None = None,
     ) -> None:
-        """Append one step's token to each row that is not done yet."""
+        """Append one step's token (and, if asked, its position's top tokens) to each row that is
+        not done yet."""
         stop = self.decoding.stop
         for row, (token, logprob, drawn_logprob) in enumerate(zip(tokens, logprobs, drawn, strict=True)):
             if self.done[row]:
@@ -152,6 +162,8 @@ class _Request:
             self.tokens[row].append(token)
             self.logprobs[row].append(logprob)
             self.sampler_logprobs[row].append(drawn_logprob)
+            if top is not None:
+                self.top[row].append(top[row])
             if token in stop.token_ids or stop.matches_text(self.tokens[row], decode):
                 self.done[row] = self.stopped[row] = True
 
@@ -165,11 +177,21 @@ class _Request:
                 tokens=tokens,
                 logprobs=logprobs,
                 sampler_logprobs=drawn,
+                top_logprobs=top if self.top_k else None,
                 stop_reason="stop" if stopped else "length",
             )
-            for tokens, logprobs, drawn, stopped in zip(
-                self.tokens, self.logprobs, self.sampler_logprobs, self.stopped, strict=True
+            for tokens, logprobs, drawn, top, stopped in zip(
+                self.tokens, self.logprobs, self.sampler_logprobs, self.top, self.stopped, strict=True
             )
+        ]
+
+    def top_of(self, logits_R_V: torch.Tensor) -> list[list[tuple[int, float]]] | None:
+        """Each of this request's rows' top tokens at this step, if it asked for them."""
+        if not self.top_k:
+            return None
+        ids_R_K, logprobs_R_K = top_logprobs(logits_R_V, self.top_k)
+        return [
+            list(zip(ids, lps, strict=True)) for ids, lps in zip(ids_R_K.tolist(), logprobs_R_K.tolist(), strict=True)
         ]
 
 
@@ -242,7 +264,7 @@ def generate_batch(
         start, kept_rows, kept = 0, [], []
         for request in live:
             rows = slice(start, start + request.num_rows)
-            request.add(tokens[rows], logprobs[rows], drawn_logprobs[rows], decode)
+            request.add(tokens[rows], logprobs[rows], drawn_logprobs[rows], decode, request.top_of(logits_B_V[rows]))
             if not request.finished(step):
                 kept.append(request)
                 kept_rows += range(rows.start, rows.stop)

@@ -72,8 +72,23 @@ class ModelLimits:
                     param="data",
                 )
             self.check_tokens(datum.model_input, vocab=self.vocab_in, where=f"data[{index}].model_input")
-            self.check_tokens(datum.target_tokens, vocab=self.vocab_out, where=f"data[{index}].target_tokens")
+            targets = datum.target_tokens
+            if datum.targets_per_position is not None:
+                if loss is not None and loss.name not in LOSSES_OF_SEVERAL_TARGETS:
+                    raise InvalidRequest(
+                        f"data[{index}] has {datum.targets_per_position} target_tokens per position (N, K); "
+                        f"loss {loss.name!r} takes one per position. (N, K) targets work with "
+                        f"{', '.join(sorted(LOSSES_OF_SEVERAL_TARGETS))} and forward",
+                        param="data",
+                    )
+                targets = [token for row in targets for token in row]  # type: ignore[union-attr]
+            self.check_tokens(targets, vocab=self.vocab_out, where=f"data[{index}].target_tokens")  # type: ignore[arg-type]
         return data
+
+
+# Losses that read (N, K) target_tokens (with (N, K) weights): K targets scored at each position,
+# as distillation from a teacher's top-k does. Every other loss reads one token per position.
+LOSSES_OF_SEVERAL_TARGETS = frozenset({"cross_entropy"})
 
 
 @dataclass(frozen=True)

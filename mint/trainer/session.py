@@ -41,6 +41,7 @@ from mint.trainer.mixed_adapters import Span, can_mix, mixed_adapters
 from mint.trainer.models import load_base_model, tensors_fingerprint
 from mint.trainer.optimizer import AdapterOptimizer
 from mint.trainer.packing import pack, packed_logprobs
+from mint.trainer.prompt_scores import PromptQuery, PromptScores, score_prompt
 from mint.trainer.sampling import Decoding, StopRule, end_of_sequence_ids, generate_batch
 from mint.trainer.scoring import ModelLimits, ScoreRequest, score_parts
 from mint.trainer.types import (
@@ -63,6 +64,9 @@ MAX_SAMPLES_PER_REQUEST = 256
 # Rows (samples) decoded in one batch at most: bounds the KV cache as one request's largest
 # number of samples does; a larger `sample_batch` runs as several batches.
 MAX_ROWS_PER_BATCH = MAX_SAMPLES_PER_REQUEST
+# The most (token, logprob) entries one request's top-k sample logprobs may hold (k x samples x
+# tokens): they are built as Python lists and stored with the result.
+MAX_TOP_LOGPROB_CELLS = 2_000_000
 # The adapter version stamped on samples of the base itself (every adapter disabled).
 BASE_VERSION = "base"
 # Sessions whose forward_backward calls share one pass at most.
@@ -391,6 +395,14 @@ class ResidentBase:
         """Logprobs of the target tokens under the base model (every adapter disabled)."""
         return self.evaluate(None, data, loss_fn, loss_fn_config, backward=False)
 
+    def score_prompt(self, adapter_name: str | None, query: PromptQuery) -> PromptScores:
+        """A prompt's logprobs, top-k tokens and target logprobs under an adapter (None: the base);
+        see `mint.trainer.prompt_scores`."""
+        query.check(self.limits.vocab_out)
+        self.limits.check_tokens(query.prompt, vocab=self.limits.vocab_in, where="prompt")
+        with self._use(adapter_name) as model:
+            return score_prompt(model, query)
+
     def check_sample_request(self, request: SampleRequest) -> Decoding:
         """The request as the decoder runs it (its token limit and stop rule), or InvalidRequest
         if this base cannot run it: an empty prompt, unknown ids, no room left in the context,
@@ -399,10 +411,17 @@ class ResidentBase:
         if not 1 <= request.num_samples <= MAX_SAMPLES_PER_REQUEST:
             raise InvalidRequest(f"num_samples must be 1 to {MAX_SAMPLES_PER_REQUEST}", param="num_samples")
         params = request.params
+        max_new_tokens = min(params.max_tokens or room, room)
+        cells = request.top_logprobs * request.num_samples * max_new_tokens
+        if request.top_logprobs < 0 or cells > MAX_TOP_LOGPROB_CELLS:
+            raise InvalidRequest(
+                f"top-k sample logprobs of k={request.top_logprobs} for {request.num_samples} samples of up to "
+                f"{max_new_tokens} tokens are {cells} entries, more than {MAX_TOP_LOGPROB_CELLS}; lower k, "
+                "max_tokens or num_samples",
+                param="topk_sample_logprobs",
+            )
         return Decoding(
-            request,
-            max_new_tokens=min(params.max_tokens or room, room),
-            stop=StopRule.from_params(params.stop, self.eos_token_ids),
+            request, max_new_tokens=max_new_tokens, stop=StopRule.from_params(params.stop, self.eos_token_ids)
         )
 
     def sample_batch(self, adapter_name: str | None, requests: Sequence[SampleRequest]) -> list[list[SampledSequence]]:
@@ -595,7 +614,7 @@ class TrainingSession:
                     loss_fn_inputs={
                         "target_tokens": datum.target_tokens,
                         # A logprob the loss does not use gets no gradient: weight 0.
-                        "weights": (-leaf.grad).tolist() if leaf.grad is not None else [0.0] * datum.length,
+                        "weights": (-leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).tolist(),
                     },
                 )
                 for datum, leaf in zip(data, leaves, strict=True)

@@ -56,7 +56,9 @@ class Datum(_Frozen):
     """One sequence: input token ids and per-position loss inputs of the same length."""
 
     model_input: list[int] = Field(min_length=1, description="Input token ids.")
-    loss_fn_inputs: dict[str, list[int] | list[float]] = Field(default_factory=dict)
+    loss_fn_inputs: dict[str, list[int] | list[float] | list[list[int]] | list[list[float]]] = Field(
+        default_factory=dict
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> Datum:
@@ -70,21 +72,59 @@ class Datum(_Frozen):
                     f"loss_fn_inputs[{key!r}] has {len(values)} values but model_input has {length} tokens; "
                     "every loss input is per position"
                 )
-            if kind == "tokens" and not all(isinstance(value, int) for value in values):
+            cells = _cells(values)
+            if cells is not values and key not in TWO_D_INPUTS:
+                raise ValueError(
+                    f"loss_fn_inputs[{key!r}] is 2-D; only {' and '.join(sorted(TWO_D_INPUTS))} may be (N, K)"
+                )
+            if kind == "tokens" and not all(isinstance(value, int) for value in cells):
                 raise ValueError(f"loss_fn_inputs[{key!r}] must hold integer token ids")
+        widths = {key: self.width_of(key) for key in TWO_D_INPUTS if key in self.loss_fn_inputs}
+        if len(set(widths.values())) > 1:
+            raise ValueError(
+                "loss_fn_inputs 'target_tokens' and 'weights' must have the same shape: "
+                + ", ".join(f"{key} has {width or 1} per position" for key, width in sorted(widths.items()))
+            )
         return self
+
+    def width_of(self, key: str) -> int | None:
+        """K for an input given as (N, K) (every row as long), None for one given as (N,)."""
+        values = self.loss_fn_inputs[key]
+        if not values or not isinstance(values[0], list):
+            return None
+        widths = {len(row) for row in values if isinstance(row, list)}
+        if len(widths) != 1 or len(values) != sum(isinstance(row, list) for row in values) or 0 in widths:
+            raise ValueError(f"loss_fn_inputs[{key!r}] must be (N,) or (N, K) with K >= 1 in every row")
+        return widths.pop()
 
     @property
     def length(self) -> int:
         return len(self.model_input)
 
     @property
-    def target_tokens(self) -> list[int]:
-        """The next-token targets; a datum without them cannot be scored."""
+    def targets_per_position(self) -> int | None:
+        """K when `target_tokens` is (N, K) (K candidates scored at each position), else None."""
+        return self.width_of("target_tokens") if "target_tokens" in self.loss_fn_inputs else None
+
+    @property
+    def target_tokens(self) -> list[int] | list[list[int]]:
+        """The next-token targets, (N,) or (N, K); a datum without them cannot be scored."""
         targets = self.loss_fn_inputs.get("target_tokens")
         if targets is None:
             raise ValueError("this datum has no loss_fn_inputs['target_tokens']")
-        return [int(token) for token in targets]
+        return targets  # type: ignore[return-value]  # validated as integer ids
+
+
+# The inputs that may be (N, K): K target tokens per position, each with its weight, for
+# `cross_entropy` against a distribution (distillation from a teacher's top-k).
+TWO_D_INPUTS = frozenset({"target_tokens", "weights"})
+
+
+def _cells(values: list[object]) -> list[object]:
+    """An input's cells, flattened when it is given as rows (the same list when it is flat)."""
+    if any(isinstance(value, list) for value in values):
+        return [cell for row in values for cell in (row if isinstance(row, list) else [row])]
+    return values
 
 
 class LoraOptions(_Frozen):
@@ -183,6 +223,8 @@ class SampleRequest:
     prompt_tokens: Sequence[int]
     params: SamplingParams
     num_samples: int = 1
+    # The k most likely tokens to report at each sampled position, with their logprobs (0: none).
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         # A tuple, so that the request is immutable however the caller held its prompt.
@@ -202,6 +244,9 @@ class SampledSequence(_Frozen):
     logprobs: list[float]
     stop_reason: StopReason
     sampler_logprobs: list[float] | None = None
+    # With `SampleRequest.top_logprobs` k: at each position, the k most likely tokens and their
+    # logprobs under the same distribution as `logprobs`, most likely first.
+    top_logprobs: list[list[tuple[int, float]]] | None = None
     # The version of the weights that generated it: `TrainingSession.version` of the adapter,
     # or "base" (every adapter disabled). Stamped by `ResidentBase.sample_batch`.
     adapter_version: str | None = None
@@ -210,8 +255,10 @@ class SampledSequence(_Frozen):
     def _aligned(self) -> SampledSequence:
         if len(self.tokens) != len(self.logprobs):
             raise ValueError("tokens and logprobs must have the same length")
-        if self.sampler_logprobs is not None and len(self.sampler_logprobs) != len(self.tokens):
-            raise ValueError("tokens and sampler_logprobs must have the same length")
+        for name in ("sampler_logprobs", "top_logprobs"):
+            values = getattr(self, name)
+            if values is not None and len(values) != len(self.tokens):
+                raise ValueError(f"tokens and {name} must have the same length")
         return self
 
 
@@ -225,7 +272,8 @@ def check_metric_name(name: str) -> str:
 class ForwardOutput(_Frozen):
     """Per-datum logprobs of the target tokens, and metrics such as `loss:sum`."""
 
-    logprobs: list[list[float]]
+    # Per datum: (N,) logprobs, or (N, K) for a datum with K target tokens per position.
+    logprobs: list[list[float] | list[list[float]]]
     metrics: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("metrics")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import tinker
+import torch
 from tinker import types
 
 from tests.conftest import LiveServer, Tenant
@@ -176,3 +177,62 @@ def test_rl_recipe_preference_shorter(workdir: Path, live_server: LiveServer, mo
         )
     )
     assert [row["step"] for row in metrics(log_path) if any(key.startswith("env/") for key in row)] == [0]
+
+
+def test_off_policy_distillation_collects_teacher_top_k_and_trains_on_it(
+    workdir: Path, connect: Callable[[Tenant], tinker.ServiceClient], alice: Tenant
+) -> None:
+    """The recipe's own step: the teacher (here the base) gives its top-k at every position of
+    each SFT datum (`topk_prompt_logprobs`), and the student trains on (N, K) soft targets."""
+    from tinker_cookbook.distillation import train_off_policy
+
+    service = connect(alice)
+    teacher = service.create_sampling_client(base_model=BASE).result()
+    student = service.create_lora_training_client(base_model=BASE, rank=4, seed=2).result()
+    tokenizer = student.get_tokenizer()
+    data = []
+    for text in ("Ping 1 -> OK 1", "Ping 22 -> OK 22"):
+        ids = tokenizer.encode(text)
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={"target_tokens": ids[1:], "weights": [0.0] * 2 + [1.0] * (len(ids) - 3)},
+            )
+        )
+    soft = asyncio.run(train_off_policy._collect_topk_batch([teacher, teacher], data, 4))
+    for original, datum in zip(data, soft, strict=True):
+        positions = original.model_input.length
+        assert datum.loss_fn_inputs["target_tokens"].shape == [positions, 4]
+        weights = datum.loss_fn_inputs["weights"].to_torch()
+        assert weights[:2].abs().sum() == 0  # prompt positions stay unweighted
+        assert torch.allclose(weights[2:].sum(dim=-1), torch.ones(positions - 2), atol=1e-5)
+    # The loss is the soft cross-entropy: minus the teacher-weighted logprobs the student gives
+    # the teacher's top-k tokens (its forward on the same (N, K) targets).
+    scored = student.forward(soft, "cross_entropy").result().loss_fn_outputs
+    expected = sum(
+        -(datum.loss_fn_inputs["weights"].to_torch() * out["logprobs"].to_torch()).sum().item()
+        for datum, out in zip(soft, scored, strict=True)
+    )
+    step = student.forward_backward(soft, "cross_entropy").result()
+    assert step.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4)
+    assert student.optim_step(types.AdamParams(learning_rate=1e-2)).result().metrics["grad_norm:mean"] > 0
+
+
+def test_decisions_score_every_choice_with_target_prompt_logprobs(
+    workdir: Path, connect: Callable[[Tenant], tinker.ServiceClient], alice: Tenant
+) -> None:
+    """`decisions.sample_decision` asks for the logprob of each choice's token at the answer
+    position (a sparse `target_prompt_logprobs`) and softmaxes them into probabilities."""
+    from tinker_cookbook import renderers
+    from tinker_cookbook.recipes.decisions import Decision, DecisionRenderer, sample_decision
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    sampler = connect(alice).create_sampling_client(base_model=BASE).result()
+    renderer = renderers.get_renderer("role_colon", get_tokenizer(BASE))
+    rendering = DecisionRenderer(renderer).render(
+        Decision("Which team answers billing questions?", [("billing", "Invoices"), ("sdk", "The Python package")])
+    )
+    probabilities = asyncio.run(sample_decision(sampler, rendering))
+    assert list(probabilities) == ["billing", "sdk"]
+    assert sum(probabilities.values()) == pytest.approx(1.0, abs=1e-5)
+    assert all(0.0 < p < 1.0 for p in probabilities.values())
