@@ -29,12 +29,22 @@ URL_LIFETIME_S = 3600
 SIGNED_ROUTE = "/api/v1/signed/"
 
 
+# The key each object store holds, by the store's URL, read once per process: signing a URL or
+# checking one then costs no round trip to the store.
+_stored_keys: dict[str, bytes] = {}
+
+
 def signing_key(settings: Settings, store: ObjectStore) -> bytes:
     if settings.url_signing_key is not None:
         return settings.url_signing_key.get_secret_value().encode()
-    if not store.exists(KEY_OBJECT):
-        store.put_bytes(KEY_OBJECT, secrets.token_bytes(32))
-    return store.get_bytes(KEY_OBJECT)
+    key = _stored_keys.get(store.url)
+    if key is None:
+        if not store.exists(KEY_OBJECT):
+            store.put_bytes(KEY_OBJECT, secrets.token_bytes(32))
+        # Read back rather than keep what was written: of two processes that wrote at once,
+        # both then hold the one that stayed.
+        key = _stored_keys[store.url] = store.get_bytes(KEY_OBJECT)
+    return key
 
 
 def _signature(key: bytes, resource: str, expires: int) -> str:
