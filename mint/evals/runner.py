@@ -63,6 +63,9 @@ class Generation:
     latency_ms: float
     tool_calls: list[dict[str, Any]] | None = None
     error: str | None = None
+    # Which adapter answered and why, where the model chose it per request (a mixture
+    # deployment's router): `{"adapter": "name@version", "route": {...the router's decision}}`.
+    served: dict[str, Any] | None = None
 
     def to_message(self) -> dict[str, Any]:
         """The OpenAI assistant message of this turn."""
@@ -102,6 +105,8 @@ class TrajectoryRecord:
     error: str | None
     detail: str
     grade: dict[str, Any] | None = None
+    # One entry per step whose model was chosen per request: the step (0-based) and what served it.
+    routes: list[dict[str, Any]] | None = None
 
     @property
     def added(self) -> list[dict[str, Any]]:
@@ -121,6 +126,7 @@ class _Episode:
     error: str | None = None
     done: bool = False
     pending_calls: bool = field(default=False)
+    routes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def request_seed(seed: int, task_id: str, step: int) -> int:
@@ -144,6 +150,8 @@ def _advance(episodes: list[_Episode], generate: Generate, step: int, seed: int)
             "implementation must answer every request, in order"
         )
     for episode, generation in zip(episodes, generations, strict=True):
+        if generation.served is not None:
+            episode.routes.append({"step": episode.steps, **generation.served})
         episode.steps += 1
         episode.tokens_in += generation.tokens_in
         episode.tokens_out += generation.tokens_out
@@ -190,6 +198,7 @@ def _record(episode: _Episode, max_steps: int, context: GradeContext | None) -> 
         error=error,
         detail=detail,
         grade=record,
+        routes=episode.routes or None,
     )
 
 

@@ -207,6 +207,11 @@ class TrajectoryPublic(WireModel):
         default=None,
         description="How the grader reached its score: its detail, a composite's parts, a judge's prompt and reply.",
     )
+    routes: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="An eval of a mixture deployment: for each step, the adapter the router chose (`adapter`) "
+        "and its decision (`route`: `decided_by`, `detail`, ...).",
+    )
     created_at: Timestamp
 
 

@@ -55,6 +55,7 @@ from mint.services.leases import (
 from mint.services.serving_nodes import NodeAddress, live_nodes, node_for
 from mint.services.usage import record_usage
 from mint.serving.completion import NodeCompletion
+from mint.serving.mixture import MixtureTarget
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Adapter, AdapterVersion, EvalRun, Trajectory, new_id, utcnow
@@ -134,6 +135,7 @@ def _write(settings: Settings, run: EvalRun, records: Sequence[TrajectoryRecord]
                             latency_ms=record.latency_ms,
                             error=record.error,
                             grade=record.grade,
+                            routes=record.routes,
                         )
                     )
                 tokens = sum(record.tokens_in + record.tokens_out for record in fresh)
@@ -161,9 +163,15 @@ class NodeGenerate:
     text, parsed for tool calls by the runner exactly as the sampler's are."""
 
     def __init__(
-        self, node: NodeAddress, adapter: AdapterOnNode | None, *, max_tokens: int, temperature: float
+        self,
+        node: NodeAddress,
+        adapter: AdapterOnNode | None,
+        *,
+        max_tokens: int,
+        temperature: float,
+        mixture: MixtureTarget | None = None,
     ) -> None:
-        self.node, self.adapter = node, adapter
+        self.node, self.adapter, self.mixture = node, adapter, mixture
         self.max_tokens, self.temperature = max_tokens, temperature
 
     def __call__(self, requests: Sequence[GenerateRequest]) -> list[Generation]:
@@ -175,6 +183,7 @@ class NodeGenerate:
             messages=[dict(message) for message in request.messages],
             tools=[dict(tool) for tool in request.tools] if request.tools else None,
             adapter=self.adapter,
+            mixture=self.mixture,
             max_tokens=self.max_tokens,
             temperature=self.temperature,
             seed=request.seed,
@@ -188,11 +197,15 @@ class NodeGenerate:
         latency_ms = 1000 * (time.perf_counter() - started)
         usage = lines[-1].get("usage") or {}
         text = "".join(line.get("text", "") for line in lines[1:])
+        # A mixture's first line names the adapter its router chose, and the decision.
+        header = lines[0].get("served") or {}
+        served = {"adapter": header.get("adapter"), "route": header.get("route")} if self.mixture else None
         return Generation(
             text=text,
             tokens_in=int(usage.get("prompt_tokens", 0)),
             tokens_out=int(usage.get("completion_tokens", 0)),
             latency_ms=latency_ms,
+            served=served,
         )
 
     def _complete(self, body: NodeCompletion) -> list[dict[str, Any]]:
@@ -207,7 +220,8 @@ class NodeGenerate:
 class _Model:
     """A model of a base, maybe under an adapter version: through a live serving node of the
     base when there is one (batched on the node's engine), else, when `local`, on this worker's
-    resident base (the base itself, or the adapter version opened as a session)."""
+    resident base (the base itself, or the adapter version opened as a session). A mixture
+    deployment's revision runs on a node only: its router (encoder, router model) lives there."""
 
     def __init__(
         self,
@@ -219,9 +233,12 @@ class _Model:
         max_tokens: int,
         temperature: float,
         local: bool = True,
+        mixture: MixtureTarget | None = None,
+        affinity: str | None = None,
     ) -> None:
         self.settings = settings
-        self.base_model, self.adapter = base_model, adapter
+        self.base_model, self.adapter, self.mixture = base_model, adapter, mixture
+        self.affinity = affinity or (adapter.sha256 if adapter else base_model)
         self.load_base = load_base
         self.max_tokens, self.temperature, self.local = max_tokens, temperature, local
         self.base: Any = None
@@ -232,8 +249,7 @@ class _Model:
         with session_scope(self.settings.database) as session:
             if not live_nodes(session, self.base_model):
                 return None
-            affinity = self.adapter.sha256 if self.adapter else self.base_model
-            node = node_for(session, self.base_model, affinity, self.settings.shared_node_token)
+            node = node_for(session, self.base_model, self.affinity, self.settings.shared_node_token)
         try:  # a node that stopped without unregistering is skipped, not waited for
             httpx.get(f"{node.url}/healthz", timeout=2.0).raise_for_status()
         except httpx.HTTPError:
@@ -245,7 +261,14 @@ class _Model:
         node = self._node()
         if node is not None:
             self.generator = "serving-node"
-            return NodeGenerate(node, self.adapter, max_tokens=self.max_tokens, temperature=self.temperature)
+            return NodeGenerate(
+                node, self.adapter, max_tokens=self.max_tokens, temperature=self.temperature, mixture=self.mixture
+            )
+        if self.mixture is not None:
+            raise InvalidRequest(
+                f"a mixture deployment is evaluated through a serving node of base {self.base_model!r}, where its "
+                f"router runs, and none is live; start one with `mint serve --base {self.base_model}`"
+            )
         if not self.local:
             raise InvalidRequest(
                 f"{self.adapter.ref if self.adapter else self.base_model!r} runs on base {self.base_model!r}, which "
@@ -282,6 +305,8 @@ def _run_model(settings: Settings, run: EvalRun, load_base: LoadBase) -> _Model:
                 ref=adapters.model_ref_of(adapter_row, version), sha256=version.sha256, object_key=version.object_key
             )
     config = run.config
+    production = config.get("deployment") or {}
+    mixture = MixtureTarget.model_validate(production["mixture"]) if production.get("mixture") else None
     return _Model(
         settings,
         str(config["base_model"]),
@@ -289,6 +314,8 @@ def _run_model(settings: Settings, run: EvalRun, load_base: LoadBase) -> _Model:
         load_base,
         max_tokens=int(config["max_tokens"]),
         temperature=float(config["temperature"]),
+        mixture=mixture,
+        affinity=f"{production['name']}#{production['revision']}" if mixture else None,
     )
 
 
@@ -343,6 +370,14 @@ def _metrics(settings: Settings, run: EvalRun, ran: int, wall_s: float) -> dict[
     with session_scope(settings.database) as session:
         rows = list(session.execute(select(Trajectory).where(Trajectory.eval_run_id == run.id)).scalars())
     metrics: dict[str, Any] = dict(summarize(rows))
+    routed = [row for row in rows if row.routes]
+    if routed:  # a mixture: how its router split the tasks (by each task's first step), and how each part did
+        by_adapter: dict[str, dict[str, int]] = {}
+        for row in routed:
+            part = by_adapter.setdefault(str(row.routes[0].get("adapter")), {"tasks": 0, "passed": 0})
+            part["tasks"] += 1
+            part["passed"] += int(row.passed)
+        metrics["routes"] = by_adapter
     metrics["wall_s"] = wall_s
     metrics["tasks_per_s"] = ran / wall_s if ran and wall_s > 0 else None
     return metrics

@@ -46,6 +46,7 @@ from mint.services.judges import resolve_judges
 from mint.services.leases import gave_up
 from mint.services.principal import Principal
 from mint.services.quotas import QuotaDefaults, hold
+from mint.services.serving_nodes import live_nodes
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import (
@@ -74,24 +75,34 @@ def evaluated_model(
 ) -> tuple[adapters.ResolvedModel, dict[str, Any] | None]:
     """What an eval of `ref` measures: a base, an adapter version, or what a deployment serves
     now (its current revision's version, and the deployment and revision, kept in the run's
-    config), so the ruler measures what is in production."""
-    from mint.services import deployments  # deployments imports this module (gates)
+    config), so the ruler measures what is in production.
+
+    A mixture deployment is measured as it serves: each task goes through its router, on a
+    serving node of the base, and its trajectory records the adapter chosen at each step and
+    why. The revision's spec and versions are pinned in the config, so a later promotion does
+    not change what the run measures."""
+    from mint.services import deployments, inference  # deployments imports this module (gates)
 
     found = deployments.deployment_of_model(session, organization_id, ref) if "@" not in ref else None
     if found is None:
         return adapters.resolve_model_ref(session, organization_id, ref), None
     deployment, revision = found
+    production = {"name": deployment.name, "id": deployment.id, "revision": revision.revision}
     if revision.adapter_version_id is None:
-        served = ", ".join(sorted(revision.routing.get("versions", {})))
-        raise InvalidRequest(
-            f"deployment {deployment.name!r} routes among several versions (a mixture); an eval measures one "
-            f"version at a time: evaluate each of {served} by its `adapter@version`",
-            param="model",
-        )
+        if not live_nodes(session, deployment.base_model):
+            raise InvalidRequest(
+                f"deployment {deployment.name!r} routes among several versions (a mixture); it is evaluated "
+                f"through a serving node of base {deployment.base_model!r}, where its router runs, and none is "
+                f"live: start one with `mint serve --base {deployment.base_model}`",
+                param="model",
+            )
+        mixture = inference.plan_for(session, organization_id, deployment.name).mixture
+        assert mixture is not None
+        production["mixture"] = mixture.model_dump(mode="json")
+        return adapters.ResolvedModel(deployment.name, deployment.base_model, None), production
     version = session.get(AdapterVersion, revision.adapter_version_id)
     assert version is not None
     adapter_ref = adapters.model_ref_of_id(session, version.id)
-    production = {"name": deployment.name, "id": deployment.id, "revision": revision.revision}
     model = adapters.ResolvedModel(ref=adapter_ref, base_model=deployment.base_model, adapter_version=version)
     return model, production
 

@@ -353,6 +353,9 @@ class Trajectory(Base):
     # How the grader reached its score (`mint.evals.graders.Grade.record`): its detail, a
     # composite's parts, a judge's prompt and reply. None for rows written before it was kept.
     grade: Mapped[dict[str, Any] | None] = mapped_column()
+    # Which adapter served each step and why (`mint.evals.runner.TrajectoryRecord.routes`): set
+    # by an eval of a mixture deployment, whose router picks an adapter per request.
+    routes: Mapped[list[Any] | None] = mapped_column()
     created_at: Mapped[datetime] = _created()
 
 

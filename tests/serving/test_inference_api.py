@@ -361,8 +361,8 @@ def test_requests_during_promotions_and_rollbacks_are_each_served_wholly_by_one_
     assert [r["action"] for r in history] == ["rollback", "promote", "rollback", "promote", "create"]
 
 
-def test_a_mixture_deployment_routes_by_rule(
-    client: Any, versions: list[str], live_server: LiveServer, owner: Tenant
+def test_a_mixture_deployment_routes_by_rule_and_is_evaluated_as_it_serves(
+    client: Any, versions: list[str], live_server: LiveServer, owner: Tenant, workers: Any
 ) -> None:
     import httpx
 
@@ -387,11 +387,37 @@ def test_a_mixture_deployment_routes_by_rule(
     )
     assert routed.model_extra["mint"]["adapter"] == versions[1]
     assert routed.model_extra["mint"]["route"]["decided_by"] == "rule"
-    task = {"id": "q", "messages": QUESTION, "reference": "5"}
-    bench = api.post("/v1/benchmarks", json={"name": "mix-ruler", "format": "jsonl", "content": json.dumps(task),
+
+    # The ruler measures the mixture as it serves: each task through its router, on the node,
+    # and each trajectory says which adapter the router chose and why.
+    tasks = [
+        {"id": "plain", "messages": QUESTION, "reference": "5"},
+        {"id": "sentence", "messages": [{"role": "user", "content": "What is 2 + 3? Answer in a sentence."}],
+         "reference": "5"},
+    ]  # fmt: skip
+    content = "".join(json.dumps(task) + "\n" for task in tasks)
+    bench = api.post("/v1/benchmarks", json={"name": "mix-ruler", "format": "jsonl", "content": content,
                                              "grader": {"type": "normalized"}}).json()  # fmt: skip
-    refused = api.post("/v1/evals", json={"benchmark_id": bench["id"], "model": "answers-mix"})
-    assert refused.status_code == 400 and "evaluate each of answers@1, answers@2" in refused.text, refused.text
+    workers.start("evals-of-mixtures")
+    run = api.post("/v1/evals", json={"benchmark_id": bench["id"], "model": "answers-mix", "max_tokens": 4})
+    assert run.status_code == 201, run.text
+    pinned = run.json()["config"]["deployment"]["mixture"]
+    assert pinned["spec"]["adapters"] == versions and pinned["spec"]["policy"]["default"] == versions[0]
+    done = wait_for(
+        lambda: (body := api.get(f"/v1/evals/{run.json()['id']}").json())["status"] in ("succeeded", "failed") and body,
+        "the eval of the mixture",
+    )
+    assert done["status"] == "succeeded", done
+    assert done["metrics"]["generator"] == "serving-node"
+    routed = {
+        t["task_id"]: [(r["step"], r["adapter"], r["route"]["decided_by"]) for r in t["routes"]]
+        for t in api.get(f"/v1/evals/{done['id']}/trajectories").json()["data"]
+    }
+    assert routed == {"plain": [(0, versions[0], "default")], "sentence": [(0, versions[1], "rule")]}
+    assert {adapter: part["tasks"] for adapter, part in done["metrics"]["routes"].items()} == {
+        versions[0]: 1,
+        versions[1]: 1,
+    }
 
 
 def test_admin_cache_stats_and_pins(client: Any, versions: list[str], owner: Tenant) -> None:
