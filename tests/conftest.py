@@ -204,6 +204,51 @@ def settings(
             drop_postgres_database(database)
 
 
+@dataclass(frozen=True)
+class OwnInstall:
+    """A Mint install apart from the session's: its settings, and the MINT_* its processes need."""
+
+    settings: Settings
+    env: dict[str, str]
+
+
+@pytest.fixture
+def own_install(backend: str, settings: Settings, tmp_path: Path) -> Iterator[OwnInstall]:
+    """A migrated Mint install of the test's own: a database, broker and object store that no
+    other test's rows, messages or workers touch. For a test that runs workers of a base the
+    rest of the suite keeps idle on purpose (`tiny-qwen3-moe`, whose queued jobs must stay
+    queued). On the services backend: a new PostgreSQL database, which also carries the
+    broker (kombu's SQL transport), and its own prefix of the session's S3 bucket (whose
+    endpoint `settings` exported)."""
+    from mint.services.setup import prepare_database
+
+    env = {"MINT_HOME": str(tmp_path / "home")}
+    database: PostgresDatabase | None = None
+    if backend == "services":
+        database = create_postgres_database()
+        env |= {
+            "MINT_DATABASE_URL": database.url,
+            "MINT_BROKER_URL": f"sqla+{database.url}",
+            "MINT_OBJECT_STORE_URL": f"s3://{S3_BUCKET}/{database.name}",
+        }
+    fields = {"home": Path(env["MINT_HOME"]), "database_url": None, "broker_url": None, "object_store_url": None}
+    fields |= {
+        name: env[f"MINT_{name.upper()}"]
+        for name in ("database_url", "broker_url", "object_store_url")
+        if f"MINT_{name.upper()}" in env
+    }
+    own = Settings(**fields)  # type: ignore[arg-type]
+    prepare_database(own)
+    try:
+        yield OwnInstall(own, env)
+    finally:
+        from mint.storage.db import dispose_engines
+
+        dispose_engines()
+        if database is not None:
+            drop_postgres_database(database)
+
+
 @pytest.fixture(scope="session")
 def prepared(settings: Settings) -> Settings:
     """The session's database migrated to head with the base registry synced."""
