@@ -116,10 +116,24 @@ def test_a_mixture_deployment_records_its_routing(client: TestClient, tenant: Te
     assert single.status_code == 400 and "mixture deployment" in single.text
 
 
-def _evaluated(settings: Settings, tenant: Tenant, ref: str, passed: list[bool], benchmark: str = "acks") -> None:
-    """Record a succeeded eval run of `ref` on version 1 of `benchmark`, one task per entry of `passed`."""
+def _evaluated(
+    settings: Settings,
+    tenant: Tenant,
+    ref: str,
+    passed: list[bool],
+    benchmark: str = "acks",
+    *,
+    mixture: dict[str, Any] | None = None,
+) -> None:
+    """Record a succeeded eval run of `ref` on version 1 of `benchmark`, one task per entry of
+    `passed`; with `mixture` (a deployment's routing), a run of a deployment serving that mixture,
+    which pins its policy and versions as `evaluated_model` does."""
     with session_scope(settings.database) as session:
-        version_id = resolve_model_ref(session, tenant.organization_id, ref).adapter_version.id
+        version_id = None if mixture else resolve_model_ref(session, tenant.organization_id, ref).adapter_version.id
+        config: dict[str, Any] = {"benchmark_name": benchmark}
+        if mixture is not None:
+            pinned = {"spec": mixture["mixture"], "versions": {name: {"ref": name} for name in mixture["versions"]}}
+            config["deployment"] = {"name": ref, "mixture": pinned}
         bench = session.execute(
             select(Benchmark).where(Benchmark.organization_id == tenant.organization_id, Benchmark.name == benchmark)
         ).scalar_one_or_none()
@@ -142,7 +156,7 @@ def _evaluated(settings: Settings, tenant: Tenant, ref: str, passed: list[bool],
             model_ref=ref,
             adapter_version_id=version_id,
             status="succeeded",
-            config={"benchmark_name": benchmark},
+            config=config,
         )
         session.add(run)
         session.flush()
@@ -179,6 +193,42 @@ def test_a_gate_holds_after_a_withdraw(client: TestClient, tenant: Tenant, prepa
     # The good version may come back.
     again = _post(client, tenant, f"{path}/promote", {"model": good})
     assert again.status_code == 200 and again.json()["status"] == "active"
+
+
+def test_a_gate_holds_a_mixtures_promotion_on_a_run_of_the_same_mixture(
+    client: TestClient, tenant: Tenant, prepared: Settings
+) -> None:
+    """A mixture is measured where it serves: a gated mixture deployment takes a new mixture
+    only on an eval run of that very mixture (policy and versions), made on a staging
+    deployment, and compares it with the run of the mixture in production."""
+    billing, shipping = _versions(prepared, tenant, "bills", 1) + _versions(prepared, tenant, "parcels", 1)
+
+    def mixture(default: str) -> dict[str, Any]:
+        rules = [{"adapter": shipping if default == billing else billing, "keywords": ["parcel"]}]
+        return {"adapters": [billing, shipping], "policy": {"type": "rules", "rules": rules, "default": default}}
+
+    def staged(name: str, default: str) -> dict[str, Any]:
+        created = _post(client, tenant, "/v1/deployments", {"name": name, "mixture": mixture(default)})
+        assert created.status_code == 201, created.text
+        return created.json()["serving"]["routing"]
+
+    gate = {"benchmark": "desk", "min_pass_rate": 0.5, "max_regression": 0.02}
+    first = staged("desk-staging-1", billing)
+    unevaluated = _post(client, tenant, "/v1/deployments", {"name": "desk", "mixture": mixture(billing), "gate": gate})
+    assert unevaluated.status_code == 409 and "a staging deployment" in unevaluated.text, unevaluated.text
+    _evaluated(prepared, tenant, "desk-staging-1", [True] * 40, "desk", mixture=first)
+    created = _post(client, tenant, "/v1/deployments", {"name": "desk", "mixture": mixture(billing), "gate": gate})
+    assert created.status_code == 201, created.text
+    path = f"/v1/deployments/{created.json()['id']}"
+
+    second = staged("desk-staging-2", shipping)
+    _evaluated(prepared, tenant, "desk-staging-2", [True] * 25 + [False] * 15, "desk", mixture=second)
+    refused = _post(client, tenant, f"{path}/promote", {"mixture": mixture(shipping)})
+    assert refused.status_code == 409 and "against production" in refused.text, refused.text
+    verdict = refused.json()["error"]["verdict"]
+    assert verdict["delta"] == pytest.approx(-15 / 40)
+    # The mixture in production, promoted again, meets the gate on its own run.
+    assert _post(client, tenant, f"{path}/promote", {"mixture": mixture(billing)}).status_code == 200
 
 
 def test_versions_registered_at_once_are_numbered_one_after_another(prepared: Settings, tenant: Tenant) -> None:

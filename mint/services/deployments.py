@@ -194,15 +194,56 @@ def _newest_succeeded_run(
     return session.execute(query).scalar_one_or_none()
 
 
-def _last_in_production(session: Session, deployment: Deployment) -> str | None:
-    """The adapter version the deployment serves, or served last before it was withdrawn.
+def _last_in_production(session: Session, deployment: Deployment) -> Target | None:
+    """What the deployment serves, or served last before it was withdrawn.
 
     A gate compares with it whatever the history: withdrawing a deployment does not reset
     its baseline to "nothing in production".
     """
     for revision in revisions(session, deployment):
-        if revision.action != "withdraw" and revision.adapter_version_id is not None:
-            return revision.adapter_version_id
+        if revision.action != "withdraw" and (revision.adapter_version_id is not None or revision.routing):
+            return Target(deployment.base_model, revision.adapter_version_id, revision.routing)
+    return None
+
+
+def _serves_the_same(a: Target, b: Target) -> bool:
+    if a.adapter_version_id is not None or b.adapter_version_id is not None:
+        return a.adapter_version_id == b.adapter_version_id
+    return a.routing.get("mixture") == b.routing.get("mixture") and set(a.routing.get("versions", {})) == set(
+        b.routing.get("versions", {})
+    )
+
+
+def _newest_run_of(
+    session: Session, organization_id: str, target: Target, benchmark_version_id: str | None, benchmark: str
+) -> EvalRun | None:
+    """The newest succeeded run on the gate's benchmark of what `target` serves: its adapter
+    version, or, for a mixture, a run of a deployment that served this very mixture (the same
+    policy and versions, e.g. a staging deployment), which pinned both in its config."""
+    if target.adapter_version_id is not None:
+        return _newest_succeeded_run(
+            session, organization_id, target.adapter_version_id, benchmark_version_id, benchmark
+        )
+    query = (
+        select(EvalRun)
+        .join(BenchmarkVersion, BenchmarkVersion.id == EvalRun.benchmark_version_id)
+        .join(Benchmark, Benchmark.id == BenchmarkVersion.benchmark_id)
+        .where(
+            EvalRun.organization_id == organization_id,
+            EvalRun.adapter_version_id.is_(None),
+            EvalRun.status == "succeeded",
+            Benchmark.name == benchmark,
+        )
+        .order_by(EvalRun.created_at.desc())
+    )
+    if benchmark_version_id is not None:
+        query = query.where(EvalRun.benchmark_version_id == benchmark_version_id)
+    for run in session.execute(query).scalars():
+        pinned = (run.config.get("deployment") or {}).get("mixture")
+        if pinned and _serves_the_same(
+            target, Target(target.base_model, None, {"mixture": pinned["spec"], "versions": pinned["versions"]})
+        ):
+            return run
     return None
 
 
@@ -233,7 +274,7 @@ def _gate(
     principal: Principal,
     deployment: Deployment,
     target: Target,
-    production: str | None,
+    production: Target | None,
     *,
     record_refusal: bool = True,
 ) -> dict[str, Any] | None:
@@ -244,23 +285,22 @@ def _gate(
     """
     if deployment.gate is None:
         return None
-    if target.adapter_version_id is None:
-        raise InvalidRequest("a gate applies to single deployments; remove it to deploy a mixture", param="gate")
     spec = GateSpec.model_validate(deployment.gate)
     organization_id = deployment.organization_id
-    candidate = _newest_succeeded_run(session, organization_id, target.adapter_version_id, None, spec.benchmark)
+    candidate = _newest_run_of(session, organization_id, target, None, spec.benchmark)
     if candidate is None:
-        missing = Conflict(
-            f"the gate needs an eval of {target.routing.get('model')} on benchmark {spec.benchmark!r}: "
-            "run POST /v1/evals first",
-            param="model",
+        what = target.routing.get("model") or "this mixture"
+        how = (
+            "run POST /v1/evals first"
+            if target.adapter_version_id is not None
+            else "deploy the same mixture under another name (a staging deployment), evaluate it with POST /v1/evals, "
+            "then promote it here"
         )
+        missing = Conflict(f"the gate needs an eval of {what} on benchmark {spec.benchmark!r}: {how}", param="model")
         _refuse(session, principal, deployment, missing, None, record_refusal)
     baseline = None
-    if production is not None and production != target.adapter_version_id:
-        baseline = _newest_succeeded_run(
-            session, organization_id, production, candidate.benchmark_version_id, spec.benchmark
-        )
+    if production is not None and not _serves_the_same(production, target):
+        baseline = _newest_run_of(session, organization_id, production, candidate.benchmark_version_id, spec.benchmark)
         if baseline is None:
             missing = Conflict(
                 f"the gate compares with the version last in production, which has no eval on the same version of "
