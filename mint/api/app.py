@@ -43,6 +43,9 @@ Authenticate with `Authorization: Bearer <key>` or `X-API-Key: <key>`. Errors sh
 `{"error": {"type", "message", "param"}}`."""
 
 
+TINKER_OPENAI_PREFIX = "/oai/api"
+
+
 def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = None) -> FastAPI:
     """The app on `settings` (the process settings by default). Routes that start work (jobs,
     eval runs, Tinker requests) send it through `dispatch`; without one they fail, and every
@@ -81,6 +84,9 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
         app.include_router(module.router, responses=ERROR_RESPONSES)
     # The Tinker-compatible routes (/api/v1/...), for the official tinker SDK and tinker-cookbook.
     app.include_router(tinker.router, responses=ERROR_RESPONSES)
+    # The same OpenAI inference routes where Tinker's docs point an OpenAI client
+    # (`<server>/oai/api/v1`), so code written for Tinker's endpoint runs unchanged.
+    app.include_router(openai.router, prefix=TINKER_OPENAI_PREFIX, include_in_schema=False)
     app.include_router(dashboard.router)
     app.include_router(docs.router)
     return app

@@ -272,6 +272,14 @@ def test_sampler_weights_answer_on_the_openai_routes_as_the_tinker_sampler_does(
         model=path, messages=[{"role": "user", "content": "Ping?"}], max_tokens=3, temperature=0.0
     )
     assert chat.model == path and chat.usage is not None and chat.usage.completion_tokens >= 1
+    # The same at the path Tinker's docs point an OpenAI client to, with the token logprobs.
+    at_tinker_path = OpenAI(base_url=f"{live_server.url}/oai/api/v1", api_key=alice.keys["developer"], max_retries=0)
+    again = at_tinker_path.completions.create(model=path, prompt=prompt, max_tokens=6, temperature=0.0, logprobs=2)
+    assert again.choices[0].text == expected
+    assert again.choices[0].logprobs is not None
+    token_logprobs = again.choices[0].logprobs.token_logprobs or []
+    assert token_logprobs == pytest.approx(list(sampled.sequences[0].logprobs or [])[: len(token_logprobs)], abs=1e-3)
+    assert BASE in {model.id for model in at_tinker_path.models.list()}
 
     # Another organization reaches it once it is published, not before.
     theirs = OpenAI(base_url=f"{live_server.url}/v1", api_key=bob.keys["developer"], max_retries=0)
