@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import LiveServer, Tenant, Workers, record_capture, wait_for
+from mint.config import Settings
+from tests.conftest import LiveServer, Tenant, Workers, record_capture, serving_node, wait_for
 
 # A client of the API, like the SDK and the CLI: it runs in the embedded pass only (see
 # tests/conftest.py); what it shows comes from routes tested on both backends.
@@ -588,3 +590,59 @@ def test_a_versions_lineage_page_shows_what_it_was_trained_from(
     )
     page.close()
     api.http.close()
+
+
+@pytest.fixture(scope="module")
+def node(prepared: Settings) -> Iterator[Any]:
+    """A serving node of the tiny base: the playground's replies come from its engine."""
+    yield from serving_node(prepared, BASE)
+
+
+def test_the_playground_shows_a_reply_token_by_token_with_the_alternatives(
+    live_server: LiveServer, tenant: Tenant, node: Any, browser: Any
+) -> None:
+    """A developer samples the base greedily in the playground: the reply's tokens, logprobs
+    and alternatives are those the OpenAI route gives for the same request, and at temperature
+    0 every token is the likeliest of its step."""
+    from playwright.sync_api import expect
+
+    body = {
+        "model": BASE,
+        "messages": [{"role": "user", "content": "Ping 1"}],
+        "max_tokens": 5,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 5,
+    }
+    answer = httpx.post(
+        f"{live_server.url}/v1/chat/completions", headers=tenant.headers("developer"), json=body, timeout=120
+    )
+    assert answer.status_code == 200, answer.text
+    expected = answer.json()["choices"][0]["logprobs"]["content"]
+    assert expected, "the base replied with no tokens"
+
+    page = browser.new_page()
+    page.goto(f"{live_server.url}/ui/")
+    page.get_by_label("API key").fill(tenant.keys["developer"])
+    page.get_by_role("button", name="Sign in").click()
+    nav(page, "Playground").click()
+    page.get_by_label("Model", exact=True).fill(BASE)
+    page.get_by_label("Message").fill("Ping 1")
+    page.get_by_label("Max tokens").fill("5")
+    page.get_by_label("Temperature").fill("0")
+    page.get_by_role("button", name="Sample").click()
+    tokens = page.get_by_role("table", name="Tokens of the reply")
+    rows = tokens.locator("tbody tr")
+    expect(rows).to_have_count(len(expected))
+    for row, entry in zip(rows.all(), expected, strict=True):
+        cells = row.locator("td").all_inner_texts()
+        assert cells[1] == json.dumps(entry["token"]), cells
+        assert float(cells[2]) == pytest.approx(entry["logprob"], abs=1e-4)
+        # Greedy: the token is the first, likeliest, of its step's alternatives.
+        assert cells[4].startswith(json.dumps(entry["token"])), cells
+    expect(page.get_by_label("Reply, token by token")).to_have_text("".join(entry["token"] for entry in expected))
+
+    page.get_by_label("Model", exact=True).fill("no-such-model")
+    page.get_by_role("button", name="Sample").click()
+    expect(page.locator(".alert-error")).to_contain_text("no-such-model")
+    page.close()

@@ -11,6 +11,7 @@ import * as deployments from "./deployments.js";
 import * as evals from "./evals.js";
 import * as jobs from "./jobs.js";
 import * as overview from "./overview.js";
+import * as playground from "./playground.js";
 import * as tinker from "./tinker.js";
 import * as usage from "./usage.js";
 
@@ -33,6 +34,7 @@ const ROUTES = [
   [/^\/tinker\/([^/]+)$/, tinker.renderRun, "Tinker run"],
   [/^\/deployments$/, deployments.renderDeployments, "Deployments"],
   [/^\/deployments\/([^/]+)$/, deployments.renderDeployment, "Deployment"],
+  [/^\/playground$/, playground.render, "Playground"],
   [/^\/usage$/, usage.render, "Usage"],
 ];
 
