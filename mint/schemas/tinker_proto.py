@@ -257,12 +257,12 @@ class ForwardBackwardProto:
 
 
 def _decode_tensor(buffer: memoryview, name: str, budget: _Budget) -> WireTensor:
-    dtype, shape, dense, sparse = 0, [], memoryview(b""), False
+    dtype, shape, dense, csr = 0, [], memoryview(b""), None
     for number, wire, value in _fields(buffer):
         if number == 1 and wire == _LEN:
             dense = value
-        elif number == 2:
-            sparse = True
+        elif number == 2 and wire == _LEN:
+            csr = value
         elif number == 3 and wire == _VARINT:
             dtype = value
         elif number == 4:
@@ -279,16 +279,13 @@ def _decode_tensor(buffer: memoryview, name: str, budget: _Budget) -> WireTensor
                     "one value per position (1-D)",
                     param="loss_fn_inputs",
                 )
-    if sparse:
-        raise InvalidRequest(
-            f"loss_fn_inputs[{name!r}] is a sparse (2-D) tensor; Mint's losses take one value per position (1-D)",
-            param="loss_fn_inputs",
-        )
     formats = {DTYPE_FLOAT32: "f", DTYPE_INT64: "q", DTYPE_INT32: "i"}
     if dtype not in formats:
         raise InvalidRequest(
             f"loss_fn_inputs[{name!r}] has dtype code {dtype}; send float32 or int64", param="loss_fn_inputs"
         )
+    if csr is not None:
+        return _decode_csr(csr, name, dtype, formats[dtype], shape, budget)
     count = _count(formats[dtype], dense)
     if shape and (min(shape) < 0 or math.prod(shape) != count):
         raise InvalidRequest(
@@ -298,6 +295,45 @@ def _decode_tensor(buffer: memoryview, name: str, budget: _Budget) -> WireTensor
         )
     values = budget.unpack(formats[dtype], dense)
     return WireTensor(dtype=dtype, shape=tuple(shape) or (count,), values=values)
+
+
+def _decode_csr(buffer: memoryview, name: str, dtype: int, fmt: str, shape: list[int], budget: _Budget) -> WireTensor:
+    """A sparse CSR `Tensor`, densified with 0 at every entry it leaves out: what the SDK sends
+    for a 2-D `target_tokens` or `weights` that is mostly zeros (the (N, K) gradient weights of
+    `forward_backward_custom`, say). Counted at its dense size, the table it becomes."""
+    values, crow_bytes, col_bytes = memoryview(b""), memoryview(b""), memoryview(b"")
+    for number, wire, value in _fields(buffer):
+        if wire == _LEN and number == 1:
+            values = value
+        elif wire == _LEN and number == 2:
+            crow_bytes = value
+        elif wire == _LEN and number == 3:
+            col_bytes = value
+
+    def bad(why: str) -> InvalidRequest:
+        return InvalidRequest(f"loss_fn_inputs[{name!r}] is a sparse CSR tensor {why}", param="loss_fn_inputs")
+
+    if len(shape) != 2 or min(shape) < 0:
+        raise bad(f"of shape {shape[:8]}; a sparse tensor must be 2-D")
+    rows, cols = shape
+    count = _count(fmt, values)
+    if _count("q", crow_bytes) != rows + 1 or _count("q", col_bytes) != count:
+        raise bad(f"with {count} values; it needs {rows + 1} row pointers and one column index per value")
+    budget.add_numbers(rows * cols)
+    if budget.dry:
+        return WireTensor(dtype=dtype, shape=(rows, cols), values=[])
+    crow = struct.unpack(f"<{rows + 1}q", crow_bytes)
+    col = struct.unpack(f"<{count}q", col_bytes)
+    if crow[0] != 0 or crow[-1] != count or any(a > b for a, b in zip(crow, crow[1:], strict=False)):
+        raise bad("whose row pointers do not run from 0 to the number of values without decreasing")
+    if any(not 0 <= c < cols for c in col):
+        raise bad(f"with a column index outside [0, {cols})")
+    flat: list[Any] = [0.0 if fmt == "f" else 0] * (rows * cols)
+    listed = struct.unpack(f"<{count}{fmt}", values)
+    for row in range(rows):
+        for at in range(crow[row], crow[row + 1]):
+            flat[row * cols + col[at]] = listed[at]
+    return WireTensor(dtype=dtype, shape=(rows, cols), values=flat)
 
 
 def _decode_span(buffer: memoryview) -> WireSpan:
