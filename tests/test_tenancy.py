@@ -75,7 +75,7 @@ REFERENCE_ROUTES = {
 # Tinker-compatible routes that name their session, model, sampler, future or checkpoint in the
 # body (as the tinker SDK sends them); another organization's are 404, checked with the SDK and
 # over HTTP in tests/tinker_compat/test_isolation.py (with the protobuf routes, which are not in the
-# OpenAPI document).
+# OpenAPI document). Session search and copies are checked in tests/tinker_compat/test_projects.py.
 TINKER_BODY_ROUTES = {
     f"/api/v1/{name}"
     for name in (
@@ -93,6 +93,8 @@ TINKER_BODY_ROUTES = {
         "asample",
         "cancel_future",
         "weights_info",
+        "copy_weights",
+        "sessions/search",
     )
 }
 
@@ -279,6 +281,7 @@ RESOURCE_MAKERS: dict[str, ResourceMaker] = {
 # route could say 404).
 ROUTE_BODIES: dict[str, dict[str, Any]] = {
     "/v1/adapters/{adapter_id}/versions/{version}/replay": {"model": "tiny-qwen3-moe"},
+    "/api/v1/sessions/{session_id}/project": {"project_id": "tenancy"},
 }
 
 

@@ -30,7 +30,15 @@ from mint.config import Settings
 from mint.errors import InvalidRequest
 from mint.schemas import tinker as wire
 from mint.schemas import tinker_proto as proto
-from mint.services import auth, signed_urls, tinker, tinker_checkpoints, tinker_sampling, tinker_traces
+from mint.services import (
+    auth,
+    signed_urls,
+    tinker,
+    tinker_checkpoints,
+    tinker_projects,
+    tinker_sampling,
+    tinker_traces,
+)
 from mint.storage.objects import object_store_for
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"])
@@ -144,6 +152,33 @@ def export_session_trace(
         session_id,
         _api_url(settings, request),
     )
+
+
+@router.put("/sessions/{session_id}/project", response_model=wire.AssignProjectResponse)
+def assign_session_project(
+    session_id: SessionId, body: wire.AssignProjectRequest, session: SessionDep, principal: CurrentPrincipal
+) -> wire.AssignProjectResponse:
+    """File a session, with its runs and samplers, under a project (a label inside the organization)."""
+    row = tinker_projects.assign_project(session, principal.organization_id, session_id, body.project_id)
+    return wire.AssignProjectResponse(session_id=row.id, project_id=body.project_id)
+
+
+@router.post("/sessions/search", response_model=wire.SessionSearchResponse)
+def search_sessions(
+    body: wire.SessionSearchRequest, session: SessionDep, principal: CurrentPrincipal
+) -> wire.SessionSearchResponse:
+    """The organization's sessions that match, newest first, a page at a time."""
+    return tinker_projects.search_sessions(session, principal.organization_id, body)
+
+
+@router.post("/copy_weights", response_model=wire.CopyWeightsResponse)
+def copy_weights(
+    body: wire.CopyWeightsRequest, session: SessionDep, principal: CurrentPrincipal
+) -> wire.CopyWeightsResponse:
+    """Copy a checkpoint (yours, or published) into a new run of this organization that cannot be
+    trained on; the copy shares the source's stored objects."""
+    path = tinker_projects.copy_weights(session, principal.organization_id, body)
+    return wire.CopyWeightsResponse(tinker_path=str(path))
 
 
 def _api_url(settings: Settings, request: Request) -> str:

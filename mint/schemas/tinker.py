@@ -53,13 +53,17 @@ class ClientConfigRequest(_Request):
     sdk_version: str | None = None
 
 
+# A Tinker project, as Mint keeps it: a label on sessions inside one organization.
+ProjectId = Annotated[str, Field(min_length=1, max_length=200, pattern=ID_PATTERN)]
+
+
 class CreateSessionRequest(_Request):
     tags: list[Annotated[str, Field(max_length=200, pattern=LABEL_PATTERN)]] = Field(
         default_factory=list, max_length=100
     )
     user_metadata: FiniteJson | None = None
     sdk_version: str | None = Field(default=None, max_length=50, pattern=LABEL_PATTERN)
-    project_id: str | None = None
+    project_id: ProjectId | None = None
     display_name: str | None = Field(default=None, max_length=200, pattern=LABEL_PATTERN)
 
 
@@ -428,6 +432,76 @@ class ExternalWeightsUrlsResponse(_Response):
 
     urls: dict[str, str]
     expires: datetime
+
+
+class AssignProjectRequest(_Request):
+    project_id: ProjectId
+
+
+class AssignProjectResponse(_Response):
+    session_id: str
+    project_id: str
+
+
+class SessionStatusQuery(_Request):
+    """One status a search matches: `active`, `client_finished` (with `reasons`: success,
+    errored, interrupted), `cancelled` or `failed` (which no Mint session is)."""
+
+    type: Literal["active", "cancelled", "failed", "client_finished"]
+    reasons: list[Literal["success", "errored", "interrupted"]] | None = Field(default=None, min_length=1)
+
+
+class SearchOwner(_Request):
+    type: Literal["own", "accessible", "user"] = "own"
+    owner_urns: list[Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=10)
+
+
+class SessionSearchCursor(_Request):
+    last_created_at: datetime
+    last_session_id: Id
+
+
+class SessionSearchRequest(_Request):
+    session_id: Id | None = None
+    project_ids: list[ProjectId] | None = Field(default=None, max_length=100)
+    user_metadata: dict[Annotated[str, Field(max_length=200)], Annotated[str, Field(max_length=2000)]] = Field(
+        default_factory=dict, max_length=50
+    )
+    display_name: str | None = Field(default=None, min_length=1, max_length=200, pattern=LABEL_PATTERN)
+    owner: SearchOwner = Field(default_factory=SearchOwner)
+    statuses: list[SessionStatusQuery] | None = Field(default=None, min_length=1, max_length=8)
+    limit: int = Field(default=50, ge=1, le=200)
+    cursor: SessionSearchCursor | None = None
+
+
+class SessionSummary(_Response):
+    session_id: str
+    created_at: datetime
+    owner: str
+    project_id: str
+    status: dict[str, object] | None = None
+    checkpoints_count: int
+    display_name: str | None = None
+    user_metadata: dict[str, str] | None = None
+    checkpoint_storage_bytes: int | None = None
+
+
+class SessionSearchResponse(_Response):
+    sessions: list[SessionSummary]
+    next_cursor: SessionSearchCursor | None = None
+
+
+class CopyWeightsRequest(_Request):
+    source_path: str = Field(max_length=1024)
+    session_id: Id | None = None
+    model_seq_id: int | None = Field(default=None, ge=0, lt=2**31)
+    destination_project_id: ProjectId | None = None
+    ttl_seconds: int | None = Field(default=None, ge=3600, le=10 * 365 * 24 * 3600)
+    weights_access_token: str | None = Field(default=None, max_length=1000)
+
+
+class CopyWeightsResponse(_Response):
+    tinker_path: str
 
 
 class TraceExportResponse(_Response):

@@ -150,6 +150,7 @@ def create_session(
         tags=sorted(set(body.tags)),
         user_metadata=str_dict(body.user_metadata),
         display_name=body.display_name,
+        project=body.project_id,
         sdk_version=body.sdk_version,
         last_heartbeat_at=utcnow(),
     )

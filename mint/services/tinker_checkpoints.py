@@ -219,11 +219,14 @@ def list_user_checkpoints(
 def delete_checkpoint(
     session: Session, store: ObjectStore, organization_id: str, model_id: str, checkpoint_id: str
 ) -> wire.TinkerPath:
-    """Forget a checkpoint. A training state's object, or exported weights' files, go with it;
-    sampler weights stay an adapter version (retire that through /v1/adapters).
+    """Forget a checkpoint. A training state's object, or exported weights' files, go with it,
+    unless a copy still names them (`copy_weights` shares them); sampler weights stay an adapter
+    version (retire that through /v1/adapters).
 
     The row is deleted and committed first: a crash before the objects are deleted leaves
     objects no row references, which `mint admin gc` collects, never a path to nothing."""
+    from mint.services.object_gc import is_referenced  # object_gc reads this module's key layout
+
     owned_model(session, organization_id, model_id)
     path = wire.TinkerPath.of_checkpoint(model_id, checkpoint_id)
     row = owned_checkpoint(session, organization_id, path)
@@ -231,7 +234,8 @@ def delete_checkpoint(
     session.delete(row)
     session.commit()
     for key in keys:
-        store.delete(key)
+        if not is_referenced(session, key):
+            store.delete(key)
     return path
 
 

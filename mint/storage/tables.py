@@ -575,7 +575,10 @@ class TinkerSession(Base):
     """A Tinker client session (one `ServiceClient`): the container of its models and samplers."""
 
     __tablename__ = "tinker_sessions"
-    __table_args__ = (_one_of("status", TINKER_SESSION_STATUSES),)
+    __table_args__ = (
+        _one_of("status", TINKER_SESSION_STATUSES),
+        Index("ix_tinker_sessions_org_project", "organization_id", "project"),
+    )
 
     id: Mapped[str] = _id()
     organization_id: Mapped[str] = _org()
@@ -583,6 +586,8 @@ class TinkerSession(Base):
     tags: Mapped[list[Any]] = mapped_column(default=list)
     user_metadata: Mapped[dict[str, Any]] = mapped_column(default=dict)
     display_name: Mapped[str | None] = mapped_column(String(200))
+    # The Tinker project it belongs to: a label inside the organization (None: the default project).
+    project: Mapped[str | None] = mapped_column(String(200))
     sdk_version: Mapped[str | None] = mapped_column(String(50))
     finish_reason: Mapped[str | None] = mapped_column(String(16))
     finish_detail: Mapped[str | None] = mapped_column(Text)
