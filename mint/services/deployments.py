@@ -173,27 +173,6 @@ def _add_revision(
     return revision
 
 
-def _newest_succeeded_run(
-    session: Session, organization_id: str, adapter_version_id: str, benchmark_version_id: str | None, benchmark: str
-) -> EvalRun | None:
-    query = (
-        select(EvalRun)
-        .join(BenchmarkVersion, BenchmarkVersion.id == EvalRun.benchmark_version_id)
-        .join(Benchmark, Benchmark.id == BenchmarkVersion.benchmark_id)
-        .where(
-            EvalRun.organization_id == organization_id,
-            EvalRun.adapter_version_id == adapter_version_id,
-            EvalRun.status == "succeeded",
-            Benchmark.name == benchmark,
-        )
-        .order_by(EvalRun.created_at.desc())
-        .limit(1)
-    )
-    if benchmark_version_id is not None:
-        query = query.where(EvalRun.benchmark_version_id == benchmark_version_id)
-    return session.execute(query).scalar_one_or_none()
-
-
 def _last_in_production(session: Session, deployment: Deployment) -> Target | None:
     """What the deployment serves, or served last before it was withdrawn.
 
@@ -220,24 +199,24 @@ def _newest_run_of(
     """The newest succeeded run on the gate's benchmark of what `target` serves: its adapter
     version, or, for a mixture, a run of a deployment that served this very mixture (the same
     policy and versions, e.g. a staging deployment), which pinned both in its config."""
-    if target.adapter_version_id is not None:
-        return _newest_succeeded_run(
-            session, organization_id, target.adapter_version_id, benchmark_version_id, benchmark
-        )
     query = (
         select(EvalRun)
         .join(BenchmarkVersion, BenchmarkVersion.id == EvalRun.benchmark_version_id)
         .join(Benchmark, Benchmark.id == BenchmarkVersion.benchmark_id)
         .where(
             EvalRun.organization_id == organization_id,
-            EvalRun.adapter_version_id.is_(None),
             EvalRun.status == "succeeded",
             Benchmark.name == benchmark,
+            EvalRun.adapter_version_id == target.adapter_version_id
+            if target.adapter_version_id is not None
+            else EvalRun.adapter_version_id.is_(None),
         )
         .order_by(EvalRun.created_at.desc())
     )
     if benchmark_version_id is not None:
         query = query.where(EvalRun.benchmark_version_id == benchmark_version_id)
+    if target.adapter_version_id is not None:
+        return session.execute(query.limit(1)).scalar_one_or_none()
     for run in session.execute(query).scalars():
         pinned = (run.config.get("deployment") or {}).get("mixture")
         if pinned and _serves_the_same(
