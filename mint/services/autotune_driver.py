@@ -38,7 +38,7 @@ from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
 from mint.schemas.fine_tuning import FineTuningJobCreate
 from mint.services import benchmarks, deployments, evals, fine_tuning, pricing, webhooks
 from mint.services.autotune import trials_of
-from mint.services.autotune_search import DATA_OF_METHOD, choose_methods, next_params
+from mint.services.autotune_search import DATA_OF_METHOD, choose_methods, next_params, why_params
 from mint.services.dispatch import Dispatch
 from mint.services.principal import Principal
 from mint.services.quotas import QuotaDefaults
@@ -405,7 +405,7 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
         f"start trial {number}: {params['method']}",
         f"learning-rate multiplier {params['learning_rate_multiplier']:.3g}, rank {params['rank']}, "
         f"{params['steps']} steps (job {job.id}, estimated ${estimate.cost_usd:.4f}, {estimate.seconds:.0f} s); "
-        + ("the default first trial" if number == 1 else "chosen by TPE from the trials so far"),
+        + why_params(finished),
     )
     return False
 

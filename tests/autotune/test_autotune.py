@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from mint.config import Settings
-from mint.services.autotune_search import choose_methods, next_params
+from mint.services.autotune_search import choose_methods, next_params, why_params
 from tests.conftest import Tenant, Workers, wait_for
 
 BASE = "tiny-glm-moe"
@@ -119,14 +119,27 @@ def test_the_search_starts_from_the_default_then_explores_the_space_deterministi
     assert first == {"method": "sft", "learning_rate_multiplier": 1.0, "rank": 8, "steps": 16}
     history: list[tuple[dict[str, Any], float]] = [(first, 0.25)]
     chosen = []
-    for score in (0.1, 0.5, 0.2):
+    for score in (0.1, 0.5, 0.2, 0.3):
         params = next_params(history, ["sft", "dpo"], max_rank=8, max_steps=16, seed=3)
         assert params["method"] in ("sft", "dpo") and params["rank"] in (4, 8) and 4 <= params["steps"] <= 16
         assert 0.25 <= params["learning_rate_multiplier"] <= 4.0
         history.append((params, score))
         chosen.append(params)
-    again = [next_params(history[: i + 1], ["sft", "dpo"], max_rank=8, max_steps=16, seed=3) for i in range(3)]
+    # The default's learning rate moves first: doubled; that did worse (0.1 < 0.25), so halved.
+    assert [params["learning_rate_multiplier"] for params in chosen[:2]] == [2.0, 0.5]
+    assert all({**params, "learning_rate_multiplier": 1.0} == first for params in chosen[:2])
+    again = [next_params(history[: i + 1], ["sft", "dpo"], max_rank=8, max_steps=16, seed=3) for i in range(4)]
     assert again == chosen  # the database is the study's memory: the same trials, the same choice
+
+
+def test_a_doubled_learning_rate_that_helps_is_doubled_again() -> None:
+    first = next_params([], ["sft"], max_rank=16, max_steps=24, seed=0)
+    doubled = next_params([(first, 0.4)], ["sft"], max_rank=16, max_steps=24, seed=0)
+    again = next_params([(first, 0.4), (doubled, 0.6)], ["sft"], max_rank=16, max_steps=24, seed=0)
+    assert (doubled["learning_rate_multiplier"], again["learning_rate_multiplier"]) == (2.0, 4.0)
+    # The decision log says why each trial has its parameters.
+    assert why_params([(first, 0.4), (doubled, 0.6)]).startswith("the default's learning rate doubled again")
+    assert why_params([(first, 0.4), (doubled, 0.6), (again, 0.5)]) == "chosen by TPE from the trials so far"
 
 
 def test_a_driver_that_keeps_failing_ends_the_run_with_its_error_instead_of_ticking_for_ever(
