@@ -104,6 +104,15 @@ def test_up_starts_the_platform_on_embedded_defaults(tmp_path: Path) -> None:
 
         reply = wait_for(answered, "the serving node to answer")
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1, reply.text
+
+        # Besides the worker of every queue, one for the system queue alone: upkeep and auto-mode
+        # drivers never wait behind a training job.
+        def queues() -> list[list[str]]:
+            rows = json.loads(mint("admin", "workers", "list", "--json", env=env).stdout)
+            return [sorted(row["queues"]) for row in rows] if len(rows) >= 2 else []
+
+        listed = wait_for(queues, "both workers to register")
+        assert ["system"] in listed and any("system" in found and len(found) > 1 for found in listed), listed
     finally:
         process.send_signal(signal.SIGINT)
         try:

@@ -160,7 +160,8 @@ def up(
         typer.Option("--serve", help="Comma-separated bases to run serving nodes for (default: every enabled base)."),
     ] = None,
 ) -> None:
-    """Run the API, a worker for every queue, beat, and serving nodes, on the current settings
+    """Run the API, a worker for every queue (and one more for the system queue alone), beat, and
+    serving nodes, on the current settings
     (the embedded defaults under MINT_HOME unless set otherwise). A child that dies is restarted
     with backoff; Ctrl-C or SIGTERM stops all, as does a child that keeps dying (exit status 1)."""
     from mint.services.setup import initialize
@@ -181,7 +182,11 @@ def up(
         ChildSpec(f"serve {base}", _mint_argv("serve", "--base", base, "--port", str(settings.api_port + 100 + index)))
         for index, base in enumerate(name for name in served if name)
     ]
-    specs = [ChildSpec(name, _mint_argv(name)) for name in ("api", "worker", "beat")] + nodes
+    # A second worker for the system queue alone, holding no base: auto-mode drivers, webhook
+    # deliveries and upkeep go on while the main worker spends minutes on one training job
+    # (each worker runs one task at a time), so an auto run's cancel and cost keep up.
+    system_worker = ChildSpec("system worker", _mint_argv("worker", "--queues", SYSTEM_QUEUE, "--name", "system@%h"))
+    specs = [ChildSpec(name, _mint_argv(name)) for name in ("api", "worker", "beat")] + [system_worker] + nodes
     supervisor = Supervisor(specs, spawn=_spawn, log=_log_restart)
     supervisor.start()
     try:
