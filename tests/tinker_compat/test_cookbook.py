@@ -46,6 +46,14 @@ def metrics(log_path: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_registered(live_server: LiveServer, tenant: Tenant, final: dict[str, str]) -> None:
+    """The run's final sampler weights are an adapter version of Mint."""
+    with api(live_server, tenant) as client:
+        adapters = {a["name"] for a in client.get("/v1/adapters", params={"limit": 100}).json()["data"]}
+    model_id = final["state_path"].removeprefix("tinker://").split("/")[0]
+    assert f"tinker-{model_id.replace(':', '-')}" in adapters
+
+
 def checkpoint_paths(log_path: Path) -> list[dict[str, str]]:
     return [json.loads(line) for line in (log_path / "checkpoints.jsonl").read_text().splitlines()]
 
@@ -83,11 +91,7 @@ def test_supervised_recipe_chat_sl(workdir: Path, live_server: LiveServer, alice
     final = checkpoint_paths(log_path)[-1]
     assert final["state_path"].endswith("/weights/final")
     assert final["sampler_path"].endswith("/sampler_weights/final")
-    # The final sampler weights are an adapter version of Mint.
-    with api(live_server, alice) as client:
-        adapters = {a["name"] for a in client.get("/v1/adapters", params={"limit": 100}).json()["data"]}
-    model_id = final["state_path"].removeprefix("tinker://").split("/")[0]
-    assert f"tinker-{model_id.replace(':', '-')}" in adapters
+    assert_registered(live_server, alice, final)
 
 
 @pytest.mark.parametrize(

@@ -20,20 +20,12 @@ from tinker import types
 from tinker_cookbook import renderers
 
 from tests.conftest import LiveServer, Tenant
-from tests.tinker_compat.conftest import BASE, api
-from tests.tinker_compat.test_cookbook import checkpoint_paths, metrics, workdir
+from tests.tinker_compat.conftest import BASE
+from tests.tinker_compat.test_cookbook import assert_registered, checkpoint_paths, metrics, workdir
 
 pytestmark = pytest.mark.torch
 
 __all__ = ["workdir"]  # the fixture, imported so that pytest finds it here
-
-
-def assert_registered(live_server: LiveServer, tenant: Tenant, final: dict[str, str]) -> None:
-    """The run's final sampler weights are an adapter version of Mint."""
-    with api(live_server, tenant) as client:
-        adapters = {a["name"] for a in client.get("/v1/adapters", params={"limit": 100}).json()["data"]}
-    model_id = final["state_path"].removeprefix("tinker://").split("/")[0]
-    assert f"tinker-{model_id.replace(':', '-')}" in adapters
 
 
 def test_dpo_recipe_from_local_jsonl_comparisons(
