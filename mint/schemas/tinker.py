@@ -11,9 +11,10 @@ No torch, no SQLAlchemy: the API process imports this module.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -547,6 +548,29 @@ PATH_SEGMENTS: dict[str, CheckpointKind] = {
     "external_weights": "external",
 }
 SEGMENT_OF_KIND = {kind: segment for segment, kind in PATH_SEGMENTS.items()}
+
+
+def csr_problem(rows: int, cols: int, count: int, crow: Sequence[int], col: Sequence[int]) -> str | None:
+    """What is wrong with a (rows, cols) CSR layout of `count` values, or None: the row pointers
+    must run from 0 to `count` without decreasing, and each column index must be in [0, cols)."""
+    if len(crow) != rows + 1 or len(col) != count:
+        return f"it needs {rows + 1} row pointers and one column index per value ({count})"
+    if crow[0] != 0 or crow[-1] != count or any(a > b for a, b in zip(crow, crow[1:], strict=False)):
+        return "its row pointers do not run from 0 to the number of values without decreasing"
+    if any(not 0 <= c < cols for c in col):
+        return f"a column index is outside [0, {cols})"
+    return None
+
+
+def csr_rows(
+    rows: int, cols: int, values: Sequence[Any], crow: Sequence[int], col: Sequence[int], fill: Any
+) -> list[list[Any]]:
+    """A checked (`csr_problem`) CSR layout as dense rows, `fill` where it lists nothing."""
+    dense = [[fill] * cols for _ in range(rows)]
+    for row in range(rows):
+        for at in range(crow[row], crow[row + 1]):
+            dense[row][col[at]] = values[at]
+    return dense
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from mint.config import Settings
 from mint.errors import InvalidRequest, PayloadTooLarge
-from mint.schemas.tinker import SDK_MAX_CHUNK_BYTES, SDK_MAX_CHUNK_DATA
+from mint.schemas.tinker import SDK_MAX_CHUNK_BYTES, SDK_MAX_CHUNK_DATA, csr_problem, csr_rows
 
 # ---- protobuf wire format ---------------------------------------------------------------------
 # Wire types: 0 varint, 1 fixed 64-bit, 2 length-delimited, 5 fixed 32-bit.
@@ -324,15 +324,11 @@ def _decode_csr(buffer: memoryview, name: str, dtype: int, fmt: str, shape: list
         return WireTensor(dtype=dtype, shape=(rows, cols), values=[])
     crow = struct.unpack(f"<{rows + 1}q", crow_bytes)
     col = struct.unpack(f"<{count}q", col_bytes)
-    if crow[0] != 0 or crow[-1] != count or any(a > b for a, b in zip(crow, crow[1:], strict=False)):
-        raise bad("whose row pointers do not run from 0 to the number of values without decreasing")
-    if any(not 0 <= c < cols for c in col):
-        raise bad(f"with a column index outside [0, {cols})")
-    flat: list[Any] = [0.0 if fmt == "f" else 0] * (rows * cols)
+    problem = csr_problem(rows, cols, count, crow, col)
+    if problem is not None:
+        raise bad(f"whose layout is wrong: {problem}")
     listed = struct.unpack(f"<{count}{fmt}", values)
-    for row in range(rows):
-        for at in range(crow[row], crow[row + 1]):
-            flat[row * cols + col[at]] = listed[at]
+    flat = [value for row in csr_rows(rows, cols, listed, crow, col, fill=0.0 if fmt == "f" else 0) for value in row]
     return WireTensor(dtype=dtype, shape=(rows, cols), values=flat)
 
 

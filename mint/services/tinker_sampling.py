@@ -147,23 +147,13 @@ def target_cells(tensor: Any, prompt_length: int) -> dict[str, Any]:
         return {"rows": [data[i * width : (i + 1) * width] for i in range(rows)]}
     if not (isinstance(crow, list) and isinstance(col, list) and all(_is_int(i) for i in crow + col)):
         raise InvalidRequest("a sparse target_prompt_logprobs needs integer crow and col indices", param=param)
-    if (
-        len(crow) != rows + 1
-        or crow[0] != 0
-        or crow[-1] != len(data)
-        or len(col) != len(data)
-        or any(b < a for a, b in zip(crow, crow[1:], strict=False))
-        or any(not 0 <= c < width for c in col)
-    ):
+    if wire.csr_problem(rows, width, len(data), crow, col) is not None:
         raise InvalidRequest(
             "target_prompt_logprobs is not valid CSR: crow_indices must rise from 0 to the number of values "
             f"({rows + 1} of them), and each col index must be below K = {width}",
             param=param,
         )
-    dense = [[-1] * width for _ in range(rows)]
-    for row in range(rows):
-        for at in range(crow[row], crow[row + 1]):
-            dense[row][col[at]] = data[at]
+    dense = wire.csr_rows(rows, width, data, crow, col, fill=-1)
     return {"rows": dense, "crow_indices": crow, "col_indices": col}
 
 
