@@ -8,11 +8,15 @@ queued job whose message the broker no longer holds.
 
 from __future__ import annotations
 
+import io
 import subprocess
+import tarfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import safetensors.torch
+import torch
 from fastapi.testclient import TestClient
 
 from mint.config import Settings
@@ -35,12 +39,32 @@ def _succeeded(client: TestClient, tenant: Tenant, job_id: str) -> dict[str, Any
     return job
 
 
-def _sha256_of(client: TestClient, tenant: Tenant, job: dict[str, Any]) -> str:
+def _weights_of(client: TestClient, tenant: Tenant, job: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of the job's adapter version."""
     name, version = job["fine_tuned_model"].split("@")
     adapter = next(
         a for a in client.get("/v1/adapters?limit=100", headers=tenant.headers()).json()["data"] if a["name"] == name
     )
-    return client.get(f"/v1/adapters/{adapter['id']}/versions/{version}", headers=tenant.headers()).json()["sha256"]
+    download = client.get(f"/v1/adapters/{adapter['id']}/versions/{version}/download", headers=tenant.headers())
+    with tarfile.open(fileobj=io.BytesIO(download.content)) as archive:
+        member = archive.extractfile("adapter_model.safetensors")
+        assert member is not None
+        return safetensors.torch.load(member.read())
+
+
+def _assert_same_adapter(resumed: dict[str, torch.Tensor], uninterrupted: dict[str, torch.Tensor]) -> None:
+    """Bit-identical as a rule (the same steps on the same data from the same state). Across two
+    processes a CPU kernel may still sum in another order (one intra-op thread against two gives
+    differences of 1.5e-5 on this job), and Adam turns a last-bit difference on a near-zero
+    gradient into a full-size update of that element; the adapters are then compared as a whole.
+    A step lost or done twice moves them by about 5% of their norm here (15 steps against 16),
+    fifty times the bound."""
+    assert resumed.keys() == uninterrupted.keys()
+    if all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed):
+        return
+    moved = sum(float((resumed[k] - uninterrupted[k]).norm() ** 2) for k in resumed) ** 0.5
+    size = sum(float(uninterrupted[k].norm() ** 2) for k in resumed) ** 0.5
+    assert moved <= 1e-3 * size, f"the resumed adapter differs from the uninterrupted one by {moved / size:.2e}"
 
 
 def _messages(client: TestClient, tenant: Tenant, job_id: str) -> list[str]:
@@ -87,7 +111,7 @@ def test_sigkilled_worker_job_resumes_from_its_checkpoint_with_no_step_lost_or_d
     ).json()
     uninterrupted = _succeeded(client, tenant, control["id"])
     assert uninterrupted["attempts"] == 1 and uninterrupted["steps_redone"] == 0
-    assert _sha256_of(client, tenant, job) == _sha256_of(client, tenant, uninterrupted)
+    _assert_same_adapter(_weights_of(client, tenant, job), _weights_of(client, tenant, uninterrupted))
 
 
 @pytest.fixture
