@@ -99,6 +99,25 @@ GLM_TEXT = (CONFIGS / "tiny-glm-moe.yaml").read_text(encoding="utf-8")
         ),
         pytest.param(GLM_TEXT.replace("kind: seeded", "kind: pickle"), "source", id="unknown-source-kind"),
         pytest.param(GLM_TEXT.replace("  dropout: 0.0", "  dropout: 0.1"), "dropout must be 0", id="dropout"),
+        pytest.param(
+            GLM_TEXT.replace("active_billions: 0.0132", "active_billions: 0.02"),
+            "above total_billions",
+            id="active-above-total",
+        ),
+        pytest.param(
+            GLM_TEXT.replace("  engine: vllm\n  tensor_parallel_size: 1", "  engine: torch\n  tensor_parallel_size: 2"),
+            "the torch engine runs on one device",
+            id="torch-engine-in-parallel",
+        ),
+        pytest.param(
+            GLM_TEXT.replace(
+                "tensor_parallel_size: 1\n  expert_parallel_size: 1",
+                "tensor_parallel_size: 4\n  expert_parallel_size: 6",
+            ),
+            "must be a multiple of tensor_parallel_size",
+            id="expert-parallel-not-a-multiple",
+        ),
+        pytest.param(GLM_TEXT.replace("  memory_gib: 1\n", "  memory_gib: 0\n"), "memory_gib", id="no-memory"),
     ],
 )
 def test_bad_files_give_configuration_errors_naming_the_file(tmp_path: Path, text: str, expected: str) -> None:

@@ -119,11 +119,80 @@ class LoraDefaults(_Strict):
         return self
 
 
+# ---- size and serving profile --------------------------------------------------------------
+
+
+class ParameterCounts(_Strict):
+    """How big the base is, in billions of parameters: what sizing (`mint.schemas.sizing`) reads."""
+
+    # Every weight, routed experts included: what must sit in memory to train or serve the base.
+    total_billions: float = Field(gt=0, description="All parameters, in billions (experts included).")
+    # What one token computes through (attention, dense and shared layers, the k routed experts
+    # it goes to): the FLOPs per token, and the figure MoE model cards quote second.
+    active_billions: float = Field(gt=0, description="Parameters each token passes through, in billions.")
+
+    @model_validator(mode="after")
+    def _active_within_total(self) -> ParameterCounts:
+        if self.active_billions > self.total_billions:
+            raise ValueError(
+                f"active_billions {self.active_billions} is above total_billions {self.total_billions}; "
+                "a token cannot pass through more parameters than the model has"
+            )
+        return self
+
+
+class ServingProfile(_Strict):
+    """How a serving node holds this base: the engine it prefers, vLLM's parallel sizes, and memory.
+
+    A node refuses to start on a machine that cannot give it `memory_gib` (`mint.serving.fit`):
+    across `gpus` GPUs when it runs vLLM, in host RAM when it runs Mint's torch engine.
+    """
+
+    # `--engine auto` runs vLLM only where the profile names it, a CUDA GPU is present and vLLM is
+    # installed; Mint's torch engine everywhere else (always on a machine without a GPU, where
+    # vLLM has no LoRA on MoE experts). `torch` keeps a base off vLLM even on a GPU.
+    engine: Literal["vllm", "torch"] = Field(description="The engine `--engine auto` runs where a GPU and it are.")
+    # vLLM's tensor_parallel_size: attention and dense layers split over this many GPUs of one
+    # machine (a power of two that divides the attention heads; 8 is one NVLink node).
+    tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM tensor_parallel_size.")
+    # vLLM's expert-parallel group is tensor x data parallel: experts are spread over this many
+    # GPUs, each tensor-parallel group of attention being one data-parallel rank. 1: experts are
+    # split like every other layer, by tensor parallelism.
+    expert_parallel_size: int = Field(
+        default=1, ge=1, description="GPUs the routed experts are spread over (vLLM's TP x DP with expert parallel)."
+    )
+    # Weights, KV cache and the engine's own overhead, in GiB: between the profile's GPUs for
+    # vLLM, in host RAM for the torch engine. `mint models resources` computes the figure.
+    memory_gib: float = Field(gt=0, description="Memory the node needs, in GiB (GPUs for vLLM, RAM for torch).")
+
+    @model_validator(mode="after")
+    def _consistent_sizes(self) -> ServingProfile:
+        if self.engine == "torch" and self.gpus != 1:
+            raise ValueError("the torch engine runs on one device: tensor_parallel_size and expert_parallel_size are 1")
+        if self.expert_parallel_size > 1 and self.expert_parallel_size % self.tensor_parallel_size:
+            raise ValueError(
+                f"expert_parallel_size {self.expert_parallel_size} must be a multiple of tensor_parallel_size "
+                f"{self.tensor_parallel_size} (vLLM's expert-parallel group is tensor x data parallel)"
+            )
+        return self
+
+    @property
+    def gpus(self) -> int:
+        """GPUs a vLLM node of this profile spans: the expert-parallel group, or the tensor-parallel one."""
+        return max(self.tensor_parallel_size, self.expert_parallel_size)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """vLLM data-parallel ranks of attention (each a tensor-parallel group) under expert parallelism."""
+        return self.gpus // self.tensor_parallel_size
+
+
 # ---- the spec ------------------------------------------------------------------------------
 
 
 class BaseModelSpec(_Strict):
-    """One base model: its architecture, where its weights and tokenizer come from, LoRA defaults."""
+    """One base model: its architecture, where its weights and tokenizer come from, LoRA defaults,
+    its size and how a serving node holds it."""
 
     name: str = Field(pattern=NAME_PATTERN, max_length=100)
     display_name: str = Field(min_length=1)
@@ -136,6 +205,8 @@ class BaseModelSpec(_Strict):
     tokenizer: TokenizerSource
     chat_template_note: str = Field(default="", description="Where the chat template comes from, for people.")
     lora: LoraDefaults
+    parameters: ParameterCounts
+    serving: ServingProfile
     enabled: bool = True
 
     @field_validator("architecture")
@@ -148,6 +219,8 @@ class BaseModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> BaseModelSpec:
+        if not self.moe and self.parameters.active_billions != self.parameters.total_billions:
+            raise ValueError("a dense base (moe: false) has active_billions equal to total_billions")
         if not isinstance(self.source, Seeded):
             return self
         if self.source.config_class != self.config_class_name:
