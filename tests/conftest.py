@@ -412,9 +412,13 @@ class Workers:
     def __init__(self) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, env: dict[str, str] | None = None, base: str = TRAINING_BASE) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, env: dict[str, str] | None = None, base: str = TRAINING_BASE, nproc: int | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A worker for `base`; with `nproc`, a worker group of that many ranks (the process is its agent)."""
+        group = [f"--nproc={nproc}"] if nproc is not None else []
         process = subprocess.Popen(
-            [sys.executable, "-m", "mint", "worker", "--base", base, "--name", f"{name}@%h"],
+            [sys.executable, "-m", "mint", "worker", "--base", base, "--name", f"{name}@%h", *group],
             env={**os.environ, **FAST_RECOVERY, **(env or {})},
         )
         self.processes.append(process)

@@ -49,12 +49,7 @@ def configure_pool(settings: Settings) -> None:
     """Size this process's database pool from the settings (`MINT_DATABASE_POOL_*`)."""
     from mint.storage import db
 
-    pool = db.PoolOptions(
-        size=settings.database_pool_size,
-        max_overflow=settings.database_max_overflow,
-        timeout_s=settings.database_pool_timeout_s,
-    )
-    db.configure_pool(settings.database, pool)
+    db.configure_pool_from(settings)
 
 
 def worker_queues(base: str | None, queues: str | None, all_bases: list[str]) -> list[str]:
@@ -74,38 +69,56 @@ def worker(
     base: Annotated[str | None, typer.Option(help="Base model to keep resident; consumes its training queue.")] = None,
     queues: Annotated[str | None, typer.Option(help="Comma-separated queues, instead of --base.")] = None,
     name: Annotated[str | None, typer.Option(help="Worker name (Celery -n); default from the queues.")] = None,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Shard --base over this many processes (a torch.distributed group, FSDP2), launched by "
+            "torchrun's elastic agent: one per GPU, or gloo ranks on CPU.",
+        ),
+    ] = None,
+    max_restarts: Annotated[
+        int, typer.Option(min=0, help="With --nproc: times the agent restarts the whole group after a rank fails.")
+    ] = 0,
     loglevel: str = "INFO",
 ) -> None:
     """Run a Celery worker. One process, one task at a time: it holds one resident base."""
     from mint.schemas.base_models import enabled_base_names
-    from mint.worker.app import celery_app
 
     settings = get_settings()
-    configure_pool(settings)
     bases = enabled_base_names(settings.model_configs_dir)
     chosen = worker_queues(base, queues, bases)
+    node = name or (f"train-{base}@%h" if base else "mint@%h")
+    if nproc is not None:
+        if not base or queues:
+            raise typer.BadParameter("a worker group holds one base: give --base, not --queues", param_hint="--nproc")
+        # This process becomes the elastic agent: it starts the ranks, and stops them all when one fails.
+        os.execv(
+            sys.executable,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={nproc}",
+                f"--max-restarts={max_restarts}",
+                "-m",
+                "mint.worker.group",
+                f"--base={base}",
+                f"--queues={','.join(chosen)}",
+                f"--name={node}",
+                f"--loglevel={loglevel}",
+            ],
+        )
+    from mint.worker.main import run_worker
+
     if not queues:
         # A queue of this process's own, so that Tinker models stay on the process that holds
         # them (mint.worker.tinker_tasks). An explicit --queues list is taken as it is.
         from mint.worker.queues import process_queue
 
         chosen.append(process_queue())
-    node = name or (f"train-{base}@%h" if base else "mint@%h")
-    celery_app().worker_main(
-        [
-            "worker",
-            "-Q",
-            ",".join(chosen),
-            "-n",
-            node,
-            "--pool",
-            "solo",
-            "--loglevel",
-            loglevel,
-            "--without-gossip",
-            "--without-mingle",
-        ]
-    )
+    run_worker(chosen, node, loglevel)
 
 
 def beat(loglevel: str = "INFO") -> None:

@@ -13,11 +13,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+if TYPE_CHECKING:
+    from mint.config import Settings
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -79,6 +82,16 @@ def configure_pool(url: str, pool: PoolOptions) -> None:
         _factories.pop(url, None)
     if engine is not None:
         engine.dispose()
+
+
+def configure_pool_from(settings: Settings) -> None:
+    """Size this process's database pool from the settings (`MINT_DATABASE_POOL_*`)."""
+    pool = PoolOptions(
+        size=settings.database_pool_size,
+        max_overflow=settings.database_max_overflow,
+        timeout_s=settings.database_pool_timeout_s,
+    )
+    configure_pool(settings.database, pool)
 
 
 def get_engine(url: str) -> Engine:

@@ -21,9 +21,10 @@ temperature-1 distribution (`packing.top_logprobs`), computed for its rows only.
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,7 +40,7 @@ _TAIL_MARGIN_TOKENS = 8
 _PAD_TOKEN_ID = 0
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class StopRule:
     """When a row is done: on one of `token_ids`, or when its decoded text contains one of `strings`."""
 
@@ -119,13 +120,21 @@ def choose_tokens(logits_B_V: torch.Tensor, params: SamplingParams, generator: t
     return draw(logits_B_V, params, generator)[0]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Decoding:
     """A request as the decoder runs it: how many tokens each of its rows may add, and when a row is done."""
 
     request: SampleRequest
     max_new_tokens: int
     stop: StopRule
+
+    def seeded(self) -> Decoding:
+        """This decoding with a seed drawn now if it had none: the same draws wherever it runs
+        (every rank of a worker group decodes the same tokens)."""
+        if self.request.params.seed is not None:
+            return self
+        params = self.request.params.model_copy(update={"seed": secrets.randbits(63)})
+        return dataclasses.replace(self, request=dataclasses.replace(self.request, params=params))
 
 
 class _Request:

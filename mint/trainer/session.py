@@ -37,6 +37,7 @@ from mint.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora, peft_files
 from mint.trainer.combining import Combiner, Loops
+from mint.trainer.group import Group, mirrored
 from mint.trainer.mixed_adapters import Span, can_mix, mixed_adapters
 from mint.trainer.models import load_base_model, tensors_fingerprint
 from mint.trainer.optimizer import AdapterOptimizer
@@ -166,6 +167,8 @@ class ResidentBase:
         self.loops = Loops()
         self.backward_passes = Combiner(self.forward_backward_many, MAX_SESSIONS_PER_PASS, self.loops)
         self.sampling_passes = Combiner(self.sample_many, MAX_SESSIONS_PER_PASS, self.loops)
+        # The worker group this base is sharded over (`join_group`); None: the whole base is here.
+        self.group: Group | None = None
 
     @classmethod
     def shared(
@@ -184,6 +187,28 @@ class ResidentBase:
             if key not in cls._shared:
                 cls._shared[key] = cls(spec, cache_dir, dtype=dtype, device=device, max_sessions=max_sessions)
             return cls._shared[key]
+
+    def join_group(self, group: Group) -> None:
+        """Shard this base over `group` (FSDP2) and mirror every call that runs it on the group's
+        ranks (`mint.trainer.group`). Before any session is opened."""
+        if self._sessions:
+            raise RuntimeError("a base joins its worker group before any session is opened")
+        group.shard(self.model)
+        self.group = group
+
+    def follow(self) -> None:
+        """A follower rank's life: run rank 0's calls on this base until the group stops."""
+        assert self.group is not None and not self.group.leading
+        self.group.follow(self._resolve_ref)
+
+    def _group_and_lock(self) -> tuple[Group | None, threading.RLock]:
+        return self.group, self._lock
+
+    def _mirror_ref(self) -> tuple[str, ...]:
+        return ("base",)
+
+    def _resolve_ref(self, ref: tuple[str, ...]) -> Any:
+        return self if ref == ("base",) else self._sessions[ref[1]]
 
     @property
     def peft_model(self) -> Any:
@@ -214,10 +239,16 @@ class ResidentBase:
                     param="session_id",
                 )
             session_id = self._new_session_id(session_id)
+            seed = options.seed if options.seed is not None else lora.new_seed()
+            return self._add_session(options, session_id, seed)
+
+    @mirrored
+    def _add_session(self, options: LoraOptions, session_id: str, seed: int) -> TrainingSession:
+        """Wrap the base's target layers with a new adapter named `session_id`, A drawn from `seed`."""
+        with self._lock:
             targets = lora.plan_targets(options, self.spec, self.catalogue)
             config = lora.build_lora_config(options, self.spec, targets)
             lora.check_same_parameter_targets(targets, {sid: t.targets for sid, t in self._sessions.items()})
-            seed = options.seed if options.seed is not None else lora.new_seed()
             with lora.seeded_init(seed):
                 if self._peft is None:
                     from peft import get_peft_model
@@ -266,6 +297,7 @@ class ResidentBase:
             raise
         return session
 
+    @mirrored
     def close(self, session_id: str) -> None:
         """Delete the session's adapter and optimizer state, freeing their memory."""
         with self._lock:
@@ -339,6 +371,7 @@ class ResidentBase:
         request = ScoreRequest.of(self.limits, data, loss_fn, loss_fn_config)
         return self._score(adapter_name, request, backward=backward, train_mode=train_mode)
 
+    @mirrored
     def _score(
         self,
         adapter_name: str | None,
@@ -352,6 +385,7 @@ class ResidentBase:
                 model, [request], backward=backward, reference=self._reference, running=lambda _: train_mode()
             )[0]
 
+    @mirrored
     def forward_backward_many(self, calls: Sequence[BackwardCall]) -> list[ForwardOutput]:
         """The forward_backward of several sessions in ONE batched pass, each session's data a span
         of rows through its own adapter; one result per call, in order.
@@ -400,6 +434,10 @@ class ResidentBase:
         see `mint.trainer.prompt_scores`."""
         query.check(self.limits.vocab_out)
         self.limits.check_tokens(query.prompt, vocab=self.limits.vocab_in, where="prompt")
+        return self._score_prompt(adapter_name, query)
+
+    @mirrored
+    def _score_prompt(self, adapter_name: str | None, query: PromptQuery) -> PromptScores:
         with self._use(adapter_name) as model:
             return score_prompt(model, query)
 
@@ -436,7 +474,15 @@ class ResidentBase:
         another. Each sample is stamped with the version of the weights that generated it.
         """
         checked = [(call.adapter, [self.check_sample_request(request) for request in call.requests]) for call in calls]
-        adapters = sorted({call.adapter for call in calls if call.adapter is not None})
+        if self.group is not None:
+            # Every rank decodes the same tokens: draw the seeds of unseeded requests here.
+            checked = [(adapter, [decoding.seeded() for decoding in decodings]) for adapter, decodings in checked]
+        return self._sample_checked(checked)
+
+    @mirrored
+    def _sample_checked(self, checked: list[tuple[str | None, list[Decoding]]]) -> list[list[list[SampledSequence]]]:
+        """Decode checked requests, each call's under its adapter: `sample_many`'s part that runs the model."""
+        adapters = sorted({adapter for adapter, _ in checked if adapter is not None})
         with self._lock, torch.no_grad():
             # Read under the lock that also guards every weight update: the weights that decode.
             stamps = {None: BASE_VERSION} | {name: self.get(name).version for name in adapters}
@@ -522,6 +568,12 @@ class TrainingSession:
             for module in base.model.modules()
             if hasattr(module, "lora_dropout") and session_id in module.lora_dropout
         ]
+
+    def _group_and_lock(self) -> tuple[Group | None, threading.RLock]:
+        return self.base.group, self.base._lock
+
+    def _mirror_ref(self) -> tuple[str, ...]:
+        return ("session", self.session_id)
 
     def __repr__(self) -> str:
         return f"TrainingSession({self.session_id!r}, base={self.base.spec.name!r}, step={self.step})"
@@ -627,6 +679,7 @@ class TrainingSession:
             logprobs=result.logprobs, metrics={**result.metrics, **custom, "loss:sum": float(value.detach())}
         )
 
+    @mirrored
     def optim_step(self, adam: AdamParams | None = None) -> dict[str, float]:
         """One AdamW step over this adapter with `adam`'s hyperparameters; clears its gradients."""
         with self.base._lock:
@@ -702,15 +755,20 @@ class TrainingSession:
                 f"{self.session_id!r}; open it with ResidentBase.create_session_from_state",
                 param="path",
             )
+        self._set_state(state.adapter, state.optimizer, state.step)
+
+    @mirrored
+    def _set_state(self, adapter: dict[str, torch.Tensor], optimizer: dict[str, torch.Tensor], step: int) -> None:
         with self.base._lock, torch.no_grad():
             # The optimizer state first: it is checked before anything changes.
-            self._live_optimizer().load_state_tensors(state.optimizer)
+            self._live_optimizer().load_state_tensors(optimizer)
             for name, parameter in self._parameters.items():
-                parameter.copy_(state.adapter[name])
+                parameter.copy_(adapter[name])
                 parameter.grad = None
-            self.step = state.step
+            self.step = step
             self._version = None
 
+    @mirrored
     def load_adapter_weights(self, weights: dict[str, torch.Tensor], *, source: str = "the adapter") -> None:
         """Replace this adapter's weights with `weights` (by peft's saved key); names and shapes must match."""
         shapes = {name: tuple(p.shape) for name, p in self._parameters.items()}

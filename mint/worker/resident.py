@@ -4,6 +4,9 @@ A training worker (`mint worker --base NAME`) consumes one base's queue; the fir
 that needs the base loads it, and every later task of the process (fine-tuning jobs,
 eval runs, Tinker primitives) reuses the same weights, each on its own LoRA session, up to
 `MINT_WORKER_MAX_SESSIONS` sessions at once.
+
+Rank 0 of a worker group (`mint worker --base NAME --nproc N`) holds its shard of the base,
+loaded at start by `load_group_base`; its tasks get that one the same way.
 """
 
 from __future__ import annotations
@@ -14,13 +17,45 @@ from mint.config import get_settings
 from mint.schemas.base_models import get_base_model_spec
 
 if TYPE_CHECKING:
+    from mint.trainer.group import Group
     from mint.trainer.session import ResidentBase
+
+_group_bases: dict[str, ResidentBase] = {}
 
 
 def resident_base(name: str) -> ResidentBase:
     """This process's ResidentBase for base model `name`, loaded on first use."""
     from mint.trainer.session import ResidentBase
 
+    if name in _group_bases:
+        return _group_bases[name]
     settings = get_settings()
     spec = get_base_model_spec(name, settings.model_configs_dir)
     return ResidentBase.shared(spec, settings.models_cache_dir, max_sessions=settings.worker_max_sessions)
+
+
+def load_group_base(name: str, group: Group) -> ResidentBase:
+    """Load base `name` on this rank of `group` and shard it over the group. Rank 0 loads first
+    (building or checking the cached weights) while the others wait, so no two ranks write the
+    cache at once; then this process's tasks use it (`resident_base`)."""
+    import torch.distributed as dist
+
+    from mint.trainer.session import ResidentBase
+
+    settings = get_settings()
+    spec = get_base_model_spec(name, settings.model_configs_dir)
+
+    def load() -> ResidentBase:
+        return ResidentBase(
+            spec, settings.models_cache_dir, device=str(group.device), max_sessions=settings.worker_max_sessions
+        )
+
+    if group.leading:
+        base = load()
+        dist.barrier()
+    else:
+        dist.barrier()
+        base = load()
+    base.join_group(group)
+    _group_bases[name] = base
+    return base

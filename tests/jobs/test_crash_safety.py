@@ -8,68 +8,19 @@ queued job whose message the broker no longer holds.
 
 from __future__ import annotations
 
-import io
 import subprocess
-import tarfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import safetensors.torch
-import torch
 from fastapi.testclient import TestClient
 
 from mint.config import Settings
 from tests.conftest import Tenant, Workers, free_port, poisoned, reconcile_after, wait_for
 from tests.jobs.conftest import BASE, chat_rows, upload
+from tests.jobs.resumes import adapter_weights, assert_same_adapter, event_messages, job_of, succeeded
 
 pytestmark = pytest.mark.torch
-
-
-def _job(client: TestClient, tenant: Tenant, job_id: str) -> dict[str, Any]:
-    return client.get(f"/v1/fine_tuning/jobs/{job_id}", headers=tenant.headers("viewer")).json()
-
-
-def _succeeded(client: TestClient, tenant: Tenant, job_id: str) -> dict[str, Any]:
-    job = wait_for(
-        lambda: (j := _job(client, tenant, job_id))["status"] in ("succeeded", "failed", "cancelled") and j,
-        f"job {job_id} to finish",
-    )
-    assert job["status"] == "succeeded", job
-    return job
-
-
-def _weights_of(client: TestClient, tenant: Tenant, job: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The tensors of the job's adapter version."""
-    name, version = job["fine_tuned_model"].split("@")
-    adapter = next(
-        a for a in client.get("/v1/adapters?limit=100", headers=tenant.headers()).json()["data"] if a["name"] == name
-    )
-    download = client.get(f"/v1/adapters/{adapter['id']}/versions/{version}/download", headers=tenant.headers())
-    with tarfile.open(fileobj=io.BytesIO(download.content)) as archive:
-        member = archive.extractfile("adapter_model.safetensors")
-        assert member is not None
-        return safetensors.torch.load(member.read())
-
-
-def _assert_same_adapter(resumed: dict[str, torch.Tensor], uninterrupted: dict[str, torch.Tensor]) -> None:
-    """Bit-identical as a rule (the same steps on the same data from the same state). Across two
-    processes a CPU kernel may still sum in another order (one intra-op thread against two gives
-    differences of 1.5e-5 on this job), and Adam turns a last-bit difference on a near-zero
-    gradient into a full-size update of that element; the adapters are then compared as a whole.
-    A step lost or done twice moves them by about 5% of their norm here (15 steps against 16),
-    fifty times the bound."""
-    assert resumed.keys() == uninterrupted.keys()
-    if all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed):
-        return
-    moved = sum(float((resumed[k] - uninterrupted[k]).norm() ** 2) for k in resumed) ** 0.5
-    size = sum(float(uninterrupted[k].norm() ** 2) for k in resumed) ** 0.5
-    assert moved <= 1e-3 * size, f"the resumed adapter differs from the uninterrupted one by {moved / size:.2e}"
-
-
-def _messages(client: TestClient, tenant: Tenant, job_id: str) -> list[str]:
-    events = client.get(f"/v1/fine_tuning/jobs/{job_id}/events?limit=100", headers=tenant.headers()).json()["data"]
-    return [event["message"] for event in events]
 
 
 def test_sigkilled_worker_job_resumes_from_its_checkpoint_with_no_step_lost_or_doubled(
@@ -90,18 +41,18 @@ def test_sigkilled_worker_job_resumes_from_its_checkpoint_with_no_step_lost_or_d
     resumed = client.post(
         "/v1/fine_tuning/jobs", headers=tenant.headers("developer"), json={**body, "suffix": "resumed"}
     ).json()
-    wait_for(lambda: _job(client, tenant, resumed["id"])["completed_steps"] >= 6, "six steps before the kill")
+    wait_for(lambda: job_of(client, tenant, resumed["id"])["completed_steps"] >= 6, "six steps before the kill")
     victim.kill()
     victim.wait()
-    at_kill = _job(client, tenant, resumed["id"])
+    at_kill = job_of(client, tenant, resumed["id"])
     assert at_kill["status"] == "running" and at_kill["completed_steps"] < 16
 
     workers.start("rescuer")
-    job = _succeeded(client, tenant, resumed["id"])
+    job = succeeded(client, tenant, resumed["id"])
     assert job["attempts"] == 2 and job["completed_steps"] == 16
     redone = at_kill["completed_steps"] % 4
     assert job["steps_redone"] == redone, (job, at_kill)
-    messages = _messages(client, tenant, job["id"])
+    messages = event_messages(client, tenant, job["id"])
     assert any("stopped renewing the job's lease" in message for message in messages)
     assert any(f"Resuming from checkpoint at step {at_kill['completed_steps'] - redone}" in m for m in messages)
 
@@ -109,9 +60,9 @@ def test_sigkilled_worker_job_resumes_from_its_checkpoint_with_no_step_lost_or_d
     control = client.post(
         "/v1/fine_tuning/jobs", headers=tenant.headers("developer"), json={**body, "suffix": "uninterrupted"}
     ).json()
-    uninterrupted = _succeeded(client, tenant, control["id"])
+    uninterrupted = succeeded(client, tenant, control["id"])
     assert uninterrupted["attempts"] == 1 and uninterrupted["steps_redone"] == 0
-    _assert_same_adapter(_weights_of(client, tenant, job), _weights_of(client, tenant, uninterrupted))
+    assert_same_adapter(adapter_weights(client, tenant, job), adapter_weights(client, tenant, uninterrupted))
 
 
 @pytest.fixture
@@ -171,9 +122,9 @@ def test_jobs_queued_when_redis_restarts_are_not_lost(
         workers.start("after-restart", env=env)
         workers.beat(env=env)
         for job_id in ids:
-            job = _succeeded(client, tenant, job_id)
+            job = succeeded(client, tenant, job_id)
             assert job["attempts"] == 1
-            assert "The job's queue message was lost; sent again" in _messages(client, tenant, job_id)
+            assert "The job's queue message was lost; sent again" in event_messages(client, tenant, job_id)
 
 
 def test_a_job_out_of_attempts_fails_with_its_last_error(
@@ -194,10 +145,10 @@ def test_a_job_out_of_attempts_fails_with_its_last_error(
     report, sent = reconcile_after(prepared, TrainingJob, poisoned(dead, poison, redelivered, cap))
     assert {dead, poison} <= set(report.gave_up) and not {dead, poison} & {job_id for _task, (job_id,) in sent}
     assert dead not in report.requeued_lost_workers and poison not in report.resent_lost_messages
-    assert (job := _job(client, tenant, dead))["status"] == "failed"
+    assert (job := job_of(client, tenant, dead))["status"] == "failed"
     message = f"gave up after {cap} attempts: worker w-dead stopped renewing the lease (killed, out of memory, or lost)"
-    assert job["error"]["message"] == message and f"Job failed: {message}" in _messages(client, tenant, dead)
-    assert (job := _job(client, tenant, poison))["status"] == "failed"
+    assert job["error"]["message"] == message and f"Job failed: {message}" in event_messages(client, tenant, dead)
+    assert (job := job_of(client, tenant, poison))["status"] == "failed"
     assert job["error"]["message"].startswith("gave up after 500 attempts: the worker of the last attempt stopped")
 
     def no_base(name: str) -> Any:
@@ -205,5 +156,5 @@ def test_a_job_out_of_attempts_fails_with_its_last_error(
 
     # A message still in the broker for a job at the cap: the claim fails it instead.
     assert run_job(prepared, redelivered, "w-next", no_base) == "failed"
-    assert (job := _job(client, tenant, redelivered))["status"] == "failed" and job["attempts"] == cap
+    assert (job := job_of(client, tenant, redelivered))["status"] == "failed" and job["attempts"] == cap
     assert job["error"]["message"].startswith(f"gave up after {cap} attempts")
