@@ -80,7 +80,16 @@ def _assistant_message(text: str, call_prefix: str) -> dict[str, Any]:
 
 
 def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
-    """The node app for `base_model`, reachable by the API at `url`."""
+    """The node app for `base_model`, reachable by the API at `url`; refused (ConfigurationError)
+    where this machine cannot hold the base as its serving profile says."""
+    from mint.serving.engines import choose_engine
+    from mint.serving.fit import machine_resources, refuse_unless_fits
+
+    # Before anything is loaded or registered: a machine that cannot hold the base refuses it
+    # now, saying what the base needs, instead of failing halfway through loading its weights.
+    spec = get_base_model_spec(base_model, settings.model_configs_dir)
+    engine_kind = choose_engine(spec, settings.serving_engine, vllm_python=settings.vllm_python)
+    refuse_unless_fits(spec.name, spec.serving, engine_kind, machine_resources())
     node_id = f"{base_model}@{socket.gethostname()}/{os.getpid()}"
     credential = node_credential(settings.shared_node_token)
     state: dict[str, Any] = {}
@@ -91,12 +100,11 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
         from mint.serving.engines import open_engine
         from mint.serving.node import ServingNode
 
-        spec = get_base_model_spec(base_model, settings.model_configs_dir)
         engine = await run_in_threadpool(
             open_engine,
             spec,
             settings.models_cache_dir,
-            kind=settings.serving_engine,
+            kind=engine_kind,
             vllm_python=settings.vllm_python,
             max_adapters=settings.serving_engine_slots,
             max_batch_size=settings.serving_batch_size,

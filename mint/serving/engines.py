@@ -1,8 +1,9 @@
 """Which engine a serving node runs: Mint's torch engine, or vLLM where vLLM serves best.
 
 `mint serve --engine auto` (the default, `MINT_SERVING_ENGINE`) picks vLLM on a machine with a
-CUDA GPU where vLLM can run, in this process or in the venv named by `MINT_VLLM_PYTHON`, and
-Mint's torch engine everywhere else. Both keep the `mint.serving.engine.Engine` contract, so
+CUDA GPU where vLLM can run, in this process or in the venv named by `MINT_VLLM_PYTHON`, for a
+base whose serving profile (`serving.engine` in its YAML) names vLLM, and Mint's torch engine
+everywhere else. Both keep the `mint.serving.engine.Engine` contract, so
 the node, its adapter cache and the API do not change with the choice. vLLM on CPU serves
 dense bases only (it has no LoRA kernels for MoE experts there), so asking for it on an MoE
 base without a GPU is refused when the node starts, saying so.
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from mint.config import EngineKind
 from mint.errors import ConfigurationError
-from mint.schemas.base_models import BaseModelSpec
+from mint.schemas.base_models import BaseModelSpec, ServingProfile
 from mint.serving.engine import Engine
 
 
@@ -27,10 +28,11 @@ def _has_cuda() -> bool:
 
 
 def choose_engine(spec: BaseModelSpec, kind: EngineKind, *, vllm_python: Path | None) -> Literal["torch", "vllm"]:
-    """The engine to run for `spec`: `kind` itself, or for "auto" vLLM when it can run on a GPU."""
+    """The engine to run for `spec`: `kind` itself, or for "auto" vLLM when the base's serving
+    profile names it and it can run on a GPU."""
     vllm_runs_here = vllm_python is not None or importlib.util.find_spec("vllm") is not None
     if kind == "auto":
-        return "vllm" if vllm_runs_here and _has_cuda() else "torch"
+        return "vllm" if spec.serving.engine == "vllm" and vllm_runs_here and _has_cuda() else "torch"
     if kind == "vllm":
         if not vllm_runs_here:
             raise ConfigurationError(
@@ -43,6 +45,19 @@ def choose_engine(spec: BaseModelSpec, kind: EngineKind, *, vllm_python: Path | 
                 "run this node with --engine torch (or auto)"
             )
     return kind
+
+
+def vllm_parallel_options(profile: ServingProfile) -> dict[str, Any]:
+    """vLLM engine arguments for the profile's parallel sizes; none on one GPU (vLLM's defaults)."""
+    options: dict[str, Any] = {}
+    if profile.tensor_parallel_size > 1:
+        options["tensor_parallel_size"] = profile.tensor_parallel_size
+    if profile.expert_parallel_size > 1:
+        # vLLM spreads the experts over its tensor x data-parallel ranks.
+        options["enable_expert_parallel"] = True
+    if profile.data_parallel_size > 1:
+        options["data_parallel_size"] = profile.data_parallel_size
+    return options
 
 
 def open_engine(
@@ -60,7 +75,7 @@ def open_engine(
         from mint.serving.torch_engine import TorchEngine
 
         return TorchEngine.from_spec(spec, cache_dir, max_adapters=max_adapters, max_batch_size=max_batch_size)
-    options = {"max_adapters": max_adapters, "max_batch_size": max_batch_size}
+    options = {"max_adapters": max_adapters, "max_batch_size": max_batch_size, **vllm_parallel_options(spec.serving)}
     if vllm_python is None:
         from mint.serving.vllm_process import VllmEngine
 

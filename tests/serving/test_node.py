@@ -176,3 +176,12 @@ def test_vllm_is_refused_where_it_cannot_serve(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(ConfigurationError, match="MINT_VLLM_PYTHON"):
         engines.choose_engine(moe, "vllm", vllm_python=None)
     assert engines.choose_engine(moe, "auto", vllm_python=None) == "torch"
+
+
+@pytest.mark.usefixtures("gpu")
+def test_auto_keeps_a_base_on_the_torch_engine_where_its_profile_says_so() -> None:
+    moe = get_base_model_spec("tiny-glm-moe", CONFIGS)
+    torch_profile = moe.serving.model_copy(update={"engine": "torch"})
+    on_torch = moe.model_copy(update={"serving": torch_profile})
+    assert engines.choose_engine(on_torch, "auto", vllm_python=Path("/opt/vllm/bin/python")) == "torch"
+    assert engines.choose_engine(on_torch, "vllm", vllm_python=Path("/opt/vllm/bin/python")) == "vllm"
