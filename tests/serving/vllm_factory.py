@@ -5,6 +5,7 @@ their peft reference outputs, so the suite runs here, in Mint's venv, and the en
 the vLLM venv (`make vllm-venv`) as a `VllmEngineProcess`. Its base is the dense SmolLM2:
 vLLM on CPU serves no LoRA on MoE experts. The venv is `.venv-vllm` at the project root, or
 the interpreter named by MINT_VLLM_PYTHON; without one, the vLLM entry is skipped, saying why.
+MINT_VLLM_TEST_BASE names another base for it (a MoE base needs a GPU).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from mint.config import PROJECT_ROOT
 from mint.schemas.base_models import BaseModelSpec
 from mint.serving.engine import Engine
 
-VLLM_BASE = "smollm2-135m-instruct"
+# The dense SmolLM2 on CPU; on a GPU, where vLLM serves LoRA on experts, MINT_VLLM_TEST_BASE may
+# name a MoE base instead (bench/gpu_check.sh runs the contract on tiny-glm-moe).
+VLLM_BASE = os.environ.get("MINT_VLLM_TEST_BASE") or "smollm2-135m-instruct"
 # Enough KV cache for one sequence of the base's whole context (8192 tokens, fp32), and no more:
 # vLLM on CPU would otherwise size it from the machine's memory.
 KV_CACHE_BYTES = 512 * 2**20

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The paths of Mint that need a GPU, on one machine with one CUDA GPU, in under ten minutes:
+#
+#   1. a 1-rank FSDP2 group on NCCL (torchrun of bench/gpu_fsdp_one_rank.py);
+#   2. LoRA training throughput and MFU of Mint's trainer on a seeded 0.9B dense base
+#      (bench/gpu_train_mfu.py; nothing downloaded);
+#   3. the Engine contract suite against vLLM on the MoE base tiny-glm-moe (LoRA on attention
+#      and on the routed experts), vLLM running in a venv of its own with the CUDA wheel
+#      (installed there with pip when missing: that step needs the package index).
+#
+#   bench/gpu_check.sh            # from the repository root, after `make install`
+#
+# Each step prints its figures; the script ends with one line per step and exits 1 if any
+# failed. On a machine without a GPU it exits 77 (automake's "skipped") and says why.
+# Settings: PY (Mint's python, default .venv/bin/python), VLLM_CUDA_VENV (default
+# .venv-vllm-cuda), STEPS (timed training steps, default 10).
+
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PY:-.venv/bin/python}"
+VLLM_CUDA_VENV="${VLLM_CUDA_VENV:-.venv-vllm-cuda}"
+STEPS="${STEPS:-10}"
+NO_GPU=77
+
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "gpu_check: no NVIDIA GPU here (nvidia-smi is not on PATH); run this on a machine with a CUDA GPU" >&2
+    exit "$NO_GPU"
+fi
+if [ ! -x "$PY" ]; then
+    echo "gpu_check: no Python at $PY; run \`make install\` first, or set PY" >&2
+    exit 1
+fi
+if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "gpu_check: torch.cuda is not available to $PY (a CPU-only torch, or no usable driver);" \
+        "install a CUDA build of torch in that venv" >&2
+    exit "$NO_GPU"
+fi
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+declare -a SUMMARY=()
+FAILED=0
+
+step() {  # step NAME LIMIT_S COMMAND...: run the command under a time limit and record how it ended
+    local name="$1" limit="$2"
+    shift 2
+    echo
+    echo "== $name"
+    local start=$SECONDS
+    timeout "$limit" "$@"
+    local code=$?
+    local took=$((SECONDS - start))
+    if [ "$code" -eq 0 ]; then
+        SUMMARY+=("ok      $name (${took} s)")
+    else
+        [ "$code" -eq 124 ] && echo "gpu_check: $name ran past ${limit} s" >&2
+        SUMMARY+=("FAILED  $name (exit $code, ${took} s)")
+        FAILED=1
+    fi
+}
+
+vllm_contract() {
+    local python="$VLLM_CUDA_VENV/bin/python"
+    if ! { [ -x "$python" ] && "$python" -c "import vllm, mint.serving.vllm_process" 2>/dev/null; }; then
+        echo "installing vllm (CUDA wheel) and Mint into $VLLM_CUDA_VENV"
+        [ -x "$python" ] || python3 -m venv "$VLLM_CUDA_VENV" || return 1
+        "$python" -m pip install -q --upgrade pip &&
+            "$python" -m pip install -q vllm &&
+            "$python" -m pip install -q --no-deps -e . &&
+            "$python" -c "import vllm, mint.serving.vllm_process" || {
+            echo "gpu_check: could not install vllm into $VLLM_CUDA_VENV (is the package index reachable?)" >&2
+            return 1
+        }
+    fi
+    MINT_VLLM_PYTHON="$ROOT/$VLLM_CUDA_VENV/bin/python" MINT_VLLM_TEST_BASE=tiny-glm-moe \
+        "$PY" -m pytest tests/serving/test_engine_contract.py -k vllm -q -p no:cacheprovider --backend=embedded
+}
+
+# The limits add up to ten minutes; the steps usually take well under them.
+export ROOT PY VLLM_CUDA_VENV
+export -f vllm_contract
+step "FSDP2, 1 rank on NCCL" 90 \
+    "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 bench/gpu_fsdp_one_rank.py
+step "LoRA throughput and MFU, 0.9B dense" 210 "$PY" bench/gpu_train_mfu.py --steps "$STEPS"
+step "vLLM engine contract, MoE LoRA (tiny-glm-moe)" 300 bash -c vllm_contract
+
+echo
+echo "== summary"
+printf '%s\n' "${SUMMARY[@]}"
+exit "$FAILED"
