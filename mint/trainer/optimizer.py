@@ -89,6 +89,22 @@ class AdapterOptimizer:
         self._adamw.state.clear()
         self._adamw.state.update(restored)
 
+    def live_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The moments and step counts by parameter name, the optimizer's own tensors as they lie
+        (a rank's shards on a worker group), for torch.distributed.checkpoint to save, or to load
+        into in place. Moments not made yet are made now as AdamW makes them (zeros, step 0)."""
+        state: dict[str, dict[str, torch.Tensor]] = {}
+        for name, parameter in self._parameters.items():
+            live = self._adamw.state.get(parameter)
+            if not live:
+                live = self._adamw.state[parameter] = {
+                    "step": torch.zeros((), dtype=torch.float32),
+                    "exp_avg": torch.zeros_like(parameter, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(parameter, memory_format=torch.preserve_format),
+                }
+            state[name] = live
+        return state
+
     def memory_bytes(self) -> int:
         """Bytes held by the moments."""
         return sum(

@@ -1,0 +1,58 @@
+"""The same training runs, made once by one process and once by a 2-rank worker group
+(`group_script.py`), so that `test_group_training.py` can compare what they give."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from mint.trainer.full import FullParameterTrainer
+from mint.trainer.session import ResidentBase
+from mint.trainer.types import AdamParams, Datum, LoraOptions, SamplingParams
+
+BASE_NAME = "tiny-glm-moe"
+STEPS = 3
+
+
+def probe() -> list[Datum]:
+    """Two sequences of different lengths, every target weighted."""
+    data = []
+    for start, length in ((100, 40), (900, 24)):
+        tokens = list(range(start, start + length))
+        data.append(
+            Datum(
+                model_input=tokens[:-1],
+                loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (length - 1)},
+            )
+        )
+    return data
+
+
+def run_lora(base: ResidentBase, adapter_file: Path) -> dict[str, Any]:
+    """Train a LoRA session for STEPS steps, then sample and score with it; its adapter goes to `adapter_file`."""
+    session = base.create_session(LoraOptions(seed=3))
+    losses = []
+    for _ in range(STEPS):
+        losses.append(session.forward_backward(probe(), "cross_entropy").metrics["loss:sum"])
+        session.optim_step(AdamParams(learning_rate=1e-2))
+    samples = session.sample(list(range(100, 110)), SamplingParams(max_tokens=8, temperature=1.0, seed=1), 2)
+    logprobs = session.forward(probe()).logprobs
+    save_file({name: p.detach().contiguous() for name, p in session.named_parameters().items()}, adapter_file)
+    base.close(session.session_id)
+    return {
+        "losses": losses,
+        "samples": [sample.tokens for sample in samples],
+        "logprobs": [[float(value) for value in row] for row in logprobs],
+    }
+
+
+def run_full(trainer: FullParameterTrainer, state_folder: Path) -> list[float]:
+    """Train every weight for STEPS steps, then save the resumable state into `state_folder`."""
+    losses = []
+    for _ in range(STEPS):
+        losses.append(trainer.forward_backward(probe(), "cross_entropy").metrics["loss:sum"])
+        trainer.optim_step(AdamParams(learning_rate=1e-3))
+    trainer.save_state(state_folder)
+    return losses

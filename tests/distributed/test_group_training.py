@@ -1,0 +1,96 @@
+"""A 2-rank worker group (gloo, FSDP2 over tiny-glm-moe) trains as one process does.
+
+The same runs (`runs.py`) are made here in one process and by `group_script.py` under torchrun:
+LoRA through a ResidentBase whose rank 0 drives and rank 1 follows (losses, sampled tokens,
+logprobs and the adapter), and full-parameter training on sharded weights (losses), whose
+DCP state loads into one process from two ranks and into two ranks from one process.
+
+Tolerances: the group's LoRA runs the very kernels of one process on all-gathered weights,
+so it matches to float32 round-off. Full-parameter gradients are averaged over the ranks by a
+reduce-scatter, which sums in another order: Adam turns such a last-bit difference on a
+near-zero gradient into a full-size update of that element, so weights are compared as a whole.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mint.config import PROJECT_ROOT
+from mint.schemas.base_models import get_base_model_spec
+from mint.trainer.full import FullParameterTrainer
+from mint.trainer.session import ResidentBase
+from tests.distributed.runs import BASE_NAME, probe, run_full, run_lora
+
+pytestmark = pytest.mark.torch
+
+
+def relative_distance(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> float:
+    assert ours.keys() == theirs.keys()
+    moved = sum(float((ours[k].float() - theirs[k].float()).norm() ** 2) for k in ours) ** 0.5
+    return moved / sum(float(theirs[k].float().norm() ** 2) for k in ours) ** 0.5
+
+
+def test_a_two_rank_group_trains_lora_and_full_parameters_as_one_process(tmp_path: Path) -> None:
+    spec = get_base_model_spec(BASE_NAME, PROJECT_ROOT / "configs" / "models")
+    cache = tmp_path / "cache"
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the ranks run (torchrun gives each one thread)
+    try:
+        single = run_lora(ResidentBase(spec, cache), tmp_path / "single-adapter.safetensors")
+        full = FullParameterTrainer(spec, cache)
+        full_losses = run_full(full, tmp_path / "single-full-state")
+        full_weights = {name: tensor.detach().clone() for name, tensor in full.model.state_dict().items()}
+        single_trained_loss = full.forward(probe(), "cross_entropy").metrics["loss:sum"]
+    finally:
+        torch.set_num_threads(previous)
+
+    out = tmp_path / "group.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(PROJECT_ROOT / "tests" / "distributed" / "group_script.py"),
+            str(out),
+            str(cache),
+        ],
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        check=True,
+        timeout=600,
+    )
+    group = json.loads(out.read_text())
+
+    # LoRA: rank 0 drove, rank 1 followed; every number is one process's.
+    lora = group["lora"]
+    assert lora["samples"] == single["samples"]
+    for ours, theirs in zip(lora["losses"], single["losses"], strict=True):
+        assert math.isclose(ours, theirs, rel_tol=1e-6), (lora["losses"], single["losses"])
+    for ours, theirs in zip(lora["logprobs"], single["logprobs"], strict=True):
+        torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs))
+    adapter = load_file(tmp_path / "group-adapter.safetensors")
+    expected = load_file(tmp_path / "single-adapter.safetensors")
+    assert adapter.keys() == expected.keys() and len(adapter) > 0
+    for name in adapter:
+        torch.testing.assert_close(adapter[name], expected[name])
+
+    # Full parameters: the same losses from sharded weights.
+    for ours, theirs in zip(group["full_losses"], full_losses, strict=True):
+        assert math.isclose(ours, theirs, rel_tol=1e-5), (group["full_losses"], full_losses)
+    # Two ranks' state into one process: the weights one process trained.
+    reloaded = FullParameterTrainer(spec, cache)
+    reloaded.load_state(tmp_path / "group-full-state")
+    assert reloaded.step == 3
+    assert relative_distance(reloaded.model.state_dict(), full_weights) < 1e-4
+    # One process's state into two ranks: the loss one process gets from it.
+    assert math.isclose(group["reloaded_loss"], single_trained_loss, rel_tol=1e-5)
