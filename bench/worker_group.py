@@ -1,0 +1,160 @@
+"""One process against a 2-rank worker group (FSDP2 over gloo) on the same training steps.
+
+    python bench/worker_group.py [--base tiny-glm-moe] [--steps 8] [--nproc 2]
+
+Both sides train a LoRA session (rank 0 drives a ResidentBase joined to the group, the other
+ranks follow, as in `mint worker --nproc`) and then every weight (full-parameter, SPMD) on the
+same batch. Printed: seconds per step, the base's weights each rank holds, and each rank's
+peak resident memory, with the group's ratios to one process. On one CPU machine the group
+is slower (every layer is all-gathered over loopback at each pass): what it buys is the
+weights per rank, which is what lets a base larger than one device train at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import peak_rss_mb  # noqa: E402
+
+
+def _batch(length: int = 128, rows: int = 4) -> list[Any]:
+    from mint.trainer.types import Datum
+
+    data = []
+    for row in range(rows):
+        tokens = [(100 + 37 * row + i) % 40000 for i in range(length + 1)]
+        data.append(
+            Datum(model_input=tokens[:-1], loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * length})
+        )
+    return data
+
+
+def _local_weight_bytes(model: Any) -> int:
+    """Bytes of the base's weights held by this process (its shards on a group)."""
+    total = 0
+    for parameter in model.parameters():
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+        total += local.numel() * local.element_size()
+    return total
+
+
+def _timed(steps: int, step: Any) -> float:
+    step()  # warm-up: first passes allocate
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - started) / steps
+
+
+def measure(base_name: str, steps: int, grouped: bool) -> dict[str, Any] | None:
+    import torch
+
+    from mint.config import get_settings
+    from mint.schemas.base_models import get_base_model_spec
+    from mint.trainer.full import FullParameterTrainer
+    from mint.trainer.group import Group
+    from mint.trainer.session import ResidentBase
+    from mint.trainer.types import AdamParams, LoraOptions
+
+    torch.set_num_threads(1)
+    settings = get_settings()
+    spec = get_base_model_spec(base_name, settings.model_configs_dir)
+    group = Group.join() if grouped else None
+    data = _batch()
+    base = ResidentBase(spec, settings.models_cache_dir)
+    result: dict[str, Any] = {}
+    if group is not None:
+        base.join_group(group)
+    if group is None or group.leading:
+        session = base.create_session(LoraOptions(seed=1))
+
+        def lora_step() -> None:
+            session.forward_backward(data, "cross_entropy")
+            session.optim_step(AdamParams(learning_rate=1e-3))
+
+        result["lora_s_per_step"] = _timed(steps, lora_step)
+        result["base_weights_mb"] = _local_weight_bytes(base.model) / 2**20
+        base.close(session.session_id)
+        if group is not None:
+            group.stop()
+    else:
+        base.follow()
+    del base
+    full = FullParameterTrainer(spec, settings.models_cache_dir, group=group)
+
+    def full_step() -> None:
+        full.forward_backward(data, "cross_entropy")
+        full.optim_step(AdamParams(learning_rate=1e-4))
+
+    result["full_s_per_step"] = _timed(steps, full_step)
+    result["full_state_mb"] = (
+        _local_weight_bytes(full.model)
+        + sum(
+            t.to_local().numel() * 4 if hasattr(t, "to_local") else t.numel() * 4
+            for state in full.optimizer.live_state().values()
+            for t in state.values()
+        )
+    ) / 2**20
+    result["peak_rss_mb"] = peak_rss_mb()
+    if group is None:
+        return result
+    import torch.distributed as dist
+
+    every: list[Any] = [None] * group.world_size
+    dist.all_gather_object(every, result)
+    return {**every[0], "peak_rss_mb_per_rank": [r["peak_rss_mb"] for r in every]} if group.leading else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", default="tiny-glm-moe")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--only", choices=["single", "group"])
+    args = parser.parse_args()
+    if args.only:
+        result = measure(args.base, args.steps, grouped=args.only == "group")
+        if result is not None:
+            print(json.dumps(result), flush=True)
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    me = [str(Path(__file__).resolve()), "--base", args.base, "--steps", str(args.steps)]
+    single = subprocess.run([sys.executable, *me, "--only", "single"], env=env, capture_output=True, text=True)
+    grouped = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}", *me]
+        + ["--only", "group"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
+    )
+    for name, run in (("single", single), ("group", grouped)):
+        if run.returncode != 0:
+            sys.exit(f"the {name} run failed:\n{run.stderr[-3000:]}")
+    one = json.loads(single.stdout.strip().splitlines()[-1])
+    group = json.loads(grouped.stdout.strip().splitlines()[-1])
+    print(f"{args.base}, {args.steps} steps of 4 x 128 tokens, one intra-op thread per process")
+    print(f"{'':28}{'1 process':>12}{f'{args.nproc} ranks':>12}{'ratio':>8}")
+    for key, label in (
+        ("lora_s_per_step", "LoRA s/step"),
+        ("full_s_per_step", "full-parameter s/step"),
+        ("base_weights_mb", "base weights/rank MiB"),
+        ("full_state_mb", "full state/rank MiB"),
+        ("peak_rss_mb", "peak RSS MiB (rank 0)"),
+    ):
+        print(f"{label:28}{one[key]:12.3f}{group[key]:12.3f}{group[key] / one[key]:8.2f}")
+    print("peak RSS per rank MiB:", ", ".join(f"{value:.0f}" for value in group["peak_rss_mb_per_rank"]))
+
+
+if __name__ == "__main__":
+    main()
