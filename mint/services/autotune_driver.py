@@ -9,7 +9,9 @@ A run moves through four phases, each tick doing what it can without waiting and
   (`autotune_search.choose_methods`), each choice logged with its reason.
 - `search`: one trial at a time. A trial is an ordinary fine-tuning job with the parameters the
   search chose, then an ordinary eval run of its version on dev. Before a trial starts, the
-  budget must cover its estimate; a running trial whose cost passes the budget is cancelled.
+  budget must cover its estimate and the money held back for the final held-out evaluation
+  (`heldout_reserve`, measured on the base's held-out run); a running trial whose cost passes
+  what the search may spend is cancelled.
   The search stops when the best dev pass rate reaches the target, at `max_trials`, after
   `patience` trials without a better dev score, at the deadline, or at the budget.
 - `final`: the best version (if any) is evaluated on held-out and compared with the base (and
@@ -152,11 +154,15 @@ def _aware(moment: datetime) -> datetime:
 
 
 def _out_of_budget(run: AutotuneRun, request: AutotuneCreate, next_cost: float = 0.0) -> str | None:
-    """Why the run cannot spend `next_cost` more (money, time or deadline), or None."""
+    """Why the run cannot spend `next_cost` more (money, time or deadline), or None. The money
+    held back for the final held-out evaluation (`heldout_reserve`) is not the search's to spend."""
     budget = request.budget
-    if budget.usd is not None and run.cost_usd + next_cost > budget.usd:
-        return f"the budget of ${budget.usd:.4f} is spent: ${run.cost_usd:.4f} so far" + (
-            f", and the next trial is estimated at ${next_cost:.4f}" if next_cost else ""
+    reserve = float(run.state.get("heldout_reserve", 0.0))
+    if budget.usd is not None and run.cost_usd + next_cost + reserve > budget.usd:
+        return (
+            f"the budget of ${budget.usd:.4f} is spent: ${run.cost_usd:.4f} so far"
+            + (f", the next trial is estimated at ${next_cost:.4f}" if next_cost else "")
+            + (f", and ${reserve:.3g} is held back for the held-out evaluation" if reserve else "")
         )
     if budget.seconds is not None and elapsed_s(run) >= budget.seconds:
         return f"the time budget of {budget.seconds} s is spent ({elapsed_s(run):.0f} s so far)"
@@ -167,6 +173,25 @@ def _out_of_budget(run: AutotuneRun, request: AutotuneCreate, next_cost: float =
 
 
 # ---- baseline -------------------------------------------------------------------------------
+
+
+def heldout_reserve(session: Session, run: AutotuneRun) -> float:
+    """What the final held-out evaluation of the best version should cost: the base's held-out
+    eval run (the same tasks and token limits), or, where the best trial's answers cost more
+    than the base's on dev, that trial's dev eval scaled to the held-out tasks. Measured, never
+    guessed: zero until the base's held-out run has finished."""
+    base_run = session.get(EvalRun, run.state.get("base_evals", {}).get("heldout", ""))
+    if base_run is None or base_run.status != "succeeded":
+        return 0.0
+    reserve = pricing.eval_cost(session, base_run)
+    best = run.state.get("best")
+    trial = next((t for t in trials_of(session, run) if best and t.number == best["trial"]), None)
+    trial_run = session.get(EvalRun, trial.eval_run_id) if trial and trial.eval_run_id else None
+    dev_tasks = int(trial_run.metrics.get("tasks", 0)) if trial_run else 0
+    if trial_run is not None and dev_tasks:
+        per_task = pricing.eval_cost(session, trial_run) / dev_tasks
+        reserve = max(reserve, per_task * int(base_run.metrics.get("tasks", 0)))
+    return reserve
 
 
 def _evaluate(tick: Tick, run: AutotuneRun, model: str, split: str) -> str:
@@ -293,6 +318,14 @@ def _baseline(tick: Tick, run: AutotuneRun) -> bool:
         base_heldout=base["heldout"].metrics.get("accuracy", 0.0),
         dev_target=_dev_target(run, production),
     )
+    _set_state(run, heldout_reserve=heldout_reserve(tick.session, run))
+    if request.budget.usd is not None:
+        decide(
+            run,
+            f"hold back ${run.state['heldout_reserve']:.3g} of the budget",
+            "for the final evaluation of the best version on "
+            f"{splits.heldout}: what the base's evaluation there cost; the search spends the rest",
+        )
     mined = _mine(tick, run, base["train"])
     choice = choose_methods(request.constraints.methods, run.state["base_dev"], mined)
     for decision, reason in choice.reasons:
@@ -502,6 +535,7 @@ def _follow(tick: Tick, run: AutotuneRun, trial: AutotuneTrial, request: Autotun
                     "dev_mean_score": trial.dev_mean_score,
                 },
             )
+            _set_state(run, heldout_reserve=heldout_reserve(session, run))
         _end_trial(
             run,
             trial,

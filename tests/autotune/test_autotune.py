@@ -102,6 +102,41 @@ def test_a_goal_without_a_budget_or_with_two_targets_is_refused_naming_the_field
     assert client.get("/v1/autotune", headers=tenant.headers("viewer")).json()["data"] == []
 
 
+@pytest.mark.torch
+def test_a_budget_that_cannot_pay_for_a_trial_and_the_held_out_evaluation_stops_the_search(
+    client: TestClient, tenant: Tenant, workers: Workers, prepared: Settings
+) -> None:
+    """The money the final held-out evaluation will cost (what the base's evaluation there cost)
+    is held back from the search: a budget that cannot pay for the first trial on top of it
+    stops the run before any trial starts, and says so."""
+    from mint.services import pricing
+    from mint.storage.db import session_scope
+    from mint.storage.tables import AutotuneRun, EvalRun
+
+    workers.start("auto-budget", env=FAST_TICKS)
+    benchmark = _benchmark(client, tenant, n=8)
+    body = {
+        "model": BASE,
+        "benchmark_id": benchmark["id"],
+        "target": {"pass_rate": 1.0},
+        "budget": {"usd": 1e-6},
+        "constraints": {"methods": ["sft"], "max_trials": 2, "max_steps": 2},
+        "eval_max_tokens": 8,
+    }
+    created = client.post("/v1/autotune", headers=tenant.headers("developer"), json=body)
+    assert created.status_code == 201, created.text
+    run = _finished(client, tenant, created.json()["id"])
+    assert run["status"] == "stopped" and run["trials"] == [], run
+    assert any(d["decision"].startswith("hold back $") for d in run["decisions"]), run["decisions"]
+    with session_scope(prepared.database) as session:
+        state = session.get(AutotuneRun, run["id"]).state
+        base_heldout = session.get(EvalRun, state["base_evals"]["heldout"])
+        assert state["heldout_reserve"] == pricing.eval_cost(session, base_heldout) > 0
+    stop = next(d for d in run["decisions"] if d["decision"] == "stop the search")
+    assert "is held back for the held-out evaluation" in stop["reason"], stop
+    assert "no trial produced a version" in run["decisions"][-1]["reason"]
+
+
 def test_methods_follow_the_base_results_and_the_mined_data() -> None:
     mined = {"chat": "ds_1", "preference": "ds_2", "prompts": "ds_3"}
     never = choose_methods(["sft", "dpo", "rl"], {"accuracy": 0.0, "mean_score": 0.0}, mined)
