@@ -76,6 +76,10 @@ def start(
     max_trials: Annotated[int, typer.Option("--max-trials", min=1, max=MAX_TRIALS, help="Trials at most.")] = 6,
     max_rank: Annotated[int, typer.Option("--max-rank", min=1, max=128, help="Largest LoRA rank.")] = 16,
     max_steps: Annotated[int, typer.Option("--max-steps", min=1, max=10_000, help="Most steps per trial.")] = 32,
+    also_bases: Annotated[
+        list[str] | None,
+        typer.Option("--also-base", help="Another base model to consider besides --model (repeat)."),
+    ] = None,
     eval_max_tokens: Annotated[
         int, typer.Option("--eval-max-tokens", min=1, max=8192, help="Largest assistant turn in the evals.")
     ] = 64,
@@ -87,6 +91,8 @@ def start(
     constraints: dict[str, Any] = {"max_trials": max_trials, "max_rank": max_rank, "max_steps": max_steps}
     if methods:
         constraints["methods"] = methods
+    if also_bases:
+        constraints["bases"] = also_bases
     with api.client() as client:
         run = client.autotune.create(
             benchmark,

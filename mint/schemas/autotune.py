@@ -4,7 +4,7 @@ eval runs) chosen by a search, and the best adapter version out, with every deci
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -18,6 +18,8 @@ MAX_TRIALS = 64
 MAX_BUDGET_USD = 1_000_000.0
 MAX_BUDGET_S = 30 * 24 * 3600
 MAX_AUTOTUNE_RANK = 128
+# Bases one run considers at most, `model` included: each costs two eval runs and a trial.
+MAX_BASES = 4
 
 
 class _Strict(RequestModel):
@@ -84,6 +86,12 @@ class AutotuneConstraints(_Strict):
     )
     deadline: datetime | None = Field(default=None, description="Stop by then, whatever the budget says.")
     max_steps: int = Field(default=32, ge=1, le=10_000, description="Most optimizer steps of one trial.")
+    bases: list[Annotated[str, Field(max_length=100, pattern=ID_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=MAX_BASES - 1,
+        description="Other base models to consider besides `model`: each is evaluated on dev and held-out, "
+        "its default trial is tried, and the search goes on from the best.",
+    )
 
 
 class AutotuneCreate(_Strict):

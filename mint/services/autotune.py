@@ -17,7 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import Conflict, InvalidRequest
+from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.schemas.autotune import AutotuneCreate
 from mint.services import benchmarks
 from mint.services.adapters import resolve_model_ref
@@ -54,6 +54,17 @@ def create_run(session: Session, principal: Principal, body: AutotuneCreate, *, 
             f"{body.model!r} is an adapter version; auto mode starts from a base model (e.g. {model.base_model!r})",
             param="model",
         )
+    for index, name in enumerate(body.constraints.bases):
+        try:
+            other = resolve_model_ref(session, principal.organization_id, name)
+        except (NotFound, InvalidRequest) as exc:
+            raise InvalidRequest(f"constraints.bases[{index}]: {exc.message}", param="constraints.bases") from exc
+        if other.adapter_version is not None or other.base_model in (model.base_model, *body.constraints.bases[:index]):
+            raise InvalidRequest(
+                f"constraints.bases[{index}] ({name!r}) must be a base model other than {body.model!r} "
+                "and named once; adapter versions are not bases",
+                param="constraints.bases",
+            )
     benchmark = benchmarks.get_benchmark(session, principal.organization_id, body.benchmark_id)
     benchmarks.get_version(session, benchmark, body.version)  # it exists
     if body.target.deployment is not None:

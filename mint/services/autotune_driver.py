@@ -27,6 +27,7 @@ or the reconciler's re-send, carries on from the rows.
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -138,6 +139,7 @@ def spent(session: Session, run: AutotuneRun) -> float:
 def _eval_ids(session: Session, run: AutotuneRun) -> list[str]:
     state = run.state
     ids = [*state.get("base_evals", {}).values(), *state.get("production_evals", {}).values()]
+    ids += [run_id for evals_of in state.get("other_base_evals", {}).values() for run_id in evals_of.values()]
     ids += [t.eval_run_id for t in trials_of(session, run) if t.eval_run_id is not None]
     if state.get("final_eval"):
         ids.append(state["final_eval"])
@@ -293,6 +295,12 @@ def _baseline(tick: Tick, run: AutotuneRun) -> bool:
         base_evals = {role: _evaluate(tick, run, run.base_model, getattr(splits, role)) for role in ("train", "dev")}
         base_evals["heldout"] = _evaluate(tick, run, run.base_model, splits.heldout)
         state: dict[str, Any] = {"base_evals": base_evals}
+        others = request.constraints.bases
+        if others:
+            state["other_base_evals"] = {
+                other: {role: _evaluate(tick, run, other, getattr(splits, role)) for role in ("dev", "heldout")}
+                for other in others
+            }
         if production is not None:
             state["production"] = production
             state["production_evals"] = {
@@ -304,13 +312,19 @@ def _baseline(tick: Tick, run: AutotuneRun) -> bool:
             "evaluate the base",
             f"{run.base_model} on {splits.train}, {splits.dev} and {splits.heldout}"
             + (f", and production ({production}) on {splits.dev} and {splits.heldout}" if production else "")
+            + (f", and the other bases ({', '.join(others)}) on {splits.dev} and {splits.heldout}" if others else "")
             + ": the starting point every trial is measured against",
         )
         return False
     base = _runs_done(tick.session, run.state["base_evals"])
     production = _runs_done(tick.session, run.state.get("production_evals", {}))
-    if base is None or production is None:
+    others_done = {
+        other: _runs_done(tick.session, evals_of) for other, evals_of in run.state.get("other_base_evals", {}).items()
+    }
+    if base is None or production is None or any(done is None for done in others_done.values()):
         return False
+    if others_done:
+        _order_bases(run, base["dev"], {other: done["dev"] for other, done in others_done.items() if done})
     dev = base["dev"].metrics
     _set_state(
         run,
@@ -340,6 +354,25 @@ def _baseline(tick: Tick, run: AutotuneRun) -> bool:
         )
     _set_state(run, phase="search", datasets=mined, methods=choice.methods)
     return False
+
+
+def _order_bases(run: AutotuneRun, own_dev: EvalRun, other_devs: dict[str, EvalRun]) -> None:
+    """The bases the search tries, best dev result first (pass rate, then mean score; the run's
+    own base first among equals), each with its default trial before anything else is tried."""
+    devs = {run.base_model: own_dev, **other_devs}
+
+    def result(name: str) -> tuple[float, float]:
+        metrics = devs[name].metrics
+        return (float(metrics.get("accuracy", 0.0)), float(metrics.get("mean_score", 0.0)))
+
+    ordered = sorted(devs, key=lambda name: result(name), reverse=True)
+    _set_state(run, bases=ordered)
+    decide(
+        run,
+        f"consider {len(ordered)} bases",
+        "their default trials first, in the order of their dev results: "
+        + ", ".join(f"{name} (pass rate {result(name)[0]:.3f}, mean score {result(name)[1]:.3f})" for name in ordered),
+    )
 
 
 def _dev_target(run: AutotuneRun, production: dict[str, EvalRun] | None) -> float:
@@ -406,6 +439,7 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
         max_rank=request.constraints.max_rank,
         max_steps=request.constraints.max_steps,
         seed=request.seed,
+        bases=run.state.get("bases", ()),
     )
     body = _job_body(run, request, params, len(trials) + 1)
     estimate = fine_tuning.check_job(tick.session, run.organization_id, body).estimate
@@ -438,7 +472,7 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
         f"start trial {number}: {params['method']}",
         f"learning-rate multiplier {params['learning_rate_multiplier']:.3g}, rank {params['rank']}, "
         f"{params['steps']} steps (job {job.id}, estimated ${estimate.cost_usd:.4f}, {estimate.seconds:.0f} s); "
-        + why_params(finished),
+        + why_params(finished, run.state.get("bases", ())),
     )
     return False
 
@@ -465,10 +499,14 @@ def _job_body(run: AutotuneRun, request: AutotuneCreate, params: dict[str, Any],
     method = params["method"]
     multiplier = params["learning_rate_multiplier"]
     rl = {"type": "reinforcement", "reinforcement": {"grader": run.state["grader"] or {"type": "exact"}}}
+    base = params.get("base", run.base_model)
+    suffix = request.suffix or f"auto-{run.id.removeprefix('auto_')[:12].lower()}"
+    if base != run.base_model:  # an adapter belongs to one base: each base's trials get their own
+        suffix = f"{suffix}-{re.sub(r'[^a-z0-9-]', '-', base.lower())}"[:48]
     common: dict[str, Any] = {
-        "model": run.base_model,
+        "model": base,
         "seed": (request.seed + number) % (2**31 - 1),
-        "suffix": request.suffix or f"auto-{run.id.removeprefix('auto_')[:12].lower()}",
+        "suffix": suffix,
         "metadata": {"autotune_run": run.id, "trial": str(number)},
         "lora": {"rank": params["rank"], "alpha": 2 * params["rank"]},
     }
@@ -531,6 +569,7 @@ def _follow(tick: Tick, run: AutotuneRun, trial: AutotuneTrial, request: Autotun
                 best={
                     "trial": trial.number,
                     "model": trial.model_ref,
+                    "base": trial.params.get("base", run.base_model),
                     "dev_pass_rate": trial.dev_pass_rate,
                     "dev_mean_score": trial.dev_mean_score,
                 },
@@ -579,11 +618,18 @@ def _final(tick: Tick, run: AutotuneRun) -> bool:
         return False
     final = done["held-out"]
     session, org = tick.session, run.organization_id
-    against_base = evals.compare_eval_runs(session, org, run.state["base_evals"]["heldout"], final.id)
+    base_model = best.get("base", run.base_model)
+    base_heldout = (
+        run.state["base_evals"]["heldout"]
+        if base_model == run.base_model
+        else run.state["other_base_evals"][base_model]["heldout"]
+    )
+    against_base = evals.compare_eval_runs(session, org, base_heldout, final.id)
     result: dict[str, Any] = {
         "model": best["model"],
+        "base_model": base_model,
         "heldout_pass_rate": final.metrics.get("accuracy", 0.0),
-        "base_heldout_pass_rate": run.state["base_heldout"],
+        "base_heldout_pass_rate": float(_eval_run(session, base_heldout).metrics.get("accuracy", 0.0)),
         "against_base": _comparison_summary(against_base),
         "stop_reason": reason,
     }
@@ -611,6 +657,12 @@ def _final(tick: Tick, run: AutotuneRun) -> bool:
         f"{reason}. Best version {best['model']}: {goal} ({verdict}); against the base "
         f"{against_base.accuracy_delta:+.3f} [{against_base.interval.low:+.3f}, {against_base.interval.high:+.3f}]",
     )
+
+
+def _eval_run(session: Session, run_id: str) -> EvalRun:
+    found = session.get(EvalRun, run_id)
+    assert found is not None, run_id
+    return found
 
 
 def _comparison_summary(comparison: Any) -> dict[str, Any]:

@@ -11,9 +11,12 @@ The methods follow from the base's dev results and the data mining could write:
 
 The first trial is the plain default (the preferred method, learning-rate multiplier 1, the
 largest rank allowed up to 16, the most steps allowed): the search starts from what a person
-would try first. The next two move only its learning rate, the hyperparameter that matters most
-for a fixed number of steps: doubled, then doubled again if that helped or halved if not (a run
-measured in stop 26 spent its TPE start-up on random draws below the default, which did worse).
+would try first. Where the run considers several bases, the first trials are that default on
+each base, in the order of their dev results, and the search goes on from the best of them
+(`base` is then one more parameter of the space). The next two move only its learning rate,
+the hyperparameter that matters most for a fixed number of steps: doubled, then doubled again
+if that helped or halved if not (a measured run that left these to TPE spent its start-up on
+random draws below the default, which did worse).
 Trials after those come from an Optuna TPE study (ask and tell) rebuilt, at every call, from
 the finished trials stored in the database: the database is the study's memory, so a driver
 that restarts loses nothing and the same trials give the same next choice.
@@ -99,10 +102,11 @@ def ranks_up_to(max_rank: int) -> list[int]:
     return [rank for rank in RANKS if rank <= max_rank] or [max_rank]
 
 
-def _space(methods: Sequence[str], max_rank: int, max_steps: int) -> dict[str, Any]:
+def _space(methods: Sequence[str], max_rank: int, max_steps: int, bases: Sequence[str]) -> dict[str, Any]:
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     return {
+        **({"base": CategoricalDistribution(list(bases))} if len(bases) > 1 else {}),
         "method": CategoricalDistribution(list(methods)),
         "learning_rate_multiplier": FloatDistribution(MIN_LR_MULTIPLIER, MAX_LR_MULTIPLIER, log=True),
         "rank": CategoricalDistribution(ranks_up_to(max_rank)),
@@ -120,20 +124,29 @@ def first_params(methods: Sequence[str], max_rank: int, max_steps: int) -> dict[
     }
 
 
-def why_params(finished: Sequence[tuple[Mapping[str, Any], float]]) -> str:
+def why_params(finished: Sequence[tuple[Mapping[str, Any], float]], bases: Sequence[str] = ()) -> str:
     """Why `next_params` chooses what it does after `finished`: for the decision log."""
-    if not finished:
-        return "the default first trial"
-    if len(finished) == 1:
-        return "the default with its learning rate doubled"
-    if len(finished) == 2:
-        helped = finished[1][1] > finished[0][1]
+    defaults = max(1, len(bases))
+    if len(finished) < defaults:
+        return f"the default on base {bases[len(finished)]}" if len(bases) > 1 else "the default first trial"
+    best = _best_default(finished[:defaults])[0]
+    on = f" on base {best['base']}, the best default" if len(bases) > 1 else ""
+    moves = finished[defaults:]
+    if not moves:
+        return f"the default{on} with its learning rate doubled"
+    if len(moves) == 1:
+        helped = moves[0][1] > _best_default(finished[:defaults])[1]
         return (
-            "the default's learning rate doubled again: doubling it helped on dev"
+            f"the default's learning rate{on} doubled again: doubling it helped on dev"
             if helped
-            else "the default with its learning rate halved: doubling it did not help on dev"
+            else f"the default{on} with its learning rate halved: doubling it did not help on dev"
         )
     return "chosen by TPE from the trials so far"
+
+
+def _best_default(defaults: Sequence[tuple[Mapping[str, Any], float]]) -> tuple[Mapping[str, Any], float]:
+    """The default trial that scored best (the earliest among equals)."""
+    return max(defaults, key=lambda trial: trial[1])
 
 
 def next_params(
@@ -143,13 +156,18 @@ def next_params(
     max_rank: int,
     max_steps: int,
     seed: int,
+    bases: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The next trial's parameters: the default first, then its learning rate moved twice, then
-    TPE's choice given `finished` (each trial's parameters and dev score; a failed trial scores 0)."""
-    if not finished:
-        return first_params(methods, max_rank, max_steps)
-    if len(finished) <= len(LEARNING_RATE_MOVES):
-        (default, default_score), *moved = finished
+    """The next trial's parameters: the default first (on each of `bases`, in order, where there
+    are several), then the best default's learning rate moved twice, then TPE's choice given
+    `finished` (each trial's parameters and dev score; a failed trial scores 0)."""
+    defaults = max(1, len(bases))
+    if len(finished) < defaults:
+        base = {"base": bases[len(finished)]} if len(bases) > 1 else {}
+        return {**base, **first_params(methods, max_rank, max_steps)}
+    if len(finished) < defaults + len(LEARNING_RATE_MOVES):
+        default, default_score = _best_default(finished[:defaults])
+        moved = finished[defaults:]
         factor = LEARNING_RATE_MOVES[0]
         if moved:  # keep going the way that helped, else turn back past the default
             factor = LEARNING_RATE_MOVES[1] if moved[0][1] > default_score else 1 / LEARNING_RATE_MOVES[0]
@@ -158,7 +176,7 @@ def next_params(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = _space(methods, max_rank, max_steps)
+    space = _space(methods, max_rank, max_steps, bases)
     sampler = optuna.samplers.TPESampler(seed=seed + len(finished), n_startup_trials=2)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     for params, value in finished:  # every trial's parameters come from this run's one space

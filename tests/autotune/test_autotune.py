@@ -137,6 +137,70 @@ def test_a_budget_that_cannot_pay_for_a_trial_and_the_held_out_evaluation_stops_
     assert "no trial produced a version" in run["decisions"][-1]["reason"]
 
 
+@pytest.mark.torch
+def test_an_auto_run_considering_two_bases_tries_each_default_then_goes_on_from_the_better(
+    client: TestClient, tenant: Tenant, workers: Workers
+) -> None:
+    """Bases to consider: each is evaluated on dev and held-out, its default trial runs (a job on
+    that base, under an adapter of its own), the next trial moves the better default's learning
+    rate, and the best version is compared on held-out with its own base."""
+    workers.start("auto-glm", env=FAST_TICKS)
+    workers.start("auto-qwen", env=FAST_TICKS, base="tiny-qwen3-moe")
+    benchmark = _benchmark(client, tenant, n=8)
+    body = {
+        "model": BASE,
+        "benchmark_id": benchmark["id"],
+        "target": {"pass_rate": 1.0},
+        "budget": {"usd": 100.0},
+        "constraints": {"methods": ["sft"], "max_trials": 3, "max_steps": 2, "bases": ["tiny-qwen3-moe"]},
+        "eval_max_tokens": 8,
+    }
+    created = client.post("/v1/autotune", headers=tenant.headers("developer"), json=body)
+    assert created.status_code == 201, created.text
+    run = _finished(client, tenant, created.json()["id"])
+    assert run["status"] == "stopped", run
+    considered = next(d for d in run["decisions"] if d["decision"] == "consider 2 bases")
+    order = [name for name in (BASE, "tiny-qwen3-moe") if name in considered["reason"]]
+    assert sorted(order) == sorted([BASE, "tiny-qwen3-moe"])
+    trials = run["trials"]
+    assert [t["params"]["base"] for t in trials[:2]] == sorted([BASE, "tiny-qwen3-moe"], key=considered["reason"].index)
+    for trial in trials:
+        job = client.get(f"/v1/fine_tuning/jobs/{trial['job_id']}", headers=tenant.headers("viewer")).json()
+        assert job["status"] == "succeeded" and job["model"] == trial["params"]["base"], job
+    better = max(trials[:2], key=lambda t: (t["dev_pass_rate"], t["dev_mean_score"]))
+    assert trials[2]["params"]["base"] == better["params"]["base"]
+    assert trials[2]["params"]["learning_rate_multiplier"] == 2.0
+    best = next(t for t in trials if t["model"] == run["best"]["model"])
+    assert run["result"]["base_model"] == best["params"]["base"]
+
+
+@pytest.mark.backend_free
+def test_several_bases_each_get_the_default_first_then_the_best_default_moves() -> None:
+    bases = ["glm", "qwen"]
+    first = next_params([], ["sft"], max_rank=16, max_steps=8, seed=0, bases=bases)
+    second = next_params([(first, 0.2)], ["sft"], max_rank=16, max_steps=8, seed=0, bases=bases)
+    assert (first["base"], second["base"]) == ("glm", "qwen")
+    assert {k: v for k, v in first.items() if k != "base"} == {k: v for k, v in second.items() if k != "base"}
+    third = next_params([(first, 0.2), (second, 0.5)], ["sft"], max_rank=16, max_steps=8, seed=0, bases=bases)
+    assert third == {**second, "learning_rate_multiplier": 2.0}
+    assert why_params([(first, 0.2), (second, 0.5)], bases) == (
+        "the default on base qwen, the best default with its learning rate doubled"
+    )
+    fourth = next_params(
+        [(first, 0.2), (second, 0.5), (third, 0.4)], ["sft"], max_rank=16, max_steps=8, seed=0, bases=bases
+    )
+    assert fourth == {**second, "learning_rate_multiplier": 0.5}
+    tpe = next_params(
+        [(first, 0.2), (second, 0.5), (third, 0.4), (fourth, 0.3)],
+        ["sft"],
+        max_rank=16,
+        max_steps=8,
+        seed=0,
+        bases=bases,
+    )
+    assert tpe["base"] in bases
+
+
 def test_methods_follow_the_base_results_and_the_mined_data() -> None:
     mined = {"chat": "ds_1", "preference": "ds_2", "prompts": "ds_3"}
     never = choose_methods(["sft", "dpo", "rl"], {"accuracy": 0.0, "mean_score": 0.0}, mined)
