@@ -22,6 +22,8 @@ from mint.evals.graders import (
     grader_types,
     register_python_grader,
 )
+from mint.evals.graders import spec as grader_spec
+from mint.evals.graders import text as text_graders
 from mint.evals.json_schema import validate_json
 from tests.conftest import REDOS_PATTERNS
 
@@ -90,7 +92,7 @@ def test_grade_refuses_nan_and_out_of_range_scores() -> None:
 
 def test_registering_a_builtin_grader_twice_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="registered twice"):
-        graders._grader("exact", graders.ExactConfig)(lambda *args: Grade(score=1, passed=True))
+        grader_spec._grader("exact", text_graders.ExactConfig)(lambda *args: Grade(score=1, passed=True))
 
 
 # ---- exact and normalized --------------------------------------------------------------------
