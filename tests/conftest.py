@@ -413,10 +413,19 @@ class Workers:
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(
-        self, name: str, env: dict[str, str] | None = None, base: str = TRAINING_BASE, nproc: int | None = None
+        self,
+        name: str,
+        env: dict[str, str] | None = None,
+        base: str = TRAINING_BASE,
+        nproc: int | None = None,
+        machines: tuple[int, str] | None = None,
     ) -> subprocess.Popen[bytes]:
-        """A worker for `base`; with `nproc`, a worker group of that many ranks (the process is its agent)."""
+        """A worker for `base`; with `nproc`, a worker group of that many ranks (the process is its
+        agent), and with `machines` (count, rendezvous host:port) this agent's share of a group
+        that spans that many agents, as on several machines."""
         group = [f"--nproc={nproc}"] if nproc is not None else []
+        if machines is not None:
+            group += [f"--nnodes={machines[0]}", f"--rdzv-endpoint={machines[1]}"]
         process = subprocess.Popen(
             [sys.executable, "-m", "mint", "worker", "--base", base, "--name", f"{name}@%h", *group],
             env={**os.environ, **FAST_RECOVERY, **(env or {})},

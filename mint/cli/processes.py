@@ -80,6 +80,14 @@ def worker(
     max_restarts: Annotated[
         int, typer.Option(min=0, help="With --nproc: times the agent restarts the whole group after a rank fails.")
     ] = 0,
+    nnodes: Annotated[
+        int,
+        typer.Option(min=1, help="With --nproc: machines in the group, each running this command with --nproc ranks."),
+    ] = 1,
+    rdzv_endpoint: Annotated[
+        str | None,
+        typer.Option(help="With --nnodes > 1: host:port where the machines meet (torchrun's c10d rendezvous)."),
+    ] = None,
     loglevel: str = "INFO",
 ) -> None:
     """Run a Celery worker. One process, one task at a time: it holds one resident base."""
@@ -92,6 +100,16 @@ def worker(
     if nproc is not None:
         if not base or queues:
             raise typer.BadParameter("a worker group holds one base: give --base, not --queues", param_hint="--nproc")
+        if nnodes > 1 and not rdzv_endpoint:
+            raise typer.BadParameter(
+                "a group on several machines needs --rdzv-endpoint host:port, the same on every machine",
+                param_hint="--nnodes",
+            )
+        rendezvous = (
+            ["--standalone"]
+            if nnodes == 1
+            else [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={base}"]
+        )
         # This process becomes the elastic agent: it starts the ranks, and stops them all when one fails.
         os.execv(
             sys.executable,
@@ -99,7 +117,7 @@ def worker(
                 sys.executable,
                 "-m",
                 "torch.distributed.run",
-                "--standalone",
+                *rendezvous,
                 f"--nproc-per-node={nproc}",
                 f"--max-restarts={max_restarts}",
                 "-m",

@@ -1,7 +1,8 @@
-"""Tinker models and eval runs on a 2-rank worker group (gloo, FSDP2 over tiny-glm-moe), unchanged:
-the official `tinker` SDK trains a LoRA model on the group and samples it, with logprobs equal
-to what the group's `forward` computes for the same tokens; an eval run of the base on a
-benchmark records every trajectory."""
+"""Tinker models and eval runs, unchanged, on a 2-rank worker group (gloo, FSDP2 over
+tiny-glm-moe) whose ranks come from two agents, as on two machines: the official `tinker` SDK
+trains a LoRA model on the group and samples it, with logprobs equal to what the group's
+`forward` computes for the same tokens; an eval run of the base on a benchmark records every
+trajectory."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tinker import types
 
 from mint.services.workers import list_workers
 from mint.storage.db import session_scope
-from tests.conftest import LiveServer, Tenant, Workers, wait_for
+from tests.conftest import LiveServer, Tenant, Workers, free_port, wait_for
 from tests.jobs.conftest import BASE
 
 pytestmark = pytest.mark.torch
@@ -24,10 +25,14 @@ pytestmark = pytest.mark.torch
 def test_tinker_models_and_eval_runs_run_on_a_worker_group(
     client: TestClient, live_server: LiveServer, tenant: Tenant, workers: Workers, prepared: Any
 ) -> None:
-    group = workers.start("surfaces", nproc=2, env={"OMP_NUM_THREADS": "1"})
+    # Two agents of one rank each, meeting at a rendezvous endpoint: a group spanning two
+    # machines, both on this one.
+    meeting = (2, f"127.0.0.1:{free_port()}")
+    agents = [workers.start("surfaces", nproc=1, machines=meeting, env={"OMP_NUM_THREADS": "1"}) for _ in range(2)]
 
     def registered() -> bool:
-        assert group.poll() is None, f"the group's agent exited with {group.returncode}"
+        for agent in agents:
+            assert agent.poll() is None, f"an agent of the group exited with {agent.returncode}"
         with session_scope(prepared.database) as session:
             return any(w.id.startswith("surfaces@") for w in list_workers(session))
 
