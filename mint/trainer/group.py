@@ -70,6 +70,7 @@ class Group:
     world_size: int
     device: torch.device
     commands: Any  # the gloo process group for commands (CPU bytes even when the model is on NCCL)
+    mesh: Any  # the 1-D device mesh FSDP2 shards over: every rank of the group
 
     def __post_init__(self) -> None:
         self._local = threading.local()
@@ -86,9 +87,12 @@ class Group:
         else:
             device = torch.device("cpu")
             backend = "gloo"
+        from torch.distributed.device_mesh import init_device_mesh
+
         dist.init_process_group(backend, timeout=timedelta(minutes=30))
         commands = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
-        return cls(dist.get_rank(), dist.get_world_size(), device, commands)
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        return cls(dist.get_rank(), dist.get_world_size(), device, commands, mesh)
 
     @property
     def leading(self) -> bool:
@@ -100,11 +104,12 @@ class Group:
     def shard(self, model: nn.Module) -> nn.Module:
         """Shard `model`'s weights over the group with FSDP2: every decoder layer, then the rest of
         the decoder (embeddings, final norm) and the LM head, each a unit of its own (the PEFT
-        wrapper calls the decoder's forward directly, so the outer model gets no unit)."""
-        from torch.distributed.device_mesh import init_device_mesh
+        wrapper calls the decoder's forward directly, so the outer model gets no unit). Weights
+        loaded in host memory move to this rank's device as they are sharded: the device only
+        ever holds this rank's share. Local to this rank (no collective)."""
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        mesh = self.mesh
         decoder = model.get_decoder()
         layers = getattr(decoder, "layers", None)
         if layers is None:
@@ -154,6 +159,14 @@ class Group:
             dist.broadcast(tensor, src=0, group=self.commands)
         except Exception as exc:  # a peer is gone: the group cannot go on
             self.abandon(exc)
+
+    def in_turn(self) -> Iterator[int]:
+        """Yield once on each rank, one rank after another (rank 0 first), so that what each does
+        then (loading a whole base into host memory before sharding it) never overlaps."""
+        for turn in range(self.world_size):
+            if turn == self.rank:
+                yield turn
+            dist.barrier()
 
     def stop(self) -> None:
         """Rank 0, at shutdown: tell the followers to exit."""

@@ -194,6 +194,7 @@ class ResidentBase:
         if self._sessions:
             raise RuntimeError("a base joins its worker group before any session is opened")
         group.shard(self.model)
+        self.device = group.device  # where the shards went: inputs go there too
         self.group = group
 
     def follow(self) -> None:

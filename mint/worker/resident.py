@@ -35,27 +35,19 @@ def resident_base(name: str) -> ResidentBase:
 
 
 def load_group_base(name: str, group: Group) -> ResidentBase:
-    """Load base `name` on this rank of `group` and shard it over the group. Rank 0 loads first
-    (building or checking the cached weights) while the others wait, so no two ranks write the
-    cache at once; then this process's tasks use it (`resident_base`)."""
-    import torch.distributed as dist
-
+    """Load base `name` on this rank of `group` and shard it over the group, then make it this
+    process's base for its tasks (`resident_base`). The ranks load in turn, rank 0 first (it
+    builds or checks the cached weights): each reads the whole base into host memory and keeps
+    its share on its device, so host memory holds one whole copy at a time and no two ranks
+    write the cache at once."""
     from mint.trainer.session import ResidentBase
 
     settings = get_settings()
     spec = get_base_model_spec(name, settings.model_configs_dir)
-
-    def load() -> ResidentBase:
-        return ResidentBase(
-            spec, settings.models_cache_dir, device=str(group.device), max_sessions=settings.worker_max_sessions
-        )
-
-    if group.leading:
-        base = load()
-        dist.barrier()
-    else:
-        dist.barrier()
-        base = load()
-    base.join_group(group)
+    base: ResidentBase | None = None
+    for _ in group.in_turn():
+        base = ResidentBase(spec, settings.models_cache_dir, max_sessions=settings.worker_max_sessions)
+        base.join_group(group)
+    assert base is not None  # every rank has its turn
     _group_bases[name] = base
     return base
