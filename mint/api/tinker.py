@@ -35,6 +35,7 @@ from mint.services import (
     signed_urls,
     tinker,
     tinker_checkpoints,
+    tinker_futures,
     tinker_projects,
     tinker_sampling,
     tinker_traces,
@@ -334,10 +335,10 @@ def asample(
 # ---- futures ----------------------------------------------------------------------------------
 
 
-def _answer(state: tinker.FutureState, paused_because: str | None) -> Response:
+def _answer(state: tinker_futures.FutureState, paused_because: str | None) -> Response:
     if state.status == "succeeded":
-        if state.operation in tinker.PROTOBUF_OPERATIONS:
-            return Response(tinker.encode_result(state), media_type=proto.PROTOBUF_MEDIA_TYPE)
+        if state.operation in tinker_futures.PROTOBUF_OPERATIONS:
+            return Response(tinker_futures.encode_result(state), media_type=proto.PROTOBUF_MEDIA_TYPE)
         return JSONResponse(state.result)
     if state.done:
         return JSONResponse({"error": state.error, "category": state.category})
@@ -359,16 +360,16 @@ async def retrieve_future(
     holding the request up to 25 s, `try_again`."""
     # Authenticated: end the request's transaction so its connection is not held while polling.
     await run_in_threadpool(session.commit)
-    deadline = time.monotonic() + tinker.LONG_POLL_S
+    deadline = time.monotonic() + tinker_futures.LONG_POLL_S
     next_inspection, delay = 0.0, 0.01
     paused_because: str | None = None  # what the last look at the future's worker found
     while True:
         now = time.monotonic()
         inspect = now >= next_inspection
         if inspect:
-            next_inspection = now + tinker.INSPECT_EVERY_S
+            next_inspection = now + tinker_futures.INSPECT_EVERY_S
         state = await run_in_threadpool(
-            tinker.poll_future, settings, principal.organization_id, body.request_id, dispatch, inspect=inspect
+            tinker_futures.poll_future, settings, principal.organization_id, body.request_id, dispatch, inspect=inspect
         )
         if inspect:
             paused_because = state.queue_state_reason
@@ -383,7 +384,7 @@ def cancel_future(
     body: wire.CancelFutureRequest, session: SessionDep, principal: CurrentPrincipal
 ) -> wire.CancelFutureResponse:
     """Cancel a request that has not started."""
-    status = tinker.cancel_future(session, principal.organization_id, body.request_id)
+    status = tinker_futures.cancel_future(session, principal.organization_id, body.request_id)
     return wire.CancelFutureResponse(request_id=body.request_id, status=status)
 
 

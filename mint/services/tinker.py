@@ -13,14 +13,17 @@ The official `tinker` SDK speaks of sessions, models, samplers and futures. In M
   restore from.
 - Every long call is a **future** (`futures` row), answered at once with its id; the worker
   moves it `pending -> running -> succeeded | failed`, and `retrieve_future` long-polls the
-  row. A model's requests carry `seq_id`s (creation is 0, then 1, 2, ...); the worker applies
-  them strictly in that order (`training_sessions.next_seq_id`), so requests that arrive
-  early wait for the missing one. The queue message only says "run model X's next
-  requests"; the rows say which.
+  row (`mint.services.tinker_futures`). A model's requests carry `seq_id`s (creation is 0,
+  then 1, 2, ...); the worker applies them strictly in that order
+  (`training_sessions.next_seq_id`), so requests that arrive early wait for the missing one.
+  The queue message only says "run model X's next requests"; the rows say which.
 - **Samplers** run on any worker of their base (`train.<base>`); a sample request is a
   future sent to the base's queue.
 
-The worker half (running the requests, sampling, checkpoints written) is
+This module records sessions, models and their requests, and the futures' rows and payloads
+they share. Sample requests are checked and recorded by `mint.services.tinker_sampling`, and a
+future is read back, watched and cancelled by `mint.services.tinker_futures`; both build on
+this module. The worker half (running the requests, sampling, checkpoints written) is
 `mint.services.tinker_runner`; the training runs, checkpoints and tokenizers as clients read
 them are `mint.services.tinker_checkpoints`. This module never imports torch.
 """
@@ -32,7 +35,6 @@ import logging
 import math
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -51,11 +53,10 @@ from mint.services.dispatch import Dispatch
 from mint.services.quotas import QuotaDefaults, hold
 from mint.services.tinker_checkpoints import newest_checkpoint, owned_model, readable_checkpoint, str_dict
 from mint.services.tinker_provenance import attach_stability_info
-from mint.services.workers import base_is_served, live_worker
-from mint.storage.db import session_scope
+from mint.services.workers import live_worker
 from mint.storage.objects import ObjectStore, object_store_for
 from mint.storage.queries import get_owned
-from mint.storage.tables import BaseModelRow, Future, TinkerSession, TrainingSession, as_utc, new_id, utcnow
+from mint.storage.tables import BaseModelRow, Future, TinkerSession, TrainingSession, new_id, utcnow
 from mint.trainer.types import TWO_D_INPUTS, AdamParams, Datum, LoraOptions
 
 log = logging.getLogger(__name__)
@@ -67,17 +68,9 @@ EXPIRE_TASK = "mint.tinker.expire_idle_sessions"
 # The finish reason of a session that the sweep ended because its heartbeats stopped.
 EXPIRED = "expired"
 
-# retrieve_future holds a pending request this long (the SDK gives up at 45 s).
-LONG_POLL_S = 25.0
-# While it waits, it looks at the model's worker this often, and sends the model's message
-# again when a future has waited this long (a message lost with a broker restart).
-INSPECT_EVERY_S = 10.0
-RESEND_AFTER_S = 30.0
 # Requests and results up to this size live in the row; larger ones in the object store.
 INLINE_PAYLOAD_BYTES = 64 * 1024
-TERMINAL = ("succeeded", "failed", "cancelled")
 WAITING = ("pending", "running")
-PROTOBUF_OPERATIONS = frozenset({"forward_backward", "sample"})
 
 
 def model_id_of(session_id: str, seq: int) -> str:
@@ -341,13 +334,13 @@ def _dispatch_model(session: Session, row: TrainingSession, send: Dispatch) -> N
         return
     ref = live_worker(session, row.worker_id)
     if ref is None:
-        _lose_model(session, row)
+        lose_model(session, row)
         session.commit()
         return
     send_quietly(send, RUN_MODEL_TASK, [row.id], worker=ref)
 
 
-def _lose_model(session: Session, row: TrainingSession) -> None:
+def lose_model(session: Session, row: TrainingSession) -> None:
     """The model's worker process is gone, and its weights with it: close it and say how to go on."""
     row.status = "closed"
     newest = newest_checkpoint(session, row.id, "training")
@@ -766,88 +759,3 @@ def create_sampling_session(
     session.add(row)
     session.flush()
     return row
-
-
-# ---- futures --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FutureState:
-    """What `retrieve_future` answers: a result, an error, or 'try again' with the queue's state."""
-
-    request_id: str
-    operation: str
-    status: str
-    result: dict[str, Any] | None = None
-    error: str | None = None
-    category: str | None = None
-    # Set (when the worker was inspected) if no worker can run the request now, saying why.
-    queue_state_reason: str | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.status in TERMINAL
-
-
-def poll_future(
-    settings: Settings, organization_id: str, request_id: str, send: Dispatch, *, inspect: bool
-) -> FutureState:
-    """The future's state now. With `inspect`, a waiting future's worker is checked (a dead one
-    fails the future, saying why) and its message is sent again if it has waited long."""
-    with session_scope(settings.database) as session:
-        future = get_owned(session, Future, request_id, organization_id=organization_id, noun="future")
-        reason = _inspect_waiting(session, future, send) if future.status in WAITING and inspect else None
-        if future.status == "succeeded":
-            result = get_payload(object_store_for(settings), future.result, future.result_object_key)
-            return FutureState(future.id, future.operation, future.status, result=result)
-        if future.status in ("failed", "cancelled"):
-            error = future.error or f"request {future.id} was cancelled"
-            return FutureState(
-                future.id, future.operation, future.status, error=error, category=future.error_category or "user"
-            )
-        return FutureState(future.id, future.operation, future.status, queue_state_reason=reason)
-
-
-def _inspect_waiting(session: Session, future: Future, send: Dispatch) -> str | None:
-    """Fail a future whose model is gone; resend a long-waiting one's message. Returns why the
-    queue is paused, if it is (no worker holds the base)."""
-    row = session.get(TrainingSession, future.session_id)
-    if row is None or row.status != "active":
-        fail_future(future, "user", f"{future.model_id} is closed (its session finished, or its worker stopped)")
-        return None
-    waited = (utcnow() - as_utc(future.created_at)).total_seconds()
-    if row.kind == "training" and row.worker_id is not None:
-        ref = live_worker(session, row.worker_id)
-        if ref is None:
-            _lose_model(session, row)
-        elif future.status == "pending" and waited > RESEND_AFTER_S:
-            send_quietly(send, RUN_MODEL_TASK, [row.id], worker=ref)
-        return None
-    if future.status == "running" and future.worker_id and live_worker(session, future.worker_id) is None:
-        fail_future(
-            future, "server", f"the worker running request {future.id} ({future.worker_id}) stopped; send it again"
-        )
-        return None
-    if not base_is_served(session, row.base_model):
-        return f"no worker holds base {row.base_model} now; start one with `mint worker --base {row.base_model}`"
-    if future.status == "pending" and waited > RESEND_AFTER_S:
-        task, args = (RUN_MODEL_TASK, [row.id]) if row.kind == "training" else (SAMPLE_TASK, [future.id])
-        send_quietly(send, task, args, base_model=row.base_model)
-    return None
-
-
-def cancel_future(session: Session, organization_id: str, request_id: str) -> str:
-    """Cancel a future that has not started (one running or done is left as it is); its status."""
-    future = get_owned(session, Future, request_id, organization_id=organization_id, noun="future")
-    if future.status == "pending":
-        future.status, future.error, future.error_category = "cancelled", "cancelled by the client", "user"
-        future.finished_at = utcnow()
-    return future.status
-
-
-def encode_result(state: FutureState) -> bytes:
-    """A finished forward, forward_backward or sample result in the protobuf the SDK reads."""
-    assert state.result is not None
-    if state.operation == "sample":
-        return proto.encode_sample_response(state.result)
-    return proto.encode_forward_backward_output(state.result["logprobs"], state.result["metrics"])
