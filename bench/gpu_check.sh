@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The paths of Mint that need a GPU, on one machine with one CUDA GPU, in under ten minutes:
 #
-#   1. a 1-rank FSDP2 group on NCCL (torchrun of bench/gpu_fsdp_one_rank.py);
+#   1. Mint's worker group, 1 rank on NCCL (bench/worker_group.py --nproc 1: the base sharded
+#      with FSDP2, LoRA through the group's ResidentBase, full-parameter training), against one
+#      process on the same GPU;
 #   2. LoRA training throughput and MFU of Mint's trainer on a seeded 0.9B dense base
 #      (bench/gpu_train_mfu.py; nothing downloaded);
 #   3. the Engine contract suite against vLLM on the MoE base tiny-glm-moe (LoRA on attention
@@ -80,8 +82,7 @@ vllm_contract() {
 # The limits add up to ten minutes; the steps usually take well under them.
 export ROOT PY VLLM_CUDA_VENV
 export -f vllm_contract
-step "FSDP2, 1 rank on NCCL" 90 \
-    "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 bench/gpu_fsdp_one_rank.py
+step "worker group, 1 rank on NCCL (FSDP2)" 90 "$PY" bench/worker_group.py --nproc 1 --steps 4
 step "LoRA throughput and MFU, 0.9B dense" 210 "$PY" bench/gpu_train_mfu.py --steps "$STEPS"
 step "vLLM engine contract, MoE LoRA (tiny-glm-moe)" 300 bash -c vllm_contract
 

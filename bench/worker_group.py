@@ -2,6 +2,9 @@
 
     python bench/worker_group.py [--base tiny-glm-moe] [--steps 8] [--nproc 2]
 
+On a CUDA machine the ranks use NCCL, one GPU each, and the single process runs on the first
+GPU (`bench/gpu_check.sh` runs it with `--nproc 1`: Mint's own group code on NCCL).
+
 Both sides train a LoRA session (rank 0 drives a ResidentBase joined to the group, the other
 ranks follow, as in `mint worker --nproc`) and then every weight (full-parameter, SPMD) on the
 same batch. Printed: seconds per step, the base's weights each rank holds, and each rank's
@@ -27,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import peak_rss_mb  # noqa: E402
 
 
-def _batch(length: int = 128, rows: int = 4) -> list[Any]:
+def batch(length: int = 128, rows: int = 4) -> list[Any]:
     from mint.trainer.types import Datum
 
     data = []
@@ -49,15 +52,24 @@ def _local_weight_bytes(model: Any) -> int:
 
 
 def _timed(steps: int, step: Any) -> float:
+    import torch
+
+    def synchronize() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
     step()  # warm-up: first passes allocate
+    synchronize()
     started = time.perf_counter()
     for _ in range(steps):
         step()
+    synchronize()
     return (time.perf_counter() - started) / steps
 
 
 def measure(base_name: str, steps: int, grouped: bool) -> dict[str, Any] | None:
     import torch
+    import torch.distributed as dist
 
     from mint.config import get_settings
     from mint.schemas.base_models import get_base_model_spec
@@ -70,8 +82,9 @@ def measure(base_name: str, steps: int, grouped: bool) -> dict[str, Any] | None:
     settings = get_settings()
     spec = get_base_model_spec(base_name, settings.model_configs_dir)
     group = Group.join() if grouped else None
-    data = _batch()
-    base = ResidentBase(spec, settings.models_cache_dir)
+    device = "cuda" if torch.cuda.is_available() and group is None else "cpu"  # a group shards to its device
+    data = batch()
+    base = ResidentBase(spec, settings.models_cache_dir, device=device)
     result: dict[str, Any] = {}
     if group is not None:
         base.join_group(group)
@@ -90,7 +103,7 @@ def measure(base_name: str, steps: int, grouped: bool) -> dict[str, Any] | None:
     else:
         base.follow()
     del base
-    full = FullParameterTrainer(spec, settings.models_cache_dir, group=group)
+    full = FullParameterTrainer(spec, settings.models_cache_dir, device=device, group=group)
 
     def full_step() -> None:
         full.forward_backward(data, "cross_entropy")
@@ -108,8 +121,7 @@ def measure(base_name: str, steps: int, grouped: bool) -> dict[str, Any] | None:
     result["peak_rss_mb"] = peak_rss_mb()
     if group is None:
         return result
-    import torch.distributed as dist
-
+    result["backend"] = dist.get_backend()
     every: list[Any] = [None] * group.world_size
     dist.all_gather_object(every, result)
     return {**every[0], "peak_rss_mb_per_rank": [r["peak_rss_mb"] for r in every]} if group.leading else None
@@ -144,6 +156,7 @@ def main() -> None:
     one = json.loads(single.stdout.strip().splitlines()[-1])
     group = json.loads(grouped.stdout.strip().splitlines()[-1])
     print(f"{args.base}, {args.steps} steps of 4 x 128 tokens, one intra-op thread per process")
+    print(f"group backend: {group['backend']}")
     print(f"{'':28}{'1 process':>12}{f'{args.nproc} ranks':>12}{'ratio':>8}")
     for key, label in (
         ("lora_s_per_step", "LoRA s/step"),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_fsdp_one_rank, gpu_train_mfu
+from bench import gpu_train_mfu, worker_group
 from mint.config import PROJECT_ROOT
 
 pytestmark = pytest.mark.backend_free
@@ -65,4 +65,4 @@ def test_the_bench_dense_base_is_mid_size_and_mfu_is_its_formula() -> None:
     assert gpu_train_mfu.peak_bf16_tflops("Some Future GPU") is None
     # 1B parameters at 50k tokens/s on 989 TFLOP/s: 6 * 1e9 * 5e4 / 9.89e14.
     assert gpu_train_mfu.mfu(10**9, 5e4, 989.0) == pytest.approx(0.30334, rel=1e-4)
-    assert gpu_fsdp_one_rank.block(8)[1].out_features == 32
+    assert len(worker_group.batch(length=16, rows=3)) == 3
