@@ -249,6 +249,19 @@ def own_install(backend: str, settings: Settings, tmp_path: Path) -> Iterator[Ow
             drop_postgres_database(database)
 
 
+@pytest.fixture
+def own_client(own_install: OwnInstall):  # type: ignore[no-untyped-def]
+    """The API over `own_install`, in process."""
+    from fastapi.testclient import TestClient
+
+    from mint.api.app import create_app
+    from mint.worker.dispatch import CeleryDispatch
+
+    app = create_app(own_install.settings, dispatch=CeleryDispatch(own_install.settings))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
 @pytest.fixture(scope="session")
 def prepared(settings: Settings) -> Settings:
     """The session's database migrated to head with the base registry synced."""

@@ -9,7 +9,6 @@ and object store, an API app over them, and real workers of both bases."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,16 +20,6 @@ from tests.jobs.conftest import BASE, chat_rows, upload
 pytestmark = pytest.mark.torch
 
 NEW_BASE = "tiny-qwen3-moe"
-
-
-@pytest.fixture
-def own_client(own_install: OwnInstall) -> Iterator[TestClient]:
-    from mint.api.app import create_app
-    from mint.worker.dispatch import CeleryDispatch
-
-    app = create_app(own_install.settings, dispatch=CeleryDispatch(own_install.settings))
-    with TestClient(app, raise_server_exceptions=False) as client:
-        yield client
 
 
 def _finished(client: TestClient, tenant: Tenant, path: str, what: str) -> dict[str, Any]:
