@@ -163,7 +163,7 @@ def _out_of_budget(run: AutotuneRun, request: AutotuneCreate, next_cost: float =
     if budget.usd is not None and run.cost_usd + next_cost + reserve > budget.usd:
         return (
             f"the budget of ${budget.usd:.4f} is spent: ${run.cost_usd:.4f} so far"
-            + (f", the next trial is estimated at ${next_cost:.4f}" if next_cost else "")
+            + (f", the next trial (job and dev evaluation) is estimated at ${next_cost:.4f}" if next_cost else "")
             + (f", and ${reserve:.3g} is held back for the held-out evaluation" if reserve else "")
         )
     if budget.seconds is not None and elapsed_s(run) >= budget.seconds:
@@ -177,23 +177,32 @@ def _out_of_budget(run: AutotuneRun, request: AutotuneCreate, next_cost: float =
 # ---- baseline -------------------------------------------------------------------------------
 
 
+def eval_cost_per_task(session: Session, run: AutotuneRun) -> float:
+    """What evaluating one task costs, as measured so far: the most per task of the base's eval
+    runs and of every finished trial's dev run (a trained version may answer at greater length,
+    or in more tool steps, than the base). Zero before any has finished."""
+    ids = list(run.state.get("base_evals", {}).values())
+    ids += [t.eval_run_id for t in trials_of(session, run) if t.eval_run_id is not None]
+    rates = [0.0]
+    for eval_run in session.execute(select(EvalRun).where(EvalRun.id.in_(ids))).scalars() if ids else []:
+        tasks = int(eval_run.metrics.get("tasks", 0)) if eval_run.status == "succeeded" else 0
+        if tasks:
+            rates.append(pricing.eval_cost(session, eval_run) / tasks)
+    return max(rates)
+
+
+def _tasks_in(session: Session, run: AutotuneRun, role: str) -> int:
+    """Tasks of the base's eval run on `role`'s split (dev or heldout): what a trial's dev run,
+    or the final held-out run, evaluates."""
+    eval_run = session.get(EvalRun, run.state.get("base_evals", {}).get(role, ""))
+    return int(eval_run.metrics.get("tasks", 0)) if eval_run is not None else 0
+
+
 def heldout_reserve(session: Session, run: AutotuneRun) -> float:
-    """What the final held-out evaluation of the best version should cost: the base's held-out
-    eval run (the same tasks and token limits), or, where the best trial's answers cost more
-    than the base's on dev, that trial's dev eval scaled to the held-out tasks. Measured, never
-    guessed: zero until the base's held-out run has finished."""
-    base_run = session.get(EvalRun, run.state.get("base_evals", {}).get("heldout", ""))
-    if base_run is None or base_run.status != "succeeded":
-        return 0.0
-    reserve = pricing.eval_cost(session, base_run)
-    best = run.state.get("best")
-    trial = next((t for t in trials_of(session, run) if best and t.number == best["trial"]), None)
-    trial_run = session.get(EvalRun, trial.eval_run_id) if trial and trial.eval_run_id else None
-    dev_tasks = int(trial_run.metrics.get("tasks", 0)) if trial_run else 0
-    if trial_run is not None and dev_tasks:
-        per_task = pricing.eval_cost(session, trial_run) / dev_tasks
-        reserve = max(reserve, per_task * int(base_run.metrics.get("tasks", 0)))
-    return reserve
+    """What the final held-out evaluation of the best version should cost: the held-out tasks at
+    the measured cost per task (`eval_cost_per_task`). Measured, never guessed; it grows when a
+    trained version's evaluation costs more per task than anything before."""
+    return eval_cost_per_task(session, run) * _tasks_in(session, run, "heldout")
 
 
 def _evaluate(tick: Tick, run: AutotuneRun, model: str, split: str) -> str:
@@ -427,6 +436,7 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
     if current is not None:
         _follow(tick, run, current, request)
         return False
+    _update_reserve(tick.session, run, request)
     reason = _stop_reason(run, request, trials)
     if reason is not None:
         _set_state(run, phase="final", stop_reason=reason)
@@ -443,7 +453,8 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
     )
     body = _job_body(run, request, params, len(trials) + 1)
     estimate = fine_tuning.check_job(tick.session, run.organization_id, body).estimate
-    over = _out_of_budget(run, request, estimate.cost_usd)
+    dev_eval = eval_cost_per_task(tick.session, run) * _tasks_in(tick.session, run, "dev")
+    over = _out_of_budget(run, request, estimate.cost_usd + dev_eval)
     if over is not None:
         _set_state(run, phase="final", stop_reason=over)
         decide(run, "stop the search", over)
@@ -475,6 +486,22 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
         + why_params(finished, run.state.get("bases", ())),
     )
     return False
+
+
+def _update_reserve(session: Session, run: AutotuneRun, request: AutotuneCreate) -> None:
+    """Hold back more for the held-out evaluation when a trial's dev evaluation showed that a
+    trained version costs more per task to evaluate than anything measured before."""
+    before = float(run.state.get("heldout_reserve", 0.0))
+    reserve = heldout_reserve(session, run)
+    if reserve > before:
+        _set_state(run, heldout_reserve=reserve)
+        if request.budget.usd is not None:
+            decide(
+                run,
+                f"hold back ${reserve:.3g} of the budget (was ${before:.3g})",
+                "a trained version's evaluation costs more per task than the base's: the held-out evaluation "
+                f"of {_tasks_in(session, run, 'heldout')} tasks at ${eval_cost_per_task(session, run):.3g} a task",
+            )
 
 
 def _stop_reason(run: AutotuneRun, request: AutotuneCreate, trials: list[AutotuneTrial]) -> str | None:
@@ -574,7 +601,7 @@ def _follow(tick: Tick, run: AutotuneRun, trial: AutotuneTrial, request: Autotun
                     "dev_mean_score": trial.dev_mean_score,
                 },
             )
-            _set_state(run, heldout_reserve=heldout_reserve(session, run))
+
         _end_trial(
             run,
             trial,
@@ -609,6 +636,20 @@ def _final(tick: Tick, run: AutotuneRun) -> bool:
     reason = run.state.get("stop_reason", "")
     if best is None:
         return finish(tick, run, "stopped", f"{reason}; no trial produced a version that could be evaluated")
+    if "final_eval" not in run.state and request.budget.usd is not None:
+        reserve = heldout_reserve(tick.session, run)
+        if run.cost_usd + reserve > request.budget.usd:
+            # The budget is a cap: the held-out evaluation is left for the team to run.
+            _set_state(run, result={"model": best["model"], "base_model": best.get("base", run.base_model),
+                                    "heldout_pass_rate": None, "stop_reason": reason})  # fmt: skip
+            return finish(
+                tick,
+                run,
+                "stopped",
+                f"{reason}. Best version {best['model']} (dev pass rate {best['dev_pass_rate']:.3f}); its held-out "
+                f"evaluation would cost about ${reserve:.4f}, more than the ${request.budget.usd - run.cost_usd:.4f} "
+                f"left: evaluate it with POST /v1/evals (model {best['model']}, split {request.splits.heldout})",
+            )
     if "final_eval" not in run.state:
         _set_state(run, final_eval=_evaluate(tick, run, best["model"], request.splits.heldout))
         decide(run, "evaluate the best version on held-out", f"{best['model']} (trial {best['trial']})")

@@ -106,9 +106,10 @@ def test_a_goal_without_a_budget_or_with_two_targets_is_refused_naming_the_field
 def test_a_budget_that_cannot_pay_for_a_trial_and_the_held_out_evaluation_stops_the_search(
     client: TestClient, tenant: Tenant, workers: Workers, prepared: Settings
 ) -> None:
-    """The money the final held-out evaluation will cost (what the base's evaluation there cost)
-    is held back from the search: a budget that cannot pay for the first trial on top of it
-    stops the run before any trial starts, and says so."""
+    """The money the final held-out evaluation will cost (its tasks at the most a task of the
+    base's evaluations cost) is held back from the search: a budget that cannot pay for the
+    first trial (its job and its dev evaluation) on top of it stops the run before any trial
+    starts, and says so."""
     from mint.services import pricing
     from mint.storage.db import session_scope
     from mint.storage.tables import AutotuneRun, EvalRun
@@ -130,8 +131,11 @@ def test_a_budget_that_cannot_pay_for_a_trial_and_the_held_out_evaluation_stops_
     assert any(d["decision"].startswith("hold back $") for d in run["decisions"]), run["decisions"]
     with session_scope(prepared.database) as session:
         state = session.get(AutotuneRun, run["id"]).state
-        base_heldout = session.get(EvalRun, state["base_evals"]["heldout"])
-        assert state["heldout_reserve"] == pricing.eval_cost(session, base_heldout) > 0
+        base_runs = [session.get(EvalRun, run_id) for run_id in state["base_evals"].values()]
+        per_task = max(pricing.eval_cost(session, r) / r.metrics["tasks"] for r in base_runs)
+        heldout_tasks = session.get(EvalRun, state["base_evals"]["heldout"]).metrics["tasks"]
+        # The held-out tasks at the most a task of the base's evaluations cost.
+        assert state["heldout_reserve"] == pytest.approx(per_task * heldout_tasks) and per_task > 0
     stop = next(d for d in run["decisions"] if d["decision"] == "stop the search")
     assert "is held back for the held-out evaluation" in stop["reason"], stop
     assert "no trial produced a version" in run["decisions"][-1]["reason"]

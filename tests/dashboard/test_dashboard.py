@@ -480,13 +480,15 @@ def test_an_auto_runs_page_shows_its_trials_decisions_and_held_out_result(
         "eval_max_tokens": 8,
     }
     created = api.post("/v1/autotune", body)
+    # A budget that pays for no trial: the run stops with no held-out comparison to show.
+    starved = api.post("/v1/autotune", {**body, "budget": {"usd": 1e-6}})
     workers.start("dashboard-auto", env={"MINT_AUTOTUNE_POLL_S": "0.2"})
 
-    def done() -> dict[str, Any] | None:
-        run = api.get(f"/v1/autotune/{created['id']}")
+    def done(run_id: str) -> dict[str, Any] | None:
+        run = api.get(f"/v1/autotune/{run_id}")
         return run if run["status"] not in ("queued", "running") else None
 
-    run = wait_for(done, "the auto run to finish", timeout=WORK_TIMEOUT_S)
+    run = wait_for(lambda: done(created["id"]), "the auto run to finish", timeout=WORK_TIMEOUT_S)
     assert run["status"] == "stopped", run
     trial = run["trials"][0]
 
@@ -511,6 +513,13 @@ def test_an_auto_runs_page_shows_its_trials_decisions_and_held_out_result(
     expect(decisions).to_have_count(len(run["decisions"]))
     expect(decisions.last).to_contain_text("finish: stopped")
     expect(page.locator("#auto-decisions")).to_contain_text("evaluate the base")
+
+    stopped = wait_for(lambda: done(starved["id"]), "the starved auto run to finish", timeout=WORK_TIMEOUT_S)
+    assert stopped["status"] == "stopped" and stopped["trials"] == [], stopped
+    page.goto(f"{live_server.url}/ui/#/autotune/{starved['id']}")
+    expect(page.locator("#auto-status")).to_have_text("stopped")
+    expect(page.locator("#auto-result")).to_contain_text("no trial produced a version")
+    expect(page.locator("#auto-heldout")).to_have_count(0)
     page.close()
     api.http.close()
 

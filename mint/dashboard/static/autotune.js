@@ -74,6 +74,12 @@ function runFacts(run) {
 function resultFacts(result) {
   if (!result) return h("p", { class: "poll-note" }, "The held-out comparison appears when the run is done.");
   const base = result.against_base;
+  if (!base) {
+    // Stopped without a held-out comparison: no trial produced a version, or the budget could not pay for it.
+    const pairs = result.model ? [["Best version", code(result.model)]] : [];
+    pairs.push(["Why it stopped", result.stop_reason]);
+    return h("div", { id: "auto-result" }, facts(pairs));
+  }
   const pairs = [
     ["Best version", code(result.model)],
     ["Held-out pass rate", h("span", { id: "auto-heldout" }, percent(result.heldout_pass_rate))],
