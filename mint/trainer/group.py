@@ -177,7 +177,10 @@ class Group:
         """A follower's life: run rank 0's commands until it says stop. An error rank 0 would also
         have met (bad input) is skipped, as rank 0 reports it; any other leaves the group."""
         while True:
-            name, target, args, kwargs = self.receive(resolve)
+            try:
+                name, target, args, kwargs = self.receive(resolve)
+            except MintError:  # the call names a session closed here and on rank 0, which reports it
+                continue
             if name == _STOP:
                 return
             with self.running_command():

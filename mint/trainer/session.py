@@ -209,7 +209,12 @@ class ResidentBase:
         return ("base",)
 
     def _resolve_ref(self, ref: tuple[str, ...]) -> Any:
-        return self if ref == ("base",) else self._sessions[ref[1]]
+        if ref == ("base",):
+            return self
+        session = self._sessions.get(ref[1])
+        if session is None:  # closed: rank 0 raises NotFound for the same call
+            raise NotFound(f"training session {ref[1]!r} is closed", param="session_id")
+        return session
 
     @property
     def peft_model(self) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 
 from safetensors.torch import save_file
 
+from mint.errors import NotFound
 from mint.trainer.full import FullParameterTrainer
 from mint.trainer.session import ResidentBase
 from mint.trainer.types import AdamParams, Datum, LoraOptions, SamplingParams
@@ -37,6 +38,14 @@ def run_lora(base: ResidentBase, adapter_file: Path) -> dict[str, Any]:
     for _ in range(STEPS):
         losses.append(session.forward_backward(probe(), "cross_entropy").metrics["loss:sum"])
         session.optim_step(AdamParams(learning_rate=1e-2))
+    # A call on a closed session is refused, on a group as on one process, and the base goes on.
+    closed = base.create_session(LoraOptions(seed=4))
+    base.close(closed.session_id)
+    try:
+        closed.optim_step(AdamParams(learning_rate=1e-2))
+        refused = False
+    except NotFound:
+        refused = True
     samples = session.sample(list(range(100, 110)), SamplingParams(max_tokens=8, temperature=1.0, seed=1), 2)
     logprobs = session.forward(probe()).logprobs
     save_file({name: p.detach().contiguous() for name, p in session.named_parameters().items()}, adapter_file)
@@ -45,6 +54,7 @@ def run_lora(base: ResidentBase, adapter_file: Path) -> dict[str, Any]:
         "losses": losses,
         "samples": [sample.tokens for sample in samples],
         "logprobs": [[float(value) for value in row] for row in logprobs],
+        "closed_refused": refused,
     }
 
 

@@ -73,6 +73,7 @@ def test_a_two_rank_group_trains_lora_and_full_parameters_as_one_process(tmp_pat
 
     # LoRA: rank 0 drove, rank 1 followed; every number is one process's.
     lora = group["lora"]
+    assert lora["closed_refused"] and single["closed_refused"]
     assert lora["samples"] == single["samples"]
     for ours, theirs in zip(lora["losses"], single["losses"], strict=True):
         assert math.isclose(ours, theirs, rel_tol=1e-6), (lora["losses"], single["losses"])
