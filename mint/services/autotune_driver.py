@@ -346,8 +346,9 @@ def _baseline(tick: Tick, run: AutotuneRun) -> bool:
         decide(
             run,
             f"hold back ${run.state['heldout_reserve']:.3g} of the budget",
-            "for the final evaluation of the best version on "
-            f"{splits.heldout}: what the base's evaluation there cost; the search spends the rest",
+            f"for the final evaluation of the best version on {splits.heldout}: its "
+            f"{_tasks_in(tick.session, run, 'heldout')} tasks at the most a task of the base's evaluations cost; "
+            "the search spends the rest",
         )
     mined = _mine(tick, run, base["train"])
     choice = choose_methods(request.constraints.methods, run.state["base_dev"], mined)
