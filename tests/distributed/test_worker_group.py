@@ -41,6 +41,15 @@ def ranks_of(agent_pid: int) -> dict[int, int]:
     return ranks
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie waiting to be reaped does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
 def losses_by_step(client: TestClient, tenant: Tenant, job_id: str) -> dict[int, float]:
     """Each step's loss as first reported (a step redone after a resume reports again)."""
     events = client.get(f"/v1/fine_tuning/jobs/{job_id}/events?limit=100", headers=tenant.headers()).json()["data"]
@@ -77,7 +86,7 @@ def test_a_job_on_a_two_rank_group_survives_a_killed_rank_and_matches_one_proces
 
     # The whole group goes down: rank 0 leaves its job to the lease, the agent exits failed.
     assert group.wait(timeout=120) != 0
-    assert not any(Path(f"/proc/{pid}").exists() for pid in ranks.values())
+    assert not any(running(pid) for pid in ranks.values())
     at_kill = job_of(client, tenant, job["id"])
     assert at_kill["status"] == "running" and 5 <= at_kill["completed_steps"] < 24, at_kill
 
