@@ -9,9 +9,11 @@ A run moves through four phases, each tick doing what it can without waiting and
   (`autotune_search.choose_methods`), each choice logged with its reason.
 - `search`: one trial at a time. A trial is an ordinary fine-tuning job with the parameters the
   search chose, then an ordinary eval run of its version on dev. Before a trial starts, the
-  budget must cover its estimate and the money held back for the final held-out evaluation
-  (`heldout_reserve`, measured on the base's held-out run); a running trial whose cost passes
-  what the search may spend is cancelled.
+  budget must cover its job's estimate and its dev evaluation, on top of the money held back for
+  the final held-out evaluation (`heldout_reserve`: the held-out tasks at the most a task of any
+  evaluation so far cost); a running trial whose cost passes what the search may spend is
+  cancelled, and a best version whose held-out evaluation the budget cannot pay for is named
+  without it.
   The search stops when the best dev pass rate reaches the target, at `max_trials`, after
   `patience` trials without a better dev score, at the deadline, or at the budget.
 - `final`: the best version (if any) is evaluated on held-out and compared with the base (and
@@ -338,7 +340,6 @@ def _baseline(tick: Tick, run: AutotuneRun) -> bool:
     _set_state(
         run,
         base_dev={"accuracy": dev.get("accuracy", 0.0), "mean_score": dev.get("mean_score", 0.0)},
-        base_heldout=base["heldout"].metrics.get("accuracy", 0.0),
         dev_target=_dev_target(run, production),
     )
     _set_state(run, heldout_reserve=heldout_reserve(tick.session, run))
@@ -437,7 +438,7 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
     if current is not None:
         _follow(tick, run, current, request)
         return False
-    _update_reserve(tick.session, run, request)
+    per_task = _update_reserve(tick.session, run, request)
     reason = _stop_reason(run, request, trials)
     if reason is not None:
         _set_state(run, phase="final", stop_reason=reason)
@@ -454,7 +455,7 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
     )
     body = _job_body(run, request, params, len(trials) + 1)
     estimate = fine_tuning.check_job(tick.session, run.organization_id, body).estimate
-    dev_eval = eval_cost_per_task(tick.session, run) * _tasks_in(tick.session, run, "dev")
+    dev_eval = per_task * _tasks_in(tick.session, run, "dev")
     over = _out_of_budget(run, request, estimate.cost_usd + dev_eval)
     if over is not None:
         _set_state(run, phase="final", stop_reason=over)
@@ -489,11 +490,13 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
     return False
 
 
-def _update_reserve(session: Session, run: AutotuneRun, request: AutotuneCreate) -> None:
+def _update_reserve(session: Session, run: AutotuneRun, request: AutotuneCreate) -> float:
     """Hold back more for the held-out evaluation when a trial's dev evaluation showed that a
-    trained version costs more per task to evaluate than anything measured before."""
+    trained version costs more per task to evaluate than anything measured before; returns the
+    cost per task it is based on (`eval_cost_per_task`)."""
     before = float(run.state.get("heldout_reserve", 0.0))
-    reserve = heldout_reserve(session, run)
+    per_task = eval_cost_per_task(session, run)
+    reserve = per_task * _tasks_in(session, run, "heldout")
     if reserve > before:
         _set_state(run, heldout_reserve=reserve)
         if request.budget.usd is not None:
@@ -501,8 +504,9 @@ def _update_reserve(session: Session, run: AutotuneRun, request: AutotuneCreate)
                 run,
                 f"hold back ${reserve:.3g} of the budget (was ${before:.3g})",
                 "a trained version's evaluation costs more per task than the base's: the held-out evaluation "
-                f"of {_tasks_in(session, run, 'heldout')} tasks at ${eval_cost_per_task(session, run):.3g} a task",
+                f"of {_tasks_in(session, run, 'heldout')} tasks at ${per_task:.3g} a task",
             )
+    return per_task
 
 
 def _stop_reason(run: AutotuneRun, request: AutotuneCreate, trials: list[AutotuneTrial]) -> str | None:
@@ -602,7 +606,6 @@ def _follow(tick: Tick, run: AutotuneRun, trial: AutotuneTrial, request: Autotun
                     "dev_mean_score": trial.dev_mean_score,
                 },
             )
-
         _end_trial(
             run,
             trial,
@@ -637,12 +640,20 @@ def _final(tick: Tick, run: AutotuneRun) -> bool:
     reason = run.state.get("stop_reason", "")
     if best is None:
         return finish(tick, run, "stopped", f"{reason}; no trial produced a version that could be evaluated")
+    base_model = best.get("base", run.base_model)
     if "final_eval" not in run.state and request.budget.usd is not None:
         reserve = heldout_reserve(tick.session, run)
         if run.cost_usd + reserve > request.budget.usd:
             # The budget is a cap: the held-out evaluation is left for the team to run.
-            _set_state(run, result={"model": best["model"], "base_model": best.get("base", run.base_model),
-                                    "heldout_pass_rate": None, "stop_reason": reason})  # fmt: skip
+            _set_state(
+                run,
+                result={
+                    "model": best["model"],
+                    "base_model": base_model,
+                    "heldout_pass_rate": None,
+                    "stop_reason": reason,
+                },
+            )
             return finish(
                 tick,
                 run,
@@ -660,7 +671,6 @@ def _final(tick: Tick, run: AutotuneRun) -> bool:
         return False
     final = done["held-out"]
     session, org = tick.session, run.organization_id
-    base_model = best.get("base", run.base_model)
     base_heldout = (
         run.state["base_evals"]["heldout"]
         if base_model == run.base_model
