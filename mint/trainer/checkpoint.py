@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mint.errors import InvalidRequest, NotFound
+from mint.trainer import peft_files
 from mint.trainer.types import LoraOptions
 
 STATE_FORMAT = 1
@@ -119,3 +120,20 @@ def write_sampler_weights(peft_model: Any, adapter_name: str, folder: Path) -> P
         for name in SAMPLER_FILES:
             os.replace(saved / name, folder / name)
     return folder
+
+
+def read_sampler_weights(folder: Path) -> tuple[LoraOptions, dict[str, torch.Tensor]]:
+    """The LoRA options and weights of a PEFT-format adapter folder, as `write_sampler_weights`
+    writes it (JSON and safetensors only); refused, naming the file, where either is unusable."""
+    config_file, weights_file = (folder / name for name in SAMPLER_FILES)
+    if not config_file.is_file() or not weights_file.is_file():
+        raise NotFound(f"{folder} is not a PEFT adapter: it needs {' and '.join(SAMPLER_FILES)}", param="path")
+    try:
+        options = peft_files.lora_options(json.loads(config_file.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(f"{config_file} is not a usable LoRA config: {exc}", param="adapter") from exc
+    try:
+        weights = load_file(weights_file)
+    except Exception as exc:  # safetensors raises its own error types for a damaged file
+        raise InvalidRequest(f"{weights_file} cannot be read as safetensors: {exc}", param="adapter") from exc
+    return options, weights

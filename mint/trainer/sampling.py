@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -135,6 +135,20 @@ class Decoding:
             return self
         params = self.request.params.model_copy(update={"seed": secrets.randbits(63)})
         return dataclasses.replace(self, request=dataclasses.replace(self.request, params=params))
+
+
+def decoding_chunks(decodings: Sequence[Decoding], max_rows: int) -> Iterator[list[Decoding]]:
+    """Consecutive requests in groups of at most `max_rows` samples (a larger request alone)."""
+    chunk: list[Decoding] = []
+    rows = 0
+    for decoding in decodings:
+        if chunk and rows + decoding.request.num_samples > max_rows:
+            yield chunk
+            chunk, rows = [], 0
+        chunk.append(decoding)
+        rows += decoding.request.num_samples
+    if chunk:
+        yield chunk
 
 
 class _Request:

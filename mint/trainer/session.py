@@ -18,7 +18,6 @@ worker) run as ONE pass in which each session's tokens go through its own adapte
 from __future__ import annotations
 
 import functools
-import json
 import re
 import secrets
 import threading
@@ -30,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from mint.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from mint.schemas.base_models import BaseModelSpec
-from mint.trainer import checkpoint, lora, peft_files
+from mint.trainer import checkpoint, lora
 from mint.trainer.combining import Combiner, Loops
 from mint.trainer.group import Group, mirrored
 from mint.trainer.mixed_adapters import Span, can_mix, mixed_adapters
@@ -43,7 +41,7 @@ from mint.trainer.models import load_base_model, tensors_fingerprint
 from mint.trainer.optimizer import AdapterOptimizer
 from mint.trainer.packing import pack, packed_logprobs
 from mint.trainer.prompt_scores import PromptQuery, PromptScores, score_prompt
-from mint.trainer.sampling import Decoding, StopRule, end_of_sequence_ids, generate_batch
+from mint.trainer.sampling import Decoding, StopRule, decoding_chunks, end_of_sequence_ids, generate_batch
 from mint.trainer.scoring import ModelLimits, ScoreRequest, score_parts
 from mint.trainer.types import (
     AdamParams,
@@ -74,20 +72,6 @@ BASE_VERSION = "base"
 MAX_SESSIONS_PER_PASS = 8
 
 
-def _chunks(decodings: Sequence[Decoding], max_rows: int) -> Iterator[list[Decoding]]:
-    """Consecutive requests in groups of at most `max_rows` samples (a larger request alone)."""
-    chunk: list[Decoding] = []
-    rows = 0
-    for decoding in decodings:
-        if chunk and rows + decoding.request.num_samples > max_rows:
-            yield chunk
-            chunk, rows = [], 0
-        chunk.append(decoding)
-        rows += decoding.request.num_samples
-    if chunk:
-        yield chunk
-
-
 @dataclass(frozen=True)
 class SampleCall:
     """One sample_batch call: requests under one adapter (None: the base), perhaps decoded in one
@@ -108,26 +92,6 @@ class BackwardCall:
 
 def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
-
-
-# PEFT options a saved adapter may carry only at these values (Mint trains plain LoRA), and
-# options that must be empty when present.
-def _read_peft_adapter(folder: Path) -> tuple[LoraOptions, dict[str, torch.Tensor]]:
-    """The LoRA options and weights of a PEFT-format adapter folder (JSON and safetensors only)."""
-    config_file, weights_file = (folder / name for name in checkpoint.SAMPLER_FILES)
-    if not config_file.is_file() or not weights_file.is_file():
-        raise NotFound(
-            f"{folder} is not a PEFT adapter: it needs {' and '.join(checkpoint.SAMPLER_FILES)}", param="path"
-        )
-    try:
-        options = peft_files.lora_options(json.loads(config_file.read_text(encoding="utf-8")))
-    except (OSError, ValueError) as exc:
-        raise InvalidRequest(f"{config_file} is not a usable LoRA config: {exc}", param="adapter") from exc
-    try:
-        weights = load_file(weights_file)
-    except Exception as exc:  # safetensors raises its own error types for a damaged file
-        raise InvalidRequest(f"{weights_file} cannot be read as safetensors: {exc}", param="adapter") from exc
-    return options, weights
 
 
 class ResidentBase:
@@ -294,7 +258,7 @@ class ResidentBase:
         InvalidRequest, an adapter this base cannot hold (another shape, or PEFT features Mint
         does not train: DoRA, rsLoRA, per-layer ranks, extra saved modules).
         """
-        options, weights = _read_peft_adapter(Path(folder))
+        options, weights = checkpoint.read_sampler_weights(Path(folder))
         session = self.create_session(options, session_id=session_id)
         try:
             session.load_adapter_weights(weights, source=str(folder))
@@ -517,12 +481,12 @@ class ResidentBase:
             with self._use(next(iter(owners), None)) as model:
                 return [
                     g
-                    for chunk in _chunks(decodings, MAX_ROWS_PER_BATCH)
+                    for chunk in decoding_chunks(decodings, MAX_ROWS_PER_BATCH)
                     for g in generate_batch(model, chunk, decode=decode)
                 ]
         self._settle_active(next(owner for owner in owners if owner is not None))
         samples: list[list[SampledSequence]] = []
-        for chunk in _chunks(decodings, MAX_ROWS_PER_BATCH):
+        for chunk in decoding_chunks(decodings, MAX_ROWS_PER_BATCH):
             chunk_owners = owners[len(samples) : len(samples) + len(chunk)]
             samples += generate_batch(self.model, chunk, decode=decode, rows_context=self._rows_through(chunk_owners))
         return samples
