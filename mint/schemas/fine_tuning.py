@@ -32,6 +32,7 @@ from mint.schemas.plans import (
 
 Auto = Literal["auto"]
 MethodType = Literal["supervised", "dpo", "reinforcement"]
+TrainingType = Literal["lora", "full"]
 JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled"]
 SUFFIX_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 # `adapter@version`, or `adapter` alone (its newest ready version).
@@ -187,6 +188,13 @@ class FineTuningJobCreate(_Strict):
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     integrations: list[FiniteJson] | None = Field(default=None, max_length=16, description="Accepted and ignored.")
     # Mint's own fields.
+    training_type: TrainingType = Field(
+        default="lora",
+        description="`lora` (default): a LoRA adapter on the shared resident base, billed by tokens trained. "
+        "`full`: every weight of a private copy of the base trains (supervised stages only), billed by the "
+        "seconds it holds the worker's device at the base's GPU-hour price; its version is a whole model, "
+        "evaluated and downloaded like any version, but not deployed on multi-LoRA serving nodes.",
+    )
     lora: LoraSpec = Field(default_factory=LoraSpec)
     steps: int | None = Field(default=None, ge=1, le=MAX_STEPS, description="Optimizer steps; overrides n_epochs.")
     learning_rate: float | None = Field(default=None, gt=0, le=1.0, description="Overrides the multiplier.")
@@ -288,6 +296,7 @@ class FineTuningJob(WireModel):
     estimated_finish: int | None = None
     integrations: list[dict[str, Any]] | None = None
     # Mint's fields.
+    training_type: TrainingType = "lora"
     lora: dict[str, Any]
     total_steps: int
     completed_steps: int

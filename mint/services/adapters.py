@@ -6,6 +6,10 @@ owners) so the same weights always give the same sha256. The archive is stored u
 hash (`adapters/sha256/<hex>.tar`), which is also the key of the serving cache: a new
 version is a new key, never a stale cache hit.
 
+A full-parameter job's version (`kind` full) is a whole transformers checkpoint instead
+(`extract_model`): it is evaluated on a worker of its base and downloaded like any version,
+but never served by multi-LoRA serving nodes or deployed (`require_lora` says so).
+
 Model references name what to sample from: a base (`tiny-glm-moe`) or an adapter version
 (`my-adapter@3`; `my-adapter` alone is its newest ready version).
 """
@@ -28,6 +32,8 @@ from mint.storage.queries import PageResult, get_owned, owned_by, paginate
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, new_id
 
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# What a whole-model (full-parameter) version's archive may hold: never a pickle.
+MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
 MAX_ARCHIVE_BYTES = 8 * 1024**3
 
 
@@ -39,6 +45,17 @@ def archive_adapter(folder: Path) -> bytes:
 def extract_adapter(data: bytes, folder: Path) -> Path:
     """Write the PEFT files of an archive into `folder`; anything else in it is refused."""
     return unpack_folder(data, folder, exactly=PEFT_FILES, param="file")
+
+
+def extract_model(data: bytes, folder: Path) -> Path:
+    """Write the files of a whole-model version (a full-parameter job's transformers checkpoint:
+    config, safetensors weights, tokenizer) into `folder`; only those kinds of files are taken,
+    so a pickled checkpoint never reaches a loader."""
+    unpack_folder(data, folder)
+    refused = sorted(path.name for path in folder.iterdir() if not path.name.endswith(MODEL_FILE_SUFFIXES))
+    if refused:
+        raise InvalidRequest(f"a whole-model version holds config, safetensors and tokenizer files only, not {refused}")
+    return folder
 
 
 def object_key_of(sha256: str) -> str:
@@ -103,6 +120,7 @@ def register_version(
     metrics: dict[str, Any] | None = None,
     parent_version_id: str | None = None,
     status: str = "ready",
+    kind: str = "lora",
 ) -> AdapterVersion:
     """Store an adapter archive (once per content) and record it as the adapter's next version,
     with the version it was trained from (`parent_version_id`), if any; an upload starts
@@ -120,6 +138,7 @@ def register_version(
         id=new_id("adv"),
         adapter_id=adapter.id,
         version=(newest or 0) + 1,
+        kind=kind,
         object_key=key,
         sha256=sha256,
         size_bytes=len(archive),
@@ -135,6 +154,21 @@ def register_version(
     session.add(version)
     session.flush()
     return version
+
+
+def require_lora(version: AdapterVersion, ref: str, *, param: str) -> None:
+    """Refuse (400, naming `param`) a whole-model version (`kind` full) where a LoRA adapter is
+    needed: serving nodes and deployments hold LoRA adapters on their shared resident base."""
+    if version.kind == "lora":
+        return
+    download = f"GET /v1/adapters/{version.adapter_id}/versions/{version.version}/download"
+    raise InvalidRequest(
+        f"{ref} is a whole model trained with training_type 'full'; serving nodes hold LoRA adapters on a shared "
+        f"base, so it cannot be served or deployed there. Evaluate it with POST /v1/evals, download it "
+        f"({download}, or `mint adapters download {ref}`), or register the downloaded folder as a base "
+        "(a `local_path` source in configs/models) to serve it",
+        param=param,
+    )
 
 
 def get_adapter(session: Session, organization_id: str, adapter_id: str) -> Adapter:

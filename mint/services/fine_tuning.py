@@ -26,7 +26,7 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -237,6 +237,17 @@ def _warm_start(session: Session, organization_id: str, body: FineTuningJobCreat
             f"on the adapter's own base (model: {version.base_model!r})",
             param="from_adapter",
         )
+    if version.kind != body.training_type:
+        fix = (
+            "train it further with training_type 'full'"
+            if version.kind == "full"
+            else "a full-parameter job starts from the base or from a full version"
+        )
+        raise InvalidRequest(
+            f"from_adapter {ref} is a {'whole model (full-parameter)' if version.kind == 'full' else 'LoRA adapter'}"
+            f" version, and this job's training_type is {body.training_type!r}; {fix}",
+            param="from_adapter",
+        )
     given = body.lora.model_dump(include=body.lora.model_fields_set)
     same = {"rank": version.rank, "alpha": version.alpha}
     clash = sorted(field for field, value in given.items() if field not in same or value != same[field])
@@ -282,6 +293,20 @@ def _check_stage(session: Session, organization_id: str, stage: StageCreate, ind
     return CheckedStage(kind=kind, training=training, validation_file=stage.validation_file, plan=plan)
 
 
+def _check_full_parameter(stages: Sequence[CheckedStage], chained: bool) -> None:
+    """Full-parameter training runs supervised stages only: DPO and RL score against a frozen
+    reference (and RL samples from the policy), which would be a second whole copy of the base."""
+    for index, stage in enumerate(stages):
+        if stage.kind != "sft":
+            where = f"stages[{index}].method" if chained else "method"
+            raise InvalidRequest(
+                f"{where}: training_type 'full' trains supervised stages only, and this one is {stage.kind!r}; "
+                "DPO and RL need a frozen reference copy of the base beside the trained one. Train it with "
+                "training_type 'lora', or make the job supervised",
+                param=where,
+            )
+
+
 @dataclass(frozen=True)
 class CheckedJob:
     """A create request as checked: its base, stages, warm start, LoRA options and estimate."""
@@ -303,12 +328,25 @@ def check_job(session: Session, organization_id: str, body: FineTuningJobCreate)
     requests = stage_requests(body)
     chained = body.stages is not None
     seed = body.seed if body.seed is not None else int.from_bytes(uuid.uuid4().bytes[:3])
+    full = body.training_type == "full"
+    if full and body.lora.model_fields_set:
+        raise InvalidRequest(
+            "lora: a full-parameter job (training_type 'full') trains every weight, with no adapter; omit `lora`",
+            param="lora",
+        )
     warm = _warm_start(session, organization_id, body, base.name) if body.from_adapter else None
-    lora = _check_lora(body, seed) if warm is None else {"rank": warm["rank"], "alpha": warm["alpha"], "seed": seed}
+    if full:
+        lora = {}
+    elif warm is None:
+        lora = _check_lora(body, seed)
+    else:
+        lora = {"rank": warm["rank"], "alpha": warm["alpha"], "seed": seed}
     BaseModelSpec.model_validate(base.spec)  # the registry entry the worker will load
     stages = [_check_stage(session, organization_id, stage, index, chained) for index, stage in enumerate(requests)]
+    if full:
+        _check_full_parameter(stages, chained)
     work = [pricing.stage_work(stage.plan, stage.training) for stage in stages]
-    estimate = pricing.estimate_stages(session, base.name, work)
+    estimate = pricing.estimate_stages(session, base.name, work, training_type=body.training_type)
     return CheckedJob(base=base, stages=stages, warm=warm, lora=lora, seed=seed, estimate=estimate)
 
 
@@ -350,6 +388,7 @@ def create_job(
         "request": body.model_dump(mode="json", exclude_none=True),
         "request_sha256": request_hash,
         "plan": stored_plans[0],
+        "training_type": body.training_type,
         "lora": lora,
         "adapter_name": body.suffix or f"ft-{job.id.removeprefix('ftjob_')}",
         "metadata": body.metadata or {},
@@ -583,6 +622,7 @@ def job_view(
         "budget_usd": job.spec.get("request", {}).get("budget_usd"),
         "estimated_finish": _estimated_finish(job),
         "error": error,
+        "training_type": job.spec.get("training_type", "lora"),
         "lora": job.spec.get("lora", {}),
         "total_steps": job.total_steps,
         "completed_steps": job.completed_steps,

@@ -71,7 +71,10 @@ from mint.storage.tables import AdapterVersion, Checkpoint, Dataset, JobEvent, T
 from mint.trainer.recipes.common import StepReport
 
 if TYPE_CHECKING:
+    from mint.trainer.full import FullParameterTrainer
     from mint.trainer.session import ResidentBase, TrainingSession
+
+    Training = TrainingSession | FullParameterTrainer
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,7 @@ class JobContext:
     adapter_name: str
     seed: int
     worker_id: str
+    training_type: str = "lora"  # or "full": every weight of a private copy of the base
     chained: bool = False
     from_version_id: str | None = None
     current: int = 0  # index of the stage being trained
@@ -128,8 +132,14 @@ class JobContext:
     # Tokens of this attempt not yet in a usage record (billed at checkpoints and at the end).
     unbilled_trained: int = 0
     unbilled_sampled: int = 0
+    # A full-parameter job bills the seconds it holds its device, not tokens.
+    unbilled_device_s: float = 0.0
     # stage number -> (version id, the job's trained tokens then) of stages already done
     done: dict[int, tuple[str, int]] = field(default_factory=dict)
+
+    @property
+    def full(self) -> bool:
+        return self.training_type == "full"
 
     @property
     def stage(self) -> Stage:
@@ -156,6 +166,7 @@ class JobContext:
             adapter_name=job.spec["adapter_name"],
             seed=job.seed,
             worker_id=worker_id,
+            training_type=job.spec.get("training_type", "lora"),
             chained="stages" in job.spec,
             from_version_id=warm.get("adapter_version_id"),
         )
@@ -219,15 +230,17 @@ class JobRun:
         self.context = context
         self.session_id = context.job_id
         self.stopped_at_budget = False
+        self._clock = time.perf_counter()
         # Seconds this attempt waited for its base to load (0 when it was resident): kept on the
         # job so the cost model's speeds leave it out.
         self.load_s = load_s
 
     # ---- state ------------------------------------------------------------------------------
 
-    def open_session(self) -> TrainingSession:
-        """The current stage's LoRA session: from its newest checkpoint, else from the version it
-        starts from (the previous stage's, or the job's `from_adapter`), else fresh with the job's seed."""
+    def open_session(self) -> Training:
+        """The current stage's trainer: from its newest checkpoint, else from the version it starts
+        from (the previous stage's, or the job's `from_adapter`), else fresh with the job's seed.
+        A LoRA session on the resident base, or for a full-parameter job a private copy of it."""
         from mint.trainer.types import LoraOptions
 
         if self.session_id in {s.session_id for s in self.resident.sessions}:
@@ -236,6 +249,24 @@ class JobRun:
         parent, tokens_before = self.parent_of(stage)
         context.stage_tokens_at_start = context.tokens_at_start = context.trained_tokens = tokens_before
         context.start_step = 0
+        snapshot = self._newest_checkpoint()
+        if context.full:
+            return self._full_trainer(snapshot, parent)
+        if snapshot is not None:
+            step, key, tokens = snapshot
+            with tempfile.TemporaryDirectory(prefix="mint-resume-") as scratch:
+                unpack_folder(self.store.get_bytes(key), Path(scratch))
+                training = self.resident.create_session_from_state(Path(scratch), session_id=self.session_id)
+            self._resumed_at(step, tokens)
+            return training
+        if parent is not None:
+            return self._session_from_version(parent)
+        options = LoraOptions.model_validate(context.lora)
+        return self.resident.create_session(options, session_id=self.session_id)
+
+    def _newest_checkpoint(self) -> tuple[int, str, int] | None:
+        """The current stage's newest checkpoint: (job step, object key, trained tokens then)."""
+        stage, context = self.context.stage, self.context
         with session_scope(self.settings.database) as session:
             newest = (
                 session.execute(
@@ -250,30 +281,34 @@ class JobRun:
                 .scalars()
                 .first()
             )
-            snapshot = (
-                (newest.step, newest.object_key, int(newest.metrics.get("trained_tokens", 0))) if newest else None
-            )
-        if snapshot is not None:
-            step, key, tokens = snapshot
-            with tempfile.TemporaryDirectory(prefix="mint-resume-") as scratch:
-                unpack_folder(self.store.get_bytes(key), Path(scratch))
-                training = self.resident.create_session_from_state(Path(scratch), session_id=self.session_id)
-            context.start_step, context.tokens_at_start = step - stage.offset, tokens
-            context.trained_tokens = tokens
-            return training
-        if parent is not None:
-            return self._session_from_version(parent)
-        options = LoraOptions.model_validate(context.lora)
-        return self.resident.create_session(options, session_id=self.session_id)
+            return (newest.step, newest.object_key, int(newest.metrics.get("trained_tokens", 0))) if newest else None
 
-    def parent_of(self, stage: Stage) -> tuple[str | None, int]:
-        """The version `stage` starts from (None: a fresh adapter) and the job's trained tokens then."""
-        if stage.number == 1:
-            return self.context.from_version_id, 0
-        return self.context.done[stage.number - 1]
+    def _resumed_at(self, step: int, tokens: int) -> None:
+        context = self.context
+        context.start_step, context.tokens_at_start = step - context.stage.offset, tokens
+        context.trained_tokens = tokens
 
-    def _session_from_version(self, version_id: str) -> TrainingSession:
-        """A session holding an adapter version's weights (its rank, alpha and targets), optimizer fresh."""
+    def _full_trainer(self, snapshot: tuple[int, str, int] | None, parent: str | None) -> FullParameterTrainer:
+        """A private copy of the base for a full-parameter stage, on the resident base's device:
+        the base's weights, or a whole-model version's (`parent`), then its newest checkpoint's
+        weights, Adam moments and step. It trains on this process alone, also on a worker group."""
+        from mint.trainer.full import FullParameterTrainer
+        from mint.trainer.models import spec_with_weights
+
+        spec, device = self.resident.spec, str(self.resident.device)
+        with tempfile.TemporaryDirectory(prefix="mint-full-") as scratch:
+            if parent is not None and snapshot is None:
+                spec = spec_with_weights(spec, self._version_folder(parent, Path(scratch), kind="full"))
+            training = FullParameterTrainer(spec, self.settings.models_cache_dir, device=device)
+            if snapshot is not None:
+                step, key, tokens = snapshot
+                unpack_folder(self.store.get_bytes(key), Path(scratch) / "state")
+                training.load_state(Path(scratch) / "state")
+                self._resumed_at(step, tokens)
+        return training
+
+    def _version_folder(self, version_id: str, scratch: Path, *, kind: str) -> Path:
+        """A ready version's files in `scratch`: a PEFT adapter, or a whole model (`kind` full)."""
         with session_scope(self.settings.database) as session:
             version = session.get(AdapterVersion, version_id)
             if version is None or version.status != "ready":
@@ -283,8 +318,20 @@ class JobRun:
                     param="from_adapter",
                 )
             key = version.object_key
+        if kind == "full":
+            return adapters.extract_model(self.store.get_bytes(key), scratch / "model")
+        return adapters.extract_adapter(self.store.get_bytes(key), scratch)
+
+    def parent_of(self, stage: Stage) -> tuple[str | None, int]:
+        """The version `stage` starts from (None: a fresh adapter) and the job's trained tokens then."""
+        if stage.number == 1:
+            return self.context.from_version_id, 0
+        return self.context.done[stage.number - 1]
+
+    def _session_from_version(self, version_id: str) -> TrainingSession:
+        """A session holding an adapter version's weights (its rank, alpha and targets), optimizer fresh."""
         with tempfile.TemporaryDirectory(prefix="mint-warm-") as scratch:
-            folder = adapters.extract_adapter(self.store.get_bytes(key), Path(scratch))
+            folder = self._version_folder(version_id, Path(scratch), kind="lora")
             return self.resident.create_session_from_adapter(folder, session_id=self.session_id)
 
     def _stage_versions(self) -> dict[int, tuple[str, int]]:
@@ -297,7 +344,7 @@ class JobRun:
                 int(row.metrics.get("stage", 1)): (row.id, int(row.metrics.get("trained_tokens", 0))) for row in rows
             }
 
-    def save_checkpoint(self, training: TrainingSession, report: StepReport) -> None:
+    def save_checkpoint(self, training: Training, report: StepReport) -> None:
         with tempfile.TemporaryDirectory(prefix="mint-ckpt-") as scratch:
             training.save_state(Path(scratch))
             data = pack_folder(Path(scratch))
@@ -350,7 +397,7 @@ class JobRun:
 
     # ---- the step callback ------------------------------------------------------------------
 
-    def on_step(self, training: TrainingSession, report: StepReport) -> bool:
+    def on_step(self, training: Training, report: StepReport) -> bool:
         """Record the step and its cost; checkpoint when due; False stops the recipe: a cancel
         was requested, or the next step would take the job past its allowance (it checkpoints
         and fails with `budget_exhausted`)."""
@@ -358,8 +405,12 @@ class JobRun:
         trained = int(report.metrics.get("trained_tokens", report.metrics.get("tokens", 0)))
         sampled = int(report.metrics.get("tokens", 0)) if context.plan.method == "rl" else 0
         context.trained_tokens += trained
-        context.unbilled_trained += trained
-        context.unbilled_sampled += sampled
+        step_s = self._device_seconds()
+        if context.full:
+            context.unbilled_device_s += step_s
+        else:
+            context.unbilled_trained += trained
+            context.unbilled_sampled += sampled
         stage, plan = context.stage, context.plan
         step = stage.offset + report.step  # the job's step
         where = f"Step {step}/{context.total_steps}"
@@ -374,7 +425,10 @@ class JobRun:
             job.sampled_tokens += sampled
             job.heartbeat_at = utcnow()
             prices = pricing.prices_for(session, context.base_model)
-            step_cost = prices.of("trained", trained) + prices.of("sampled", sampled)
+            if context.full:
+                step_cost = prices.device_seconds(step_s)
+            else:
+                step_cost = prices.of("trained", trained) + prices.of("sampled", sampled)
             billed = pricing.resource_cost(session, "training_job", job.id)
             job.cost_usd = billed + self._unbilled_cost(prices)
             emit_event(
@@ -398,14 +452,29 @@ class JobRun:
             return False
         return not cancel
 
+    def _device_seconds(self) -> float:
+        """Seconds since the last step ended (or training began): what a full-parameter step held
+        its device, its checkpoint included."""
+        now = time.perf_counter()
+        seconds, self._clock = now - self._clock, now
+        return seconds
+
     def _unbilled_cost(self, prices: pricing.Prices) -> float:
         context = self.context
-        return prices.of("trained", context.unbilled_trained) + prices.of("sampled", context.unbilled_sampled)
+        return (
+            prices.of("trained", context.unbilled_trained)
+            + prices.of("sampled", context.unbilled_sampled)
+            + prices.device_seconds(context.unbilled_device_s)
+        )
 
     def bill(self, session: Session, model_ref: str) -> None:
-        """Record the usage of the steps trained since the last record, priced now."""
+        """Record the usage of the steps trained since the last record, priced now. Device time
+        is recorded in whole seconds; the fraction left waits for the next record."""
         context = self.context
-        for kind, tokens in (("trained", context.unbilled_trained), ("sampled", context.unbilled_sampled)):
+        device_s = int(context.unbilled_device_s)
+        context.unbilled_device_s -= device_s
+        usage = (("trained", context.unbilled_trained), ("sampled", context.unbilled_sampled))
+        for kind, tokens in (*usage, ("device_seconds", device_s)):
             if tokens:
                 record_usage(
                     session,
@@ -461,7 +530,9 @@ class JobRun:
                 if not self.finish(training):
                     return  # cancelled between stages
             finally:
-                self.resident.close(self.session_id)
+                if not context.full:  # a full-parameter copy is freed with its last reference
+                    self.resident.close(self.session_id)
+                del training
 
     def _note_start(self, *, resume: bool) -> None:
         """Events for the stage about to train: the attempt's start or resume, and for a chained
@@ -499,7 +570,7 @@ class JobRun:
             job.completed_steps = at
             job.trained_tokens = context.trained_tokens
 
-    def _train(self, training: TrainingSession) -> list[StepReport]:
+    def _train(self, training: Training) -> list[StepReport]:
         from mint.evals.agent_environments import make_environment
         from mint.evals.graders import GraderSpec
         from mint.trainer.methods import METHODS
@@ -520,6 +591,7 @@ class JobRun:
             environment_for=make_environment,
             rl_max_steps_without_signal=self.settings.rl_max_steps_without_signal,
         )
+        self._clock = time.perf_counter()  # device time is billed from the first step on
         return METHODS.run(self.context.plan, inputs)
 
     def _rows(self) -> list[dict[str, Any]]:
@@ -529,17 +601,31 @@ class JobRun:
             session.expunge(dataset)
         return datasets.read_rows(self.store, dataset)
 
-    def finish(self, training: TrainingSession) -> bool:
-        """Store the stage's adapter, then in one transaction record its version (with its
-        lineage) and move the job on: to the next stage, or succeeded after the last. False
-        when a cancel requested meanwhile stops the job between stages."""
+    def _version_archive(self, training: Training) -> tuple[bytes, dict[str, Any]]:
+        """What the stage's version stores: the PEFT adapter and its LoRA settings as saved (the
+        registry's defaults resolved), or a full-parameter stage's whole model (no LoRA)."""
+        with tempfile.TemporaryDirectory(prefix="mint-adapter-") as scratch:
+            if self.context.full:
+                training.save_weights(Path(scratch))
+                return pack_folder(Path(scratch)), {}
+            training.save_weights_for_sampler(Path(scratch))
+            saved = json.loads((Path(scratch) / "adapter_config.json").read_text())
+            lora = {
+                "rank": saved.get("r", 0),
+                "alpha": saved.get("lora_alpha", 0),
+                "targets": [*training.targets.target_modules, *training.targets.target_parameters],
+            }
+            return adapters.archive_adapter(Path(scratch)), lora
+
+    def finish(self, training: Training) -> bool:
+        """Store the stage's version (an adapter, or a full-parameter stage's whole model), then
+        in one transaction record it (with its lineage) and move the job on: to the next stage, or
+        succeeded after the last. False when a cancel requested meanwhile stops the job between
+        stages."""
         context, stage = self.context, self.context.stage
         last = stage.number == len(context.stages)
         parent, _ = self.parent_of(stage)
-        with tempfile.TemporaryDirectory(prefix="mint-adapter-") as scratch:
-            training.save_weights_for_sampler(Path(scratch))
-            archive = adapters.archive_adapter(Path(scratch))
-            saved = json.loads((Path(scratch) / "adapter_config.json").read_text())
+        archive, lora = self._version_archive(training)
         with session_scope(self.settings.database) as session:
             job = self._require_ours(session)
             dataset = session.get(Dataset, stage.training_file)
@@ -550,11 +636,8 @@ class JobRun:
                 name=context.adapter_name,
                 base_model=context.base_model,
                 archive=archive,
-                lora={  # as saved: the registry's defaults resolved
-                    "rank": saved.get("r", 0),
-                    "alpha": saved.get("lora_alpha", 0),
-                    "targets": [*training.targets.target_modules, *training.targets.target_parameters],
-                },
+                lora=lora,
+                kind=context.training_type,
                 training_job_id=job.id,
                 parent_version_id=parent,
                 metrics={

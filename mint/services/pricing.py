@@ -60,9 +60,16 @@ class Prices:
     gpu_hour: float
 
     def of(self, kind: str, tokens: int) -> float:
-        """What `tokens` of usage `kind` (trained | sampled | served) cost."""
+        """What `tokens` of usage `kind` (trained | sampled | served) cost; for `device_seconds`
+        (full-parameter training), `tokens` is seconds, priced by the GPU-hour."""
+        if kind == "device_seconds":
+            return self.device_seconds(tokens)
         rate: float = getattr(self, kind)
         return tokens * rate / 1e6
+
+    def device_seconds(self, seconds: float) -> float:
+        """What `seconds` of full-parameter training on one device cost."""
+        return seconds * self.gpu_hour / 3600
 
 
 # Close to what hosted LoRA fine-tuning of a small base costs; operators set their own.
@@ -183,11 +190,14 @@ UNCALIBRATED = Calibration(
 )
 
 
-def calibration(session: Session, base_model: str, method: str, training_file: str | None = None) -> Calibration:
-    """Ratios from the last `CALIBRATION_JOBS` single-stage jobs of this base and method that
-    succeeded with an estimate on record; those on the same training file, where there are any
-    (how much of a row is trained on varies from file to file). Time is the median of the jobs'
-    tokens per second: the one job that also loaded the base does not skew it."""
+def calibration(
+    session: Session, base_model: str, method: str, training_file: str | None = None, training_type: str = "lora"
+) -> Calibration:
+    """Ratios from the last `CALIBRATION_JOBS` single-stage jobs of this base, method and training
+    type (LoRA and full-parameter steps run at different speeds) that succeeded with an estimate
+    on record; those on the same training file, where there are any (how much of a row is trained
+    on varies from file to file). Time is the median of the jobs' tokens per second: the one job
+    that also loaded the base does not skew it."""
     query = (
         select(TrainingJob)
         .where(
@@ -199,7 +209,11 @@ def calibration(session: Session, base_model: str, method: str, training_file: s
         .order_by(TrainingJob.finished_at.desc())
         .limit(CALIBRATION_JOBS * 4)
     )
-    measured = [job for job in session.execute(query).scalars() if _calibrates(job)]
+    measured = [
+        job
+        for job in session.execute(query).scalars()
+        if _calibrates(job) and job.spec.get("training_type", "lora") == training_type
+    ]
     same_file = [job for job in measured if job.training_dataset_id == training_file]
     measured = (same_file or measured)[:CALIBRATION_JOBS]
     if not measured:
@@ -272,12 +286,16 @@ class JobEstimate:
         }
 
 
-def estimate_stages(session: Session, base_model: str, stages: Sequence[StageWork]) -> JobEstimate:
+def estimate_stages(
+    session: Session, base_model: str, stages: Sequence[StageWork], *, training_type: str = "lora"
+) -> JobEstimate:
+    """A LoRA job costs its tokens trained and sampled; a full-parameter one (`training_type`
+    full) the seconds it is expected to hold its device, at the GPU-hour price."""
     prices = prices_for(session, base_model)
     trained = sampled = seconds = 0.0
     calibrated_on: int | None = None
     for stage in stages:
-        model = calibration(session, base_model, stage.method, stage.training_file)
+        model = calibration(session, base_model, stage.method, stage.training_file, training_type)
         stage_trained = stage.raw_trained_tokens * model.trained_ratio
         trained += stage_trained
         sampled += stage.raw_sampled_tokens * model.sampled_ratio
@@ -289,7 +307,12 @@ def estimate_stages(session: Session, base_model: str, stages: Sequence[StageWor
         steps=sum(stage.steps for stage in stages),
         seconds=seconds,
         # to the micro-dollar, as shown: a budget copied from an estimate covers it
-        cost_usd=round(prices.of("trained", round(trained)) + prices.of("sampled", round(sampled)), 6),
+        cost_usd=round(
+            prices.device_seconds(seconds)
+            if training_type == "full"
+            else prices.of("trained", round(trained)) + prices.of("sampled", round(sampled)),
+            6,
+        ),
         calibrated_on=calibrated_on or 0,
         raw_trained_tokens=sum(stage.raw_trained_tokens for stage in stages),
         raw_sampled_tokens=sum(stage.raw_sampled_tokens for stage in stages),

@@ -62,7 +62,8 @@ FUTURE_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 TINKER_SESSION_STATUSES = ("active", "finished")
 AUTOTUNE_STATUSES = ("queued", "running", "succeeded", "stopped", "failed", "cancelled")
 TINKER_CHECKPOINT_KINDS = ("training", "sampler", "external")
-USAGE_KINDS = ("trained", "sampled", "served")
+USAGE_KINDS = ("trained", "sampled", "served", "device_seconds")
+VERSION_KINDS = ("lora", "full")
 WEBHOOK_DELIVERY_STATUSES = ("pending", "succeeded", "failed")
 
 
@@ -156,7 +157,8 @@ class AuditLog(Base):
 
 
 class UsageRecord(Base):
-    """Tokens trained, sampled or served, per organization, for billing and quotas."""
+    """Tokens trained, sampled or served, per organization, for billing and quotas; for
+    `device_seconds` (full-parameter training, priced per GPU-hour) `tokens` holds seconds."""
 
     __tablename__ = "usage_records"
     __table_args__ = (_one_of("kind", USAGE_KINDS), Index("ix_usage_org_created", "organization_id", "created_at"))
@@ -454,14 +456,21 @@ class Adapter(Base):
 
 
 class AdapterVersion(Base):
-    """An immutable PEFT-format adapter in the object store, keyed by its content hash."""
+    """An immutable trained version in the object store, keyed by its content hash: a PEFT-format
+    adapter (`kind` lora), or the whole model a full-parameter job trained (`kind` full: a
+    transformers checkpoint, config, safetensors weights and tokenizer; rank and alpha 0)."""
 
     __tablename__ = "adapter_versions"
-    __table_args__ = (_one_of("status", ADAPTER_VERSION_STATUSES), UniqueConstraint("adapter_id", "version"))
+    __table_args__ = (
+        _one_of("status", ADAPTER_VERSION_STATUSES),
+        _one_of("kind", VERSION_KINDS),
+        UniqueConstraint("adapter_id", "version"),
+    )
 
     id: Mapped[str] = _id()
     adapter_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("adapters.id"), index=True)
     version: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(8), default="lora", server_default="lora")
     object_key: Mapped[str] = mapped_column(String(1024))
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger)

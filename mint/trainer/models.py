@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from mint.errors import ConfigurationError
-from mint.schemas.base_models import BaseModelSpec, GgufPackage, Hub, LocalPath, Seeded
+from mint.schemas.base_models import BaseModelSpec, GgufPackage, Hub, LocalPath, SameAsWeights, Seeded
 
 if TYPE_CHECKING:
     import torch
@@ -373,6 +373,12 @@ def pull_base_model(spec: BaseModelSpec, cache_dir: Path) -> Path:
         return target
     model, tokenizer = build_base_model(spec)
     return save_base_model(spec, model, tokenizer, cache_dir)
+
+
+def spec_with_weights(spec: BaseModelSpec, folder: Path) -> BaseModelSpec:
+    """`spec` with its weights and tokenizer read from `folder`: the whole model a full-parameter
+    job trained from this base (same architecture, new weights)."""
+    return spec.model_copy(update={"source": LocalPath(path=folder), "tokenizer": SameAsWeights()})
 
 
 def load_base_model(

@@ -28,14 +28,17 @@ def succeeded(client: TestClient, tenant: Tenant, job_id: str) -> dict[str, Any]
 
 
 def adapter_weights(client: TestClient, tenant: Tenant, job: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The tensors of the job's adapter version."""
+    """The tensors of the job's version: its adapter, or a full-parameter job's whole model."""
     name, version = job["fine_tuned_model"].split("@")
     adapter = next(
         a for a in client.get("/v1/adapters?limit=100", headers=tenant.headers()).json()["data"] if a["name"] == name
     )
     download = client.get(f"/v1/adapters/{adapter['id']}/versions/{version}/download", headers=tenant.headers())
     with tarfile.open(fileobj=io.BytesIO(download.content)) as archive:
-        member = archive.extractfile("adapter_model.safetensors")
+        names = archive.getnames()
+        member = archive.extractfile(
+            "model.safetensors" if "model.safetensors" in names else "adapter_model.safetensors"
+        )
         assert member is not None
         return safetensors.torch.load(member.read())
 
