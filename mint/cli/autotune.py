@@ -80,6 +80,14 @@ def start(
         list[str] | None,
         typer.Option("--also-base", help="Another base model to consider besides --model (repeat)."),
     ] = None,
+    training_types: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--training-type",
+            help="lora or full: a training type allowed (repeat); lora if omitted. With both, SFT trials may "
+            "train every weight when the budget affords it.",
+        ),
+    ] = None,
     eval_max_tokens: Annotated[
         int, typer.Option("--eval-max-tokens", min=1, max=8192, help="Largest assistant turn in the evals.")
     ] = 64,
@@ -93,6 +101,8 @@ def start(
         constraints["methods"] = methods
     if also_bases:
         constraints["bases"] = also_bases
+    if training_types:
+        constraints["training_types"] = training_types
     with api.client() as client:
         run = client.autotune.create(
             benchmark,

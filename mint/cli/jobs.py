@@ -22,7 +22,7 @@ from mint.cli.options import (
     remote,
 )
 from mint.cli.output import console, human, wire
-from mint.schemas.fine_tuning import MethodType
+from mint.schemas.fine_tuning import MethodType, TrainingType
 from mint.schemas.plans import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_STEPS
 from mint.sdk.errors import BadRequestError
 
@@ -39,6 +39,7 @@ def row_of(job: Any) -> dict[str, Any]:
             "status": job.status,
             "model": job.model,
             "method": job.method.get("type"),
+            "training_type": job.training_type,
             "steps": f"{job.completed_steps}/{job.total_steps}",
             "fine_tuned_model": job.fine_tuned_model,
             "from_adapter": job.from_adapter,
@@ -105,6 +106,14 @@ def create(
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, max=MAX_BATCH_SIZE)] = None,
     epochs: Annotated[int | None, typer.Option("--epochs", min=1, max=MAX_EPOCHS)] = None,
     rank: Annotated[int | None, typer.Option("--rank", min=1, max=1024, help="LoRA rank (the base's default).")] = None,
+    training_type: Annotated[
+        TrainingType | None,
+        typer.Option(
+            "--training-type",
+            help="lora (default), or full: every weight of a copy of the base trains (supervised only; billed "
+            "by device time); its version is a whole model, evaluated and downloaded but not deployed.",
+        ),
+    ] = None,
     grader: Annotated[
         str | None, typer.Option("--grader", help="For reinforcement: a grader name or JSON {type, config}.")
     ] = None,
@@ -145,6 +154,7 @@ def create(
         "seed": seed,
         "learning_rate": learning_rate,
         "lora": {"rank": rank} if rank else None,
+        "training_type": training_type,
         "from_adapter": from_adapter,
         "stages": stages_file(stages),
         "budget_usd": budget_usd,

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mint.schemas.common import ID_PATTERN, MAX_SEED, RequestModel
 from mint.schemas.evals import SPLIT_PATTERN, ResourceId, Timestamp
+from mint.schemas.fine_tuning import TrainingType
 
 AutotuneMethod = Literal["sft", "dpo", "rl"]
 AutotuneStatus = Literal["queued", "running", "succeeded", "stopped", "failed", "cancelled"]
@@ -80,6 +81,13 @@ class AutotuneConstraints(_Strict):
         default_factory=lambda: ["sft", "dpo", "rl"], min_length=1, max_length=3, description="Methods allowed."
     )
     max_rank: int = Field(default=16, ge=1, le=MAX_AUTOTUNE_RANK, description="Largest LoRA rank tried.")
+    training_types: list[TrainingType] = Field(
+        default_factory=lambda: ["lora"],
+        min_length=1,
+        max_length=2,
+        description="`lora`, `full` or both. With both, SFT trials may train every weight (priced by device time) "
+        "when the budget affords it; with `full` alone, every trial is full-parameter SFT.",
+    )
     max_trials: int = Field(default=6, ge=1, le=MAX_TRIALS, description="Trials (jobs) at most.")
     patience: int = Field(
         default=3, ge=1, le=MAX_TRIALS, description="Stop after this many trials in a row without a better dev score."
@@ -92,6 +100,17 @@ class AutotuneConstraints(_Strict):
         description="Other base models to consider besides `model`: each is evaluated on dev and held-out, "
         "its default trial is tried, and the search goes on from the best.",
     )
+
+    @model_validator(mode="after")
+    def _distinct_training_types(self) -> AutotuneConstraints:
+        if len(set(self.training_types)) != len(self.training_types):
+            raise ValueError("constraints.training_types lists a training type twice")
+        if self.training_types == ["full"] and "sft" not in self.methods:
+            raise ValueError(
+                "constraints.training_types ['full'] trains SFT only, and constraints.methods has no 'sft': "
+                "allow 'sft', or add 'lora' to training_types"
+            )
+        return self
 
 
 class AutotuneCreate(_Strict):

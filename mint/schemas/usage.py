@@ -11,9 +11,11 @@ from mint.schemas.common import RequestModel
 
 
 class UsageLine(BaseModel):
-    kind: Literal["trained", "sampled", "served"]
+    kind: Literal["trained", "sampled", "served", "device_seconds"] = Field(
+        description="Tokens trained, sampled or served; `device_seconds`: full-parameter training, by device time."
+    )
     base_model: str
-    tokens: int
+    tokens: int = Field(description="Tokens; seconds for `device_seconds`.")
     records: int
     cost_usd: float = Field(description="What these tokens cost, each record at the price of its day.")
 

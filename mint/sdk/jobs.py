@@ -32,6 +32,7 @@ from mint.schemas.fine_tuning import (
     LoraSpec,
     MethodType,
     StageCreate,
+    TrainingType,
 )
 from mint.sdk._http import AsyncHTTP, Call, SyncHTTP, parse_model, request_body
 from mint.sdk.errors import BadRequestError
@@ -239,6 +240,7 @@ class Jobs:
         seed: int | None = None,
         learning_rate: float | None = None,
         lora: LoraSpec | dict[str, Any] | None = None,
+        training_type: TrainingType | None = None,
         checkpoint_interval: int | None = None,
         validation_file: str | None = None,
         metadata: dict[str, str] | None = None,
@@ -266,6 +268,10 @@ class Jobs:
                  "training_file": prompts.id, "steps": 40},
             ])
 
+        `training_type="full"` trains every weight of a private copy of the base instead of a
+        LoRA adapter (supervised only; billed by device time at the GPU-hour price); its version is
+        the whole model, evaluated and downloaded like any version but not deployed.
+
         `budget_usd` caps what the job may cost: a create whose estimate is more (or passes a
         spend limit of the organization) raises `SpendLimitExceededError`; a running job stops
         with a checkpoint before a step would take it past (`error.code` `budget_exhausted`).
@@ -281,6 +287,7 @@ class Jobs:
             seed=seed,
             learning_rate=learning_rate,
             lora=lora,
+            training_type=training_type,
             checkpoint_interval=checkpoint_interval,
             validation_file=validation_file,
             metadata=metadata,
@@ -393,6 +400,7 @@ class AsyncJobs:
         seed: int | None = None,
         learning_rate: float | None = None,
         lora: LoraSpec | dict[str, Any] | None = None,
+        training_type: TrainingType | None = None,
         checkpoint_interval: int | None = None,
         validation_file: str | None = None,
         metadata: dict[str, str] | None = None,
@@ -412,6 +420,7 @@ class AsyncJobs:
             seed=seed,
             learning_rate=learning_rate,
             lora=lora,
+            training_type=training_type,
             checkpoint_interval=checkpoint_interval,
             validation_file=validation_file,
             metadata=metadata,

@@ -43,7 +43,7 @@ from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
 from mint.schemas.fine_tuning import FineTuningJobCreate
 from mint.services import benchmarks, deployments, evals, fine_tuning, pricing, webhooks
 from mint.services.autotune import trials_of
-from mint.services.autotune_search import DATA_OF_METHOD, choose_methods, next_params, why_params
+from mint.services.autotune_search import DATA_OF_METHOD, choose_methods, full_choice, next_params, why_params
 from mint.services.dispatch import Dispatch
 from mint.services.principal import Principal
 from mint.services.quotas import QuotaDefaults
@@ -363,7 +363,24 @@ def _baseline(tick: Tick, run: AutotuneRun) -> bool:
             "no allowed method has data to train on: the base's train failures gave no rows for "
             f"{', '.join(request.constraints.methods)}",
         )
-    _set_state(run, phase="search", datasets=mined, methods=choice.methods)
+    methods, types = choice.methods, request.constraints.training_types
+    if types == ["full"] and methods != ["sft"]:
+        methods = [method for method in methods if method == "sft"]
+        decide(
+            run,
+            "train SFT only",
+            "the only training type allowed is full-parameter, which trains supervised stages only (DPO and RL "
+            "score against a frozen reference copy of the base)",
+        )
+    choose_full = full_choice(methods, types)
+    if choose_full:
+        decide(
+            run,
+            "consider full-parameter training",
+            "the constraints allow LoRA and full-parameter training: after the LoRA default, the default SFT trial "
+            "trains every weight when its estimate (device time at the GPU-hour price) fits the budget",
+        )
+    _set_state(run, phase="search", datasets=mined, methods=methods, choose_full=choose_full)
     return False
 
 
@@ -445,17 +462,32 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
         decide(run, "stop the search", reason)
         return _final(tick, run)
     finished = [(t.params, trial_score(t)) for t in trials if t.status in ("done", "failed")]
-    params = next_params(
-        finished,
-        run.state["methods"],
-        max_rank=request.constraints.max_rank,
-        max_steps=request.constraints.max_steps,
-        seed=request.seed,
-        bases=run.state.get("bases", ()),
-    )
-    body = _job_body(run, request, params, len(trials) + 1)
-    estimate = fine_tuning.check_job(tick.session, run.organization_id, body).estimate
+    number = len(trials) + 1
+    params = _next_params(run, request, finished)
     dev_eval = per_task * _tasks_in(tick.session, run, "dev")
+    body, estimate = _priced(tick, run, request, params, number)
+    if params.get("training_type") == "full" and _out_of_budget(run, request, estimate.cost_usd + dev_eval):
+        # The budget decides between LoRA and full parameters: what is left does not pay for this one.
+        cost = (
+            f"${estimate.cost_usd:.4f} ({estimate.seconds:.0f} s of device time) and its dev evaluation ${dev_eval:.4f}"
+        )
+        if not any(done.get("training_type") == "full" for done, _ in finished):
+            _set_state(run, choose_full=False)
+            decide(
+                run,
+                "skip full-parameter training",
+                f"the full-parameter default is estimated at {cost}, more than the budget has left; the search "
+                "goes on with LoRA",
+            )
+            params = _next_params(run, request, finished)
+        else:
+            decide(
+                run,
+                "train LoRA instead of full parameters",
+                f"the full-parameter trial is estimated at {cost}, more than the budget has left",
+            )
+            params = {**params, "training_type": "lora"}
+        body, estimate = _priced(tick, run, request, params, number)
     over = _out_of_budget(run, request, estimate.cost_usd + dev_eval)
     if over is not None:
         _set_state(run, phase="final", stop_reason=over)
@@ -467,7 +499,6 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
         _set_state(run, phase="final", stop_reason=refused.message)
         decide(run, "stop the search", f"the next trial is refused: {refused.message}")
         return _final(tick, run)
-    number = len(trials) + 1
     tick.session.add(
         AutotuneTrial(
             id=new_id("trial"),
@@ -480,14 +511,43 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
             estimated_usd=estimate.cost_usd,
         )
     )
+    full = _training_type(request, params) == "full"
     decide(
         run,
-        f"start trial {number}: {params['method']}",
-        f"learning-rate multiplier {params['learning_rate_multiplier']:.3g}, rank {params['rank']}, "
-        f"{params['steps']} steps (job {job.id}, estimated ${estimate.cost_usd:.4f}, {estimate.seconds:.0f} s); "
-        + why_params(finished, run.state.get("bases", ())),
+        f"start trial {number}: {params['method']}" + (" (full-parameter)" if full else ""),
+        f"learning-rate multiplier {params['learning_rate_multiplier']:.3g}, "
+        + ("every weight" if full else f"rank {params['rank']}")
+        + f", {params['steps']} steps (job {job.id}, estimated ${estimate.cost_usd:.4f}, {estimate.seconds:.0f} s); "
+        + why_params(finished, run.state.get("bases", ()), bool(run.state.get("choose_full"))),
     )
     return False
+
+
+def _training_type(request: AutotuneCreate, params: dict[str, Any]) -> str:
+    """A trial's training type: its own where trials choose, else the one the constraints allow."""
+    return str(params.get("training_type") or request.constraints.training_types[0])
+
+
+def _next_params(
+    run: AutotuneRun, request: AutotuneCreate, finished: list[tuple[dict[str, Any], float]]
+) -> dict[str, Any]:
+    return next_params(
+        finished,
+        run.state["methods"],
+        max_rank=request.constraints.max_rank,
+        max_steps=request.constraints.max_steps,
+        seed=request.seed,
+        bases=run.state.get("bases", ()),
+        choose_full=bool(run.state.get("choose_full")),
+    )
+
+
+def _priced(
+    tick: Tick, run: AutotuneRun, request: AutotuneCreate, params: dict[str, Any], number: int
+) -> tuple[FineTuningJobCreate, Any]:
+    """The trial's job request and its estimate (checked as a create would check it)."""
+    body = _job_body(run, request, params, number)
+    return body, fine_tuning.check_job(tick.session, run.organization_id, body).estimate
 
 
 def _update_reserve(session: Session, run: AutotuneRun, request: AutotuneCreate) -> float:
@@ -540,8 +600,11 @@ def _job_body(run: AutotuneRun, request: AutotuneCreate, params: dict[str, Any],
         "seed": (request.seed + number) % (2**31 - 1),
         "suffix": suffix,
         "metadata": {"autotune_run": run.id, "trial": str(number)},
-        "lora": {"rank": params["rank"], "alpha": 2 * params["rank"]},
     }
+    if _training_type(request, params) == "full":
+        common["training_type"] = "full"
+    else:
+        common["lora"] = {"rank": params["rank"], "alpha": 2 * params["rank"]}
     if method == "sft_rl":
         half = max(1, params["steps"] // 2)
         hyper = {"hyperparameters": {"learning_rate_multiplier": multiplier}}

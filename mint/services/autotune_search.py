@@ -13,7 +13,13 @@ The first trial is the plain default (the preferred method, learning-rate multip
 largest rank allowed up to 16, the most steps allowed): the search starts from what a person
 would try first. Where the run considers several bases, the first trials are that default on
 each base, in the order of their dev results, and the search goes on from the best of them
-(`base` is then one more parameter of the space). The next two move only its learning rate,
+(`base` is then one more parameter of the space). Where the constraints allow both LoRA and
+full-parameter training, one more default follows: the default SFT trial on the first base with
+every weight trained (`training_type` full, SFT only: DPO and RL keep a frozen reference), and
+`training_type` joins the space (TPE's full-parameter choices for another method train LoRA).
+Whether a full-parameter trial runs at all is the budget's call: the driver trains the same
+trial with LoRA when the full-parameter estimate does not fit what is left. The next two move
+only the best default's learning rate,
 the hyperparameter that matters most for a fixed number of steps: doubled, then doubled again
 if that helped or halved if not (a measured run that left these to TPE spent its start-up on
 random draws below the default, which did worse).
@@ -102,11 +108,20 @@ def ranks_up_to(max_rank: int) -> list[int]:
     return [rank for rank in RANKS if rank <= max_rank] or [max_rank]
 
 
-def _space(methods: Sequence[str], max_rank: int, max_steps: int, bases: Sequence[str]) -> dict[str, Any]:
+def full_choice(methods: Sequence[str], training_types: Sequence[str]) -> bool:
+    """Whether trials choose between LoRA and full-parameter training: both allowed, and SFT
+    (the one method full-parameter training runs) among the methods."""
+    return {"lora", "full"} <= set(training_types) and "sft" in methods
+
+
+def _space(
+    methods: Sequence[str], max_rank: int, max_steps: int, bases: Sequence[str], choose_full: bool
+) -> dict[str, Any]:
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     return {
         **({"base": CategoricalDistribution(list(bases))} if len(bases) > 1 else {}),
+        **({"training_type": CategoricalDistribution(["lora", "full"])} if choose_full else {}),
         "method": CategoricalDistribution(list(methods)),
         "learning_rate_multiplier": FloatDistribution(MIN_LR_MULTIPLIER, MAX_LR_MULTIPLIER, log=True),
         "rank": CategoricalDistribution(ranks_up_to(max_rank)),
@@ -124,13 +139,36 @@ def first_params(methods: Sequence[str], max_rank: int, max_steps: int) -> dict[
     }
 
 
-def why_params(finished: Sequence[tuple[Mapping[str, Any], float]], bases: Sequence[str] = ()) -> str:
+def _defaults(
+    methods: Sequence[str], max_rank: int, max_steps: int, bases: Sequence[str], choose_full: bool
+) -> list[dict[str, Any]]:
+    """The default trials, in order: the default on each base, then (where trials choose) the
+    default SFT trial on the first base with every weight trained."""
+    first = first_params(methods, max_rank, max_steps)
+    lora = {"training_type": "lora"} if choose_full else {}
+    on = [{"base": base} for base in bases] if len(bases) > 1 else [{}]
+    defaults = [{**where, **lora, **first} for where in on]
+    if choose_full:
+        defaults.append({**on[0], **first, "training_type": "full", "method": "sft"})
+    return defaults
+
+
+def why_params(
+    finished: Sequence[tuple[Mapping[str, Any], float]], bases: Sequence[str] = (), choose_full: bool = False
+) -> str:
     """Why `next_params` chooses what it does after `finished`: for the decision log."""
-    defaults = max(1, len(bases))
+    defaults = max(1, len(bases)) + int(choose_full)
     if len(finished) < defaults:
+        if choose_full and len(finished) == defaults - 1:
+            return (
+                "the default SFT trial with every weight trained: the constraints allow LoRA and full-parameter "
+                "training, and the budget decides whether it runs"
+            )
         return f"the default on base {bases[len(finished)]}" if len(bases) > 1 else "the default first trial"
     best = _best_default(finished[:defaults])[0]
     on = f" on base {best['base']}, the best default" if len(bases) > 1 else ""
+    if choose_full:
+        on += f" ({'full-parameter' if best.get('training_type') == 'full' else 'LoRA'}, the better default)"
     moves = finished[defaults:]
     if not moves:
         return f"the default{on} with its learning rate doubled"
@@ -157,17 +195,17 @@ def next_params(
     max_steps: int,
     seed: int,
     bases: Sequence[str] = (),
+    choose_full: bool = False,
 ) -> dict[str, Any]:
-    """The next trial's parameters: the default first (on each of `bases`, in order, where there
-    are several), then the best default's learning rate moved twice, then TPE's choice given
-    `finished` (each trial's parameters and dev score; a failed trial scores 0)."""
-    defaults = max(1, len(bases))
-    if len(finished) < defaults:
-        base = {"base": bases[len(finished)]} if len(bases) > 1 else {}
-        return {**base, **first_params(methods, max_rank, max_steps)}
-    if len(finished) < defaults + len(LEARNING_RATE_MOVES):
-        default, default_score = _best_default(finished[:defaults])
-        moved = finished[defaults:]
+    """The next trial's parameters: the defaults first (`_defaults`), then the best default's
+    learning rate moved twice, then TPE's choice given `finished` (each trial's parameters and
+    dev score; a failed trial scores 0). With `choose_full`, each carries its `training_type`."""
+    defaults = _defaults(methods, max_rank, max_steps, bases, choose_full)
+    if len(finished) < len(defaults):
+        return defaults[len(finished)]
+    if len(finished) < len(defaults) + len(LEARNING_RATE_MOVES):
+        default, default_score = _best_default(finished[: len(defaults)])
+        moved = finished[len(defaults) :]
         factor = LEARNING_RATE_MOVES[0]
         if moved:  # keep going the way that helped, else turn back past the default
             factor = LEARNING_RATE_MOVES[1] if moved[0][1] > default_score else 1 / LEARNING_RATE_MOVES[0]
@@ -176,9 +214,14 @@ def next_params(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = _space(methods, max_rank, max_steps, bases)
+    space = _space(methods, max_rank, max_steps, bases, choose_full)
     sampler = optuna.samplers.TPESampler(seed=seed + len(finished), n_startup_trials=2)
     study = optuna.create_study(direction="maximize", sampler=sampler)
-    for params, value in finished:  # every trial's parameters come from this run's one space
-        study.add_trial(optuna.trial.create_trial(params=dict(params), distributions=space, value=value))
-    return dict(study.ask(space).params)
+    for params, value in finished:  # a trial's parameters, as far as they are this space's
+        known = {name: params[name] for name in space if name in params}
+        within = {name: space[name] for name in known}
+        study.add_trial(optuna.trial.create_trial(params=known, distributions=within, value=value))
+    params = dict(study.ask(space).params)
+    if params.get("training_type") == "full" and params["method"] != "sft":
+        params["training_type"] = "lora"  # full-parameter training runs SFT only
+    return params

@@ -180,6 +180,89 @@ def test_an_auto_run_considering_two_bases_tries_each_default_then_goes_on_from_
     assert run["result"]["base_model"] == best["params"]["base"]
 
 
+@pytest.mark.torch
+def test_an_auto_run_allowed_full_parameters_trains_them_when_the_budget_affords_it_and_lora_when_not(
+    client: TestClient, tenant: Tenant, workers: Workers, prepared: Settings
+) -> None:
+    """With LoRA and full-parameter training allowed, the LoRA default comes first, then the same
+    default with every weight trained (a whole-model version, evaluated on dev like any other).
+    When the GPU-hour price makes the full-parameter trial cost more than the budget has left,
+    the run says so and goes on with LoRA."""
+    from mint.services import pricing
+    from mint.storage.db import session_scope
+    from mint.storage.tables import AdapterVersion, Price
+
+    workers.start("auto-full", env=FAST_TICKS)
+    benchmark = _benchmark(client, tenant, n=8)
+    body = {
+        "model": BASE,
+        "benchmark_id": benchmark["id"],
+        "target": {"pass_rate": 1.0},
+        "budget": {"usd": 100.0},
+        "constraints": {"methods": ["sft"], "training_types": ["lora", "full"], "max_trials": 2, "max_steps": 2},
+        "eval_max_tokens": 8,
+    }
+
+    def run_to_end() -> dict[str, Any]:
+        created = client.post("/v1/autotune", headers=tenant.headers("developer"), json=body)
+        assert created.status_code == 201, created.text
+        return _finished(client, tenant, created.json()["id"])
+
+    run = run_to_end()
+    decisions = [d["decision"] for d in run["decisions"]]
+    assert "consider full-parameter training" in decisions, decisions
+    lora, full = run["trials"]
+    assert lora["params"]["training_type"] == "lora" and full["params"]["training_type"] == "full"
+    assert {k: v for k, v in full["params"].items() if k != "training_type"} == {
+        k: v for k, v in lora["params"].items() if k != "training_type"
+    }
+    assert "start trial 2: sft (full-parameter)" in decisions
+    job = client.get(f"/v1/fine_tuning/jobs/{full['job_id']}", headers=tenant.headers("viewer")).json()
+    assert job["status"] == "succeeded" and job["training_type"] == "full", job
+    with session_scope(prepared.database) as session:
+        version = session.get(AdapterVersion, job["adapter_version_id"])
+        assert version is not None and version.kind == "full"
+    dev = client.get(f"/v1/evals/{full['eval_id']}", headers=tenant.headers("viewer")).json()
+    assert dev["status"] == "succeeded" and dev["model"] == full["model"], dev
+    assert run["result"]["model"] in (lora["model"], full["model"])
+
+    # A GPU-hour price no budget of $100 pays for: the full-parameter default is skipped.
+    with session_scope(prepared.database) as session:
+        priced_before = session.get(Price, BASE) is not None
+        previous = pricing.prices_for(session, BASE)
+        pricing.set_prices(session, BASE, {"gpu_hour": pricing.MAX_PRICE})
+    try:
+        starved = run_to_end()
+    finally:
+        with session_scope(prepared.database) as session:
+            restore = {"gpu_hour": previous.gpu_hour} if priced_before else dict.fromkeys(pricing.PRICE_FIELDS)
+            pricing.set_prices(session, BASE, restore)
+    skip = next(d for d in starved["decisions"] if d["decision"] == "skip full-parameter training")
+    assert "more than the budget has left" in skip["reason"] and "s of device time" in skip["reason"], skip
+    assert [t["params"]["training_type"] for t in starved["trials"]] == ["lora", "lora"]
+    assert starved["trials"][1]["params"]["learning_rate_multiplier"] == 2.0  # the search went on
+
+
+@pytest.mark.backend_free
+def test_with_lora_and_full_allowed_the_defaults_are_lora_then_full_parameter_sft() -> None:
+    first = next_params([], ["sft", "dpo"], max_rank=16, max_steps=8, seed=0, choose_full=True)
+    second = next_params([(first, 0.2)], ["sft", "dpo"], max_rank=16, max_steps=8, seed=0, choose_full=True)
+    assert (first["training_type"], second["training_type"]) == ("lora", "full") and second["method"] == "sft"
+    assert "every weight trained" in why_params([(first, 0.2)], (), choose_full=True)
+    third = next_params(
+        [(first, 0.2), (second, 0.5)], ["sft", "dpo"], max_rank=16, max_steps=8, seed=0, choose_full=True
+    )
+    assert third == {**second, "learning_rate_multiplier": 2.0}  # the better default, full-parameter
+    history = [(first, 0.2), (second, 0.5), (third, 0.4), ({**second, "learning_rate_multiplier": 0.5}, 0.3)]
+    for seed in range(6):  # TPE's picks: full-parameter training only with SFT
+        params = next_params(history, ["sft", "dpo"], max_rank=16, max_steps=8, seed=seed, choose_full=True)
+        assert params["training_type"] == "lora" or params["method"] == "sft", params
+    # A run that dropped full-parameter training goes on from its LoRA trials alone.
+    lora_only = next_params([(first, 0.2)], ["sft", "dpo"], max_rank=16, max_steps=8, seed=0)
+    assert lora_only == {**first, "learning_rate_multiplier": 2.0}
+    assert next_params(history, ["sft", "dpo"], max_rank=16, max_steps=8, seed=0)["method"] in ("sft", "dpo")
+
+
 @pytest.mark.backend_free
 def test_several_bases_each_get_the_default_first_then_the_best_default_moves() -> None:
     bases = ["glm", "qwen"]

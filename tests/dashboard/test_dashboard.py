@@ -388,7 +388,7 @@ def test_the_dashboard_walks_the_whole_loop(
     summary = api.get("/v1/usage")
     usage = {line["kind"]: line for line in summary["data"]}
     nav(page, "Usage").click()
-    lines = page.get_by_role("table", name="Tokens by kind and base model")
+    lines = page.get_by_role("table", name="Usage by kind and base model")
     for kind in ("trained", "sampled"):
         line = usage[kind]
         row = lines.get_by_role("row", name=re.compile(f"^{kind} {BASE} {line['tokens']:,} "))

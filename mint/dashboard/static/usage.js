@@ -13,6 +13,11 @@ export function usageTotals(lines) {
   return totals;
 }
 
+// Full-parameter training is billed by device time: its `tokens` are seconds.
+function quantity(line) {
+  return line.kind === "device_seconds" ? `${number(line.tokens)} s` : `${number(line.tokens)} tokens`;
+}
+
 function isoOrNull(value) {
   return value ? new Date(value).toISOString() : null;
 }
@@ -31,11 +36,11 @@ function report(usage) {
     section(
       "By kind and base model",
       table(
-        "Tokens by kind and base model",
+        "Usage by kind and base model",
         [
           ["Kind", (line) => line.kind],
           ["Base model", (line) => line.base_model],
-          ["Tokens", (line) => number(line.tokens), "num"],
+          ["Amount", (line) => quantity(line), "num"],
           ["Records", (line) => number(line.records), "num"],
           ["Cost", (line) => money(line.cost_usd), "num"],
         ],
