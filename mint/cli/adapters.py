@@ -1,4 +1,4 @@
-"""`mint adapters ...`: uploads, adapters, their versions, and downloads in PEFT format."""
+"""`mint adapters ...`: uploads, adapters, their versions (LoRA adapters or whole models), and downloads."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from mint.cli.output import emit, emit_one, errors, wire
 app = typer.Typer(help="Adapters and their versions.", no_args_is_help=True)
 
 LIST_COLUMNS = ["name", "id", "base_model", "versions", "newest", "created_at"]
-VERSION_COLUMNS = ["model", "status", "rank", "size_bytes", "training_job_id", "created_at"]
+VERSION_COLUMNS = ["model", "kind", "status", "rank", "size_bytes", "training_job_id", "created_at"]
 
 
 @app.command("list")
@@ -44,7 +44,8 @@ def list_adapters(api: Remote, limit: LimitOpt = 20) -> None:
 @app.command("versions")
 @remote
 def list_versions(api: Remote, name: Annotated[str, typer.Argument(help="The adapter's name (or id).")]) -> None:
-    """Every version of an adapter, newest first; `model` is the reference to evaluate or deploy."""
+    """Every version of an adapter, newest first; `model` is the reference to evaluate or deploy
+    (`kind` full: a whole model, evaluated and downloaded but not deployed)."""
     with api.client() as client:
         versions = client.adapters.versions(client.adapters.find(name).id)
     api.table(versions, VERSION_COLUMNS, title=f"versions of {name}")
@@ -70,12 +71,18 @@ def upload(
 def download(
     api: Remote,
     ref: Annotated[str, typer.Argument(help="name@N, or a name for its newest version.")],
-    out: Annotated[Path, typer.Option("--out", file_okay=False, help="The folder to write the PEFT files into.")],
+    out: Annotated[Path, typer.Option("--out", file_okay=False, help="The folder to write the version's files into.")],
 ) -> None:
-    """Download an adapter version in PEFT format (checked against its sha256)."""
+    """Download a version (checked against its sha256): PEFT files, or a whole model's transformers folder."""
     with api.client() as client:
         version = client.adapters.resolve(ref)
         with errors.status(f"downloading {version.model} ({version.size_bytes} bytes)"):
             folder = client.adapters.download(version, out)
-    row = {"model": version.model, "sha256": version.sha256, "size_bytes": version.size_bytes, "path": str(folder)}
+    row = {
+        "model": version.model,
+        "kind": version.kind,
+        "sha256": version.sha256,
+        "size_bytes": version.size_bytes,
+        "path": str(folder),
+    }
     emit_one(row, as_json=api.as_json)

@@ -20,13 +20,19 @@ class AdapterPublic(WireModel):
 
 
 class AdapterVersionPublic(WireModel):
-    """One version: a PEFT adapter in the object store, named by its sha256."""
+    """One version in the object store, named by its sha256: a PEFT adapter, or a whole model."""
 
     id: str
     object: Literal["adapter.version"] = "adapter.version"
     adapter_id: str
     version: int
     model: str | None = None
+    kind: Literal["lora", "full"] = Field(
+        default="lora",
+        description="`lora`: a PEFT adapter on the base, served and deployed by name. `full`: the whole model a "
+        "full-parameter job trained (training_type 'full'; rank and alpha 0), a transformers checkpoint; it is "
+        "evaluated on a worker of its base and downloaded, but not served or deployed.",
+    )
     sha256: str
     size_bytes: int
     base_model: str

@@ -105,11 +105,13 @@ class CompletionCreate(_Sampling):
 
 
 class AdapterOnNode(BaseModel):
-    """An adapter version as a node needs it: its reference, content hash and object key."""
+    """An adapter version as a node needs it: its reference, content hash and object key; `kind`
+    full is a whole model (a full-parameter job's), which only a worker of its base runs (evals)."""
 
     ref: str
     sha256: str
     object_key: str
+    kind: Literal["lora", "full"] = "lora"
 
 
 class Served(BaseModel):

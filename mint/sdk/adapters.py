@@ -1,5 +1,7 @@
 """Adapters and their immutable versions: upload one trained elsewhere, list, read, resolve
-`name@N`, and download a version in PEFT format to a folder that `peft.PeftModel.from_pretrained` loads.
+`name@N`, and download a version in PEFT format to a folder that `peft.PeftModel.from_pretrained` loads,
+or, for a whole-model version (`kind` "full", a full-parameter job's), a transformers checkpoint
+folder that `from_pretrained` loads.
 
 A download is checked against the version's sha256 before anything is unpacked, and the
 archive is unpacked by hand: only regular files with plain names are written, so an archive
@@ -165,7 +167,8 @@ class Adapters:
         return self._http.send(get_adapter(adapter_id))
 
     def versions(self, adapter_id: str) -> builtins.list[AdapterVersionPublic]:
-        """Every version, newest first; each `model` is the reference to evaluate or deploy."""
+        """Every version, newest first; each `model` is the reference to evaluate or deploy, and
+        `kind` says what it is: a LoRA adapter, or a whole model (evaluated and downloaded, not deployed)."""
         return self._http.send(list_versions(adapter_id))
 
     def version(self, adapter_id: str, version: int) -> AdapterVersionPublic:
@@ -189,7 +192,8 @@ class Adapters:
     def download(self, ref: str | AdapterVersionPublic, out: Folder) -> Path:
         """Download a version (a reference, or a version as `resolve` returns it) into folder `out`.
 
-        Returns the folder, holding `adapter_config.json` and `adapter_model.safetensors`.
+        Returns the folder, holding `adapter_config.json` and `adapter_model.safetensors`, or for
+        a whole-model version (`kind` "full") its config, safetensors weights and tokenizer files.
         """
         version = self.resolve(ref) if isinstance(ref, str) else ref
         download = _Download(version, Path(out))

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.evals.gates import GateSpec, GateVerdict
 from mint.services import webhooks
-from mint.services.adapters import ResolvedModel, resolve_model_ref
+from mint.services.adapters import ResolvedModel, model_ref_of_id, require_lora, resolve_model_ref
 from mint.services.audit import record_audit
 from mint.services.dispatch import Dispatch
 from mint.services.evals import check_gate
@@ -63,6 +63,7 @@ def _resolve_adapter(session: Session, organization_id: str, ref: str, param: st
     resolved = resolve_model_ref(session, organization_id, ref)
     if resolved.adapter_version is None:
         raise InvalidRequest(f"{ref!r} is a base model; deploy an adapter version such as name@1", param=param)
+    require_lora(resolved.adapter_version, resolved.ref, param=param)
     return resolved
 
 
@@ -382,6 +383,7 @@ def rollback(
         version = session.get(AdapterVersion, target.adapter_version_id)
         if version is None or version.status != "ready":
             raise Conflict(f"revision {wanted} serves a version that was withdrawn", param="to_revision")
+        require_lora(version, model_ref_of_id(session, version.id), param="to_revision")
     deployment.status = "active"
     reason = reason or f"rollback to revision {wanted}"
     _add_revision(session, principal, deployment, "rollback", target, reason=reason, send=send)

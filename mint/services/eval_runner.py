@@ -3,7 +3,8 @@
 Runs on the worker that keeps the run's base resident (`mint.worker.eval_tasks`); the API half
 (`mint.services.evals`) created the run and sent its id. The run's model answers through a
 live serving node of its base when there is one (batched on the node's engine), else on this
-worker's sampler; a judge grader's model is asked the same way (`_Judges`). Trajectories,
+worker's sampler; a whole-model version (a full-parameter job's) always on this worker, loaded
+beside the base for the run; a judge grader's model is asked the same way (`_Judges`). Trajectories,
 each with its grade record, are written a batch at a time and are unique per (run, task),
 so a redelivered message skips the tasks already written; each status move is conditional
 on this worker still holding the run, so a cancel always wins.
@@ -40,7 +41,7 @@ from mint.evals.runner import (
     summarize,
 )
 from mint.schemas.inference import AdapterOnNode
-from mint.services import adapters, benchmarks, evals, node_client, tinker_runner, webhooks
+from mint.services import adapters, benchmarks, evals, inference, node_client, tinker_runner, webhooks
 from mint.services.dispatch import Dispatch
 from mint.services.evals import FINISHED
 from mint.services.leases import (
@@ -221,7 +222,9 @@ class _Model:
     """A model of a base, maybe under an adapter version: through a live serving node of the
     base when there is one (batched on the node's engine), else, when `local`, on this worker's
     resident base (the base itself, or the adapter version opened as a session). A mixture
-    deployment's revision runs on a node only: its router (encoder, router model) lives there."""
+    deployment's revision runs on a node only: its router (encoder, router model) lives there.
+    A whole-model version (`kind` full) never goes to a node, whose engine holds LoRA adapters
+    on the shared base: it is loaded on this worker as a model of its own until `__exit__`."""
 
     def __init__(
         self,
@@ -243,6 +246,7 @@ class _Model:
         self.max_tokens, self.temperature, self.local = max_tokens, temperature, local
         self.base: Any = None
         self.session_id: str | None = None
+        self.scratch: tempfile.TemporaryDirectory[str] | None = None  # a whole model's files, while it runs
         self.generator = "trainer-sampler"
 
     def _node(self) -> NodeAddress | None:
@@ -258,6 +262,8 @@ class _Model:
         return node
 
     def __enter__(self) -> Generate:
+        if self.adapter is not None and self.adapter.kind == "full":
+            return self._whole_model(self.adapter)
         node = self._node()
         if node is not None:
             self.generator = "serving-node"
@@ -286,9 +292,36 @@ class _Model:
             self.base, adapter_name=self.session_id, max_tokens=self.max_tokens, temperature=self.temperature
         )
 
+    def _whole_model(self, version: AdapterOnNode) -> Generate:
+        """The version's own weights, read from its archive into a folder kept until `__exit__`,
+        loaded beside this worker's base (its spec, on its device) and sampled with no adapter."""
+        from mint.trainer.models import spec_with_weights
+        from mint.trainer.session import ResidentBase
+
+        if not self.local:
+            raise InvalidRequest(
+                f"{version.ref!r} is a whole model of base {self.base_model!r}, which runs on a worker of that "
+                "base, and this worker holds another base; evaluate a model of that base instead"
+            )
+        base = self.load_base(self.base_model)
+        archive = object_store_for(self.settings).get_bytes(version.object_key)
+        self.scratch = tempfile.TemporaryDirectory(prefix="mint-eval-model-")
+        try:
+            folder = adapters.extract_model(archive, Path(self.scratch.name) / "model")
+            spec = spec_with_weights(base.spec, folder)
+            self.base = ResidentBase(spec, self.settings.models_cache_dir, device=str(base.device))
+        except BaseException:  # not entered: __exit__ will not run
+            self.__exit__()
+            raise
+        return SamplerGenerate(self.base, adapter_name=None, max_tokens=self.max_tokens, temperature=self.temperature)
+
     def __exit__(self, *exc_info: object) -> None:
         if self.session_id is not None:
             self.base.close(self.session_id)
+        if self.scratch is not None:  # a whole model: its weights and files go with it
+            self.base = None
+            self.scratch.cleanup()
+            self.scratch = None
 
 
 def _run_model(settings: Settings, run: EvalRun, load_base: LoadBase) -> _Model:
@@ -301,9 +334,7 @@ def _run_model(settings: Settings, run: EvalRun, load_base: LoadBase) -> _Model:
                 raise NotFound(f"adapter version {run.adapter_version_id} is no longer available")
             adapter_row = session.get(Adapter, version.adapter_id)
             assert adapter_row is not None
-            adapter = AdapterOnNode(
-                ref=adapters.model_ref_of(adapter_row, version), sha256=version.sha256, object_key=version.object_key
-            )
+            adapter = inference.on_node(adapter_row, version)
     config = run.config
     production = config.get("deployment") or {}
     mixture = MixtureTarget.model_validate(production["mixture"]) if production.get("mixture") else None

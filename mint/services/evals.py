@@ -135,7 +135,7 @@ def create_eval_run(
             param="split",
         )
     task_count = version.splits[body.split] if body.split is not None else version.task_count
-    judges = resolve_judges(session, principal.organization_id, store, version)
+    judges = resolve_judges(session, principal.organization_id, store, version, base_model=model.base_model)
     organization = hold(session, principal.organization_id, "eval_runs", quotas)
     spend.check_month_open(session, organization, "eval run")
     run = EvalRun(

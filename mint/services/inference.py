@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mint.schemas.inference import AdapterOnNode
-from mint.services.adapters import model_ref_of, resolve_model_ref
+from mint.services.adapters import model_ref_of, require_lora, resolve_model_ref
 from mint.services.captures import CaptureTarget, capture_target
 from mint.services.deployments import deployment_of_model
 from mint.serving.mixture import MixtureTarget
@@ -45,15 +45,25 @@ class ServingPlan:
         return f"{self.deployment}#{self.revision}" if self.mixture is not None else self.base_model
 
 
+def on_node(adapter: Adapter, version: AdapterVersion) -> AdapterOnNode:
+    """The version as a node (or a worker's eval) needs it."""
+    return AdapterOnNode(
+        ref=model_ref_of(adapter, version), sha256=version.sha256, object_key=version.object_key, kind=version.kind
+    )
+
+
 def _on_node(session: Session, version_id: str) -> AdapterOnNode:
     version = session.get(AdapterVersion, version_id)
     adapter = session.get(Adapter, version.adapter_id) if version is not None else None
     assert version is not None and adapter is not None
-    return AdapterOnNode(ref=model_ref_of(adapter, version), sha256=version.sha256, object_key=version.object_key)
+    return on_node(adapter, version)
 
 
-def plan_for(session: Session, organization_id: str, model: str) -> ServingPlan:
-    """Resolve `model` for serving; NotFound names what exists, Conflict a withdrawn deployment."""
+def plan_for(session: Session, organization_id: str, model: str, *, whole_models: bool = False) -> ServingPlan:
+    """Resolve `model` for serving; NotFound names what exists, Conflict a withdrawn deployment.
+
+    A whole-model version (`kind` full) is refused (InvalidRequest), since serving nodes hold
+    LoRA adapters on a shared base, unless `whole_models`: a judge, asked on a worker of its base."""
     found = deployment_of_model(session, organization_id, model) if "@" not in model else None
     if found is not None:
         deployment, revision = found
@@ -83,6 +93,8 @@ def plan_for(session: Session, organization_id: str, model: str) -> ServingPlan:
     resolved = resolve_model_ref(session, organization_id, model)
     if resolved.adapter_version is None:
         return ServingPlan(model, resolved.base_model)
+    if not whole_models:
+        require_lora(resolved.adapter_version, resolved.ref, param="model")
     return ServingPlan(model, resolved.base_model, adapter=_on_node(session, resolved.adapter_version.id))
 
 
@@ -95,7 +107,11 @@ def available_models(session: Session, organization_id: str) -> list[tuple[str, 
     versions = session.execute(
         select(Adapter, AdapterVersion)
         .join(AdapterVersion, AdapterVersion.adapter_id == Adapter.id)
-        .where(Adapter.organization_id == organization_id, AdapterVersion.status == "ready")
+        .where(
+            Adapter.organization_id == organization_id,
+            AdapterVersion.status == "ready",
+            AdapterVersion.kind == "lora",  # a whole model is evaluated or downloaded, not served
+        )
         .order_by(Adapter.name, AdapterVersion.version)
     ).all()
     models += [(model_ref_of(adapter, version), version.created_at, organization_id) for adapter, version in versions]

@@ -39,10 +39,11 @@ def judge_models(store: ObjectStore, version: BenchmarkVersion) -> set[str | Non
 
 
 def resolve_judges(
-    session: Session, organization_id: str, store: ObjectStore, version: BenchmarkVersion
+    session: Session, organization_id: str, store: ObjectStore, version: BenchmarkVersion, *, base_model: str
 ) -> dict[str, dict[str, Any]]:
     """Each judge model of the version -> {"base_model", "adapter"} (the `AdapterOnNode` of its
-    adapter version, or None for a base); `InvalidRequest` names one that cannot judge."""
+    adapter version, or None for a base); `InvalidRequest` names one that cannot judge. A
+    whole-model version judges on the worker that runs the eval, so only on the run's own base."""
     # Imported here: inference -> deployments -> evals (gates) -> judges would be a cycle at import.
     from mint.services.inference import plan_for
 
@@ -56,7 +57,7 @@ def resolve_judges(
     judges: dict[str, dict[str, Any]] = {}
     for ref in sorted(ref for ref in refs if ref is not None):
         try:
-            plan = plan_for(session, organization_id, ref)
+            plan = plan_for(session, organization_id, ref, whole_models=True)
         except (NotFound, Conflict, InvalidRequest) as exc:
             raise InvalidRequest(
                 f"the judge model {ref!r} (config.model of this benchmark's judge grader) cannot judge: {exc.message}. "
@@ -67,6 +68,13 @@ def resolve_judges(
             raise InvalidRequest(
                 f"the judge model {ref!r} is a mixture deployment; a judge is one model: name one of its adapter "
                 "versions (name@version) instead",
+                param="benchmark_id",
+            )
+        if plan.adapter is not None and plan.adapter.kind == "full" and plan.base_model != base_model:
+            raise InvalidRequest(
+                f"the judge model {ref!r} is a whole model (training_type 'full') of base {plan.base_model!r}; it "
+                f"judges on the worker that runs the eval, which holds {base_model!r}: evaluate a model of "
+                f"{plan.base_model!r}, or name a base, LoRA adapter version or deployment as the judge",
                 param="benchmark_id",
             )
         judges[ref] = {

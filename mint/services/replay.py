@@ -6,8 +6,9 @@ A version trained by a Mint job records how it was made: its stage's typed plan,
 file (id and sha256) and its parent version. A replay walks the lineage from the version back to
 its first ancestor and makes one job on the new base whose stages are those recipes in order,
 each on the file it used (which must still hold the same content), with the version's LoRA rank
-and alpha (the new base's own targets). The job's versions are then evaluated on the same
-benchmark version and compared with the old lineage like any other.
+and alpha (the new base's own targets), or as a full-parameter job for a whole-model version.
+The job's versions are then evaluated on the same benchmark version and compared with the old
+lineage like any other.
 """
 
 from __future__ import annotations
@@ -97,9 +98,12 @@ def replay_version(
     fields: dict[str, Any] = {
         "model": model,
         "suffix": suffix or f"{adapter.name}-{model}"[:MAX_NAME],
-        "lora": {"rank": version.rank, "alpha": version.alpha},
         "metadata": {"replay_of": ref},
     }
+    if version.kind == "full":  # a whole model is trained again as one: every weight, no LoRA
+        fields["training_type"] = "full"
+    else:
+        fields["lora"] = {"rank": version.rank, "alpha": version.alpha}
     if len(stages) == 1:
         (stage,) = stages
         fields |= {"method": stage.method, **stage.model_dump(exclude={"method"}, exclude_none=True)}

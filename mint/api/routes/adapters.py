@@ -1,6 +1,6 @@
 """Adapters and their versions: upload one trained elsewhere, list, read, and download a version
 in PEFT format (a tar of `adapter_config.json` and `adapter_model.safetensors`, whose sha256 is
-the version's)."""
+the version's), or for a whole-model version (`kind` full) its transformers checkpoint folder."""
 
 from __future__ import annotations
 
@@ -113,13 +113,15 @@ def get_lineage(
 @router.get(
     "/{adapter_id}/versions/{version}/download",
     response_class=StreamingResponse,
-    responses=binary_response(TAR_MEDIA_TYPE, "The PEFT files as a tar archive."),
+    responses=binary_response(TAR_MEDIA_TYPE, "The version's files as a tar archive."),
 )
 def download_version(
     adapter_id: AdapterId, version: Version, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
 ) -> StreamingResponse:
-    """The version's PEFT files as a tar archive, streamed; `peft.PeftModel.from_pretrained`
-    loads the unpacked folder. `X-Mint-SHA256` is the archive's sha256."""
+    """The version's files as a tar archive, streamed: its PEFT files, which
+    `peft.PeftModel.from_pretrained` loads, or for a whole-model version (`kind` full) a
+    transformers checkpoint (config, safetensors weights, tokenizer) that `from_pretrained` loads
+    and a `local_path` base can name. `X-Mint-SHA256` is the archive's sha256."""
     row = adapters.get_version(session, principal.organization_id, adapter_id, version)
     stream = object_store_for(settings).stream(row.object_key)
     return stream_object(stream, media_type=TAR_MEDIA_TYPE, filename=f"{row.sha256[:16]}.tar")

@@ -1,5 +1,6 @@
 // Adapters and their immutable versions: each version's model reference (what evals and
-// deployments name), its size and hash, the job that trained it and its metrics.
+// deployments name), its kind (a LoRA adapter, or a whole model a full-parameter job trained),
+// its size and hash, the job that trained it and its metrics.
 
 import { ApiError, all, get, storedKey } from "./api.js";
 import { bytes, code, facts, h, heading, link, number, section, status, table, when } from "./dom.js";
@@ -32,6 +33,11 @@ function metricsText(metrics) {
   return shown.map(([name, value]) => `${name.replaceAll("_", " ")} ${+value.toPrecision(4)}`).join(", ") || "—";
 }
 
+// A whole model is evaluated and downloaded, but not deployed on multi-LoRA serving nodes.
+function kindText(version) {
+  return version.kind === "full" ? "whole model (not deployable)" : "LoRA";
+}
+
 export async function renderAdapter(adapterId) {
   const [adapter, versions] = await Promise.all([
     get(`/v1/adapters/${encodeURIComponent(adapterId)}`),
@@ -50,6 +56,7 @@ export async function renderAdapter(adapterId) {
         "Versions, newest first",
         [
           ["Model", (version) => code(version.model)],
+          ["Kind", (version) => kindText(version)],
           ["Status", (version) => status(version.status)],
           ["Rank", (version) => version.rank, "num"],
           ["Alpha", (version) => version.alpha, "num"],
@@ -74,7 +81,7 @@ export async function renderAdapter(adapterId) {
                 {
                   type: "button",
                   class: "secondary small",
-                  "aria-label": `Download the PEFT files of ${version.model}`,
+                  "aria-label": `Download the ${version.kind === "full" ? "model" : "PEFT"} files of ${version.model}`,
                   onclick: () => download(adapter, version),
                 },
                 "Download",
