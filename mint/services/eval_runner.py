@@ -294,7 +294,8 @@ class _Model:
 
     def _whole_model(self, version: AdapterOnNode) -> Generate:
         """The version's own weights, read from its archive into a folder kept until `__exit__`,
-        loaded beside this worker's base (its spec, on its device) and sampled with no adapter."""
+        loaded beside this worker's base (its spec, on its device, in the dtype it computes in)
+        and sampled with no adapter."""
         from mint.trainer.models import spec_with_weights
         from mint.trainer.session import ResidentBase
 
@@ -309,7 +310,8 @@ class _Model:
         try:
             folder = adapters.extract_model(archive, Path(self.scratch.name) / "model")
             spec = spec_with_weights(base.spec, folder)
-            self.base = ResidentBase(spec, self.settings.models_cache_dir, device=str(base.device))
+            dtype = str(base.model.dtype).removeprefix("torch.")
+            self.base = ResidentBase(spec, self.settings.models_cache_dir, dtype=dtype, device=str(base.device))
         except BaseException:  # not entered: __exit__ will not run
             self.__exit__()
             raise
