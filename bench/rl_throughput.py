@@ -3,6 +3,7 @@ size, reward, LoRA and steps: how fast each turns prompts into trained samples, 
 
     python bench/rl_throughput.py [--base smollm2-135m-instruct] [--prompts-per-step 4] [--group-size 4]
                                   [--max-tokens 32] [--temperature 1.0] [--steps 4] [--threads 2]
+                                  [--dtype auto|float32|bfloat16]
 
 Each contestant runs in a fresh process capped at `--threads` torch threads, so its peak
 resident memory is its own:
@@ -14,7 +15,9 @@ resident memory is its own:
   `beta=0` (no reference model), one optimisation pass per batch (`num_iterations=1`), and a
   per-step batch of `prompts_per_step * group_size` completions (`num_generations=group_size`).
 
-Both sample from SmolLM2-135M-Instruct (float32, CPU) at the same temperature (no top-p/top-k)
+Both load SmolLM2-135M-Instruct in `--dtype` (`auto`, the default: bfloat16 where the CPU
+multiplies it natively, `mint.trainer.precision`; LoRA weights and Adam state stay float32 on
+both sides, as peft keeps them) and sample at the same temperature (no top-p/top-k)
 for at most `--max-tokens` new tokens, on the same chat prompts (rendered to identical ids by
 the same template) in the same order, and reward each completion with the same Python
 function: the share of the prompt's target words that the completion names. AdamW has the same
@@ -25,10 +28,12 @@ The table gives, over the steps after the first (the first pays one-off warm-up 
 on its own): samples per second (completions sampled and graded per second), trained tokens
 per second (sampled completion tokens that the loss covered), mean seconds per step, then the
 first step's seconds, peak RSS, the mean reward and the share of groups whose rewards differed
-(the groups that carry a gradient), and a last row of Mint/TRL ratios of each column (above 1
-in s/step means Mint is slower). Each contestant's 1-minute load average before and after its
-run is printed too: other work on the same cores slows a contestant's steps, so compare runs
-made on an otherwise idle machine.
+(the groups that carry a gradient), the model FLOP utilisation (MFU: 2N FLOPs per sampled token
+and 6N per trained token, N the base's parameters, per second, over the matmul peak each
+contestant's process measures at its start in the same dtype on the same threads), and a last
+row of Mint/TRL ratios of each column (above 1 in s/step means Mint is slower). Each
+contestant's 1-minute load average before and after its run is printed too: other work on the
+same cores slows a contestant's steps, so compare runs made on an otherwise idle machine.
 
 What differs, by design of each trainer:
 - Mint samples each prompt's group in its own call (one prefill, `group_size` rows decoded
@@ -117,14 +122,16 @@ def step_prompts(args: argparse.Namespace) -> list[int]:
 
 class StepClock:
     """Per step: seconds since the previous step ended (or since `start`), completions, and the
-    trained tokens counted since."""
+    trained and sampled tokens counted since."""
 
     def __init__(self, samples_per_step: int) -> None:
         self.samples_per_step = samples_per_step
         self.trained_tokens = 0  # running count, added to by the trainer's loss pass
+        self.sampled_tokens = 0  # running count of completion tokens generated
         self.steps: list[dict[str, float]] = []
         self._last = 0.0
         self._counted = 0
+        self._sampled = 0
 
     def start(self) -> None:
         self._last = time.perf_counter()
@@ -136,9 +143,10 @@ class StepClock:
                 "seconds": now - self._last,
                 "samples": self.samples_per_step,
                 "trained_tokens": self.trained_tokens - self._counted,
+                "sampled_tokens": self.sampled_tokens - self._sampled,
             }
         )
-        self._last, self._counted = now, self.trained_tokens
+        self._last, self._counted, self._sampled = now, self.trained_tokens, self.sampled_tokens
 
 
 # ---- Mint --------------------------------------------------------------------------------------
@@ -168,7 +176,9 @@ class CountingPolicy:
         return self.session.looping()
 
     def sample_batch(self, requests: Any) -> Any:
-        return self.session.sample_batch(requests)
+        results = self.session.sample_batch(requests)
+        self.clock.sampled_tokens += sum(len(sequence.tokens) for result in results for sequence in result)
+        return results
 
     def sampler_copy(self) -> Any:
         return self.session.sampler_copy()
@@ -193,7 +203,15 @@ def mint_base(args: argparse.Namespace) -> Any:
     from mint.trainer.session import ResidentBase
 
     settings = get_settings()
-    return ResidentBase(get_base_model_spec(args.base, settings.model_configs_dir), settings.models_cache_dir)
+    spec = get_base_model_spec(args.base, settings.model_configs_dir)
+    return ResidentBase(spec, settings.models_cache_dir, dtype=dtype_of(args))
+
+
+def dtype_of(args: argparse.Namespace) -> str:
+    """The dtype both contestants load the base in: `--dtype`, with `auto` resolved for this CPU."""
+    from mint.trainer.precision import compute_dtype
+
+    return compute_dtype(args.dtype, "float32", "cpu")
 
 
 def run_mint(args: argparse.Namespace, resident: Any = None, seed: int = SEED) -> list[dict[str, float]]:
@@ -298,14 +316,16 @@ def run_trl(args: argparse.Namespace) -> list[dict[str, float]]:
     folder = pulled_folder(args.base)
     torch.manual_seed(SEED)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype_of(args)))
     rows = [{"prompt": chat(PROMPTS[i][0]), "targets": PROMPTS[i][1]} for i in step_prompts(args)]
     samples = args.prompts_per_step * args.group_size
     clock = StepClock(samples)
 
     class CountingTrainer(GRPOTrainer):  # counts the completion tokens each loss pass covers
         def compute_loss(self, model: Any, inputs: dict[str, Any], *rest: Any, **kwargs: Any) -> Any:
-            clock.trained_tokens += int(inputs["completion_mask"].sum())
+            completion_tokens = int(inputs["completion_mask"].sum())  # TRL trains every completion
+            clock.trained_tokens += completion_tokens
+            clock.sampled_tokens += completion_tokens
             return super().compute_loss(model, inputs, *rest, **kwargs)
 
     class Timing(TrainerCallback):
@@ -373,7 +393,10 @@ JOB_CONTESTANTS = ("one-after-another", "at-once")
 def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from mint.trainer.precision import matmul_peak_flops
+
     torch.set_num_threads(args.threads)
+    peak = matmul_peak_flops(getattr(torch, dtype_of(args)))  # measured before the model loads
     load_before = os.getloadavg()[0]
     if name in JOB_CONTESTANTS:
         steps = run_mint_jobs(args, together=name == "at-once")
@@ -381,11 +404,31 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         steps = run_mint(args) if name == "mint" else run_trl(args)
     # The machine's 1-minute load average around the run: other work on the cores skews the timings.
     load = (load_before, os.getloadavg()[0])
-    return {"name": name, "steps": steps, "peak_rss_mb": peak_rss_mb(), "load": load}
+    parameters = sum(p.numel() for p in _base_parameters(args))
+    return {
+        "name": name,
+        "steps": steps,
+        "peak_rss_mb": peak_rss_mb(),
+        "load": load,
+        "peak_flops": peak,
+        "parameters": parameters,
+    }
+
+
+def _base_parameters(args: argparse.Namespace) -> Any:
+    """The base's parameters (N of the MFU), read from its config without loading weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(pulled_folder(args.base))
+    with torch.device("meta"):
+        return list(AutoModelForCausalLM.from_config(config).parameters())
 
 
 def summary(result: dict[str, Any]) -> dict[str, float]:
     """Rates over the steps after the first (all steps if there is only one), and the first step."""
+    from mint.trainer import precision
+
     steps = result["steps"]
     timed = steps[1:] or steps
     seconds = sum(step["seconds"] for step in timed)
@@ -397,6 +440,14 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
         "peak_rss_mb": result["peak_rss_mb"],
         "reward": statistics.fmean(step["reward"] for step in steps),
         "groups_with_signal": statistics.fmean(step["groups_with_signal"] for step in steps),
+        "mfu": precision.model_flops(
+            result["parameters"],
+            sum(step.get("sampled_tokens", 0) for step in timed),
+            sum(step["trained_tokens"] for step in timed),
+        )
+        / seconds
+        / result["peak_flops"],
+        "peak_gflops": result["peak_flops"] / 1e9,
     }
 
 
@@ -409,14 +460,22 @@ COLUMNS = (
     ("peak RSS MB", 12, "peak_rss_mb"),
     ("mean reward", 12, "reward"),
     ("groups w/ signal", 17, "groups_with_signal"),
+    ("MFU", 7, "mfu"),
+    ("peak GFLOP/s", 13, "peak_gflops"),
 )
-FORMATS = {"peak_rss_mb": "{:.0f}", "reward": "{:.3f}", "groups_with_signal": "{:.0%}"}
+FORMATS = {
+    "peak_rss_mb": "{:.0f}",
+    "reward": "{:.3f}",
+    "groups_with_signal": "{:.0%}",
+    "mfu": "{:.2%}",
+    "peak_gflops": "{:.0f}",
+}
 
 
 def print_table(args: argparse.Namespace, summaries: dict[str, dict[str, float]]) -> None:
     widths = [width for _, width, _ in COLUMNS]
     print(
-        f"\n{args.base}, LoRA r16 alpha 32 on attention + MLP linears, float32, {args.threads} torch threads; "
+        f"\n{args.base}, LoRA r16 alpha 32 on attention + MLP linears, {dtype_of(args)}, {args.threads} torch threads; "
         f"{args.steps} steps x {args.prompts_per_step} prompts x {args.group_size} samples, "
         f"<= {args.max_tokens} new tokens, temperature {args.temperature}\n"
         "rates and s/step over the steps after the first\n"
@@ -438,6 +497,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="max new tokens per sample")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="dtype both contestants load the base in (auto: bfloat16 where the CPU has a native bf16 path)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each contestant")
     parser.add_argument("--jobs", type=int, default=4, help="Mint RL jobs on one base, then at once (0: skip)")
     parser.add_argument("--skip-trl", action="store_true", help="only the K-jobs comparison")
@@ -460,6 +525,7 @@ def main() -> None:
         *("--group-size", str(args.group_size), "--max-tokens", str(args.max_tokens)),
         *("--temperature", str(args.temperature), "--steps", str(args.steps), "--threads", str(args.threads)),
         *("--jobs", str(args.jobs), "--max-steps-off-policy", str(args.max_steps_off_policy)),
+        *("--dtype", args.dtype),
     ]
     if not args.skip_trl:
         compare_with_trl(args, argv)

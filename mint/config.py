@@ -78,6 +78,13 @@ class Settings(BaseSettings):
     # samplers, fine-tuning jobs, eval adapters, of every organization). A job or eval run that
     # finds none free waits in `queued` and tries again after `capacity_retry_s`, doubling per
     # wait up to `capacity_retry_max_s`; waiting counts no attempt.
+    # The dtype a worker's resident base and a serving node's torch engine compute in: the base's
+    # own `dtype` when unset; `auto` is bfloat16 where the hardware multiplies it fast (AMX or
+    # AVX-512 BF16 CPUs, bf16 GPUs), else float32 (`mint.trainer.precision`). LoRA weights and
+    # Adam moments stay float32 either way.
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+        default=None, description="dtype the resident base computes in (auto | float32 | bfloat16 | float16)."
+    )
     worker_max_sessions: int = Field(
         default=64, ge=1, le=4096, description="LoRA sessions one worker's resident base holds at once."
     )

@@ -108,6 +108,7 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
             vllm_python=settings.vllm_python,
             max_adapters=settings.serving_engine_slots,
             max_batch_size=settings.serving_batch_size,
+            compute_dtype=settings.compute_dtype,
         )
         node = await run_in_threadpool(
             ServingNode,

@@ -68,13 +68,20 @@ def open_engine(
     vllm_python: Path | None = None,
     max_adapters: int,
     max_batch_size: int,
+    compute_dtype: str | None = None,
 ) -> Engine:
-    """Start the engine `choose_engine` picks, with the base pulled into `cache_dir` if needed."""
+    """Start the engine `choose_engine` picks, with the base pulled into `cache_dir` if needed;
+    the torch engine computes in the dtype `compute_dtype` (`MINT_COMPUTE_DTYPE`) resolves to
+    (`mint.trainer.precision`; default: the base's), vLLM in the base's dtype."""
     chosen = choose_engine(spec, kind, vllm_python=vllm_python)
     if chosen == "torch":
         from mint.serving.torch_engine import TorchEngine
+        from mint.trainer.precision import compute_dtype as resolve
 
-        return TorchEngine.from_spec(spec, cache_dir, max_adapters=max_adapters, max_batch_size=max_batch_size)
+        dtype = resolve(compute_dtype, spec.dtype, "cpu")  # type: ignore[arg-type]
+        return TorchEngine.from_spec(
+            spec, cache_dir, dtype=dtype, max_adapters=max_adapters, max_batch_size=max_batch_size
+        )
     options = {"max_adapters": max_adapters, "max_batch_size": max_batch_size, **vllm_parallel_options(spec.serving)}
     if vllm_python is None:
         from mint.serving.vllm_process import VllmEngine

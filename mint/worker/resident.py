@@ -25,13 +25,15 @@ _group_bases: dict[str, ResidentBase] = {}
 
 def resident_base(name: str) -> ResidentBase:
     """This process's ResidentBase for base model `name`, loaded on first use."""
+    from mint.trainer.precision import compute_dtype
     from mint.trainer.session import ResidentBase
 
     if name in _group_bases:
         return _group_bases[name]
     settings = get_settings()
     spec = get_base_model_spec(name, settings.model_configs_dir)
-    return ResidentBase.shared(spec, settings.models_cache_dir, max_sessions=settings.worker_max_sessions)
+    dtype = compute_dtype(settings.compute_dtype, spec.dtype, "cpu")
+    return ResidentBase.shared(spec, settings.models_cache_dir, dtype=dtype, max_sessions=settings.worker_max_sessions)
 
 
 def load_group_base(name: str, group: Group) -> ResidentBase:
@@ -40,13 +42,15 @@ def load_group_base(name: str, group: Group) -> ResidentBase:
     builds or checks the cached weights): each reads the whole base into host memory and keeps
     its share on its device, so host memory holds one whole copy at a time and no two ranks
     write the cache at once."""
+    from mint.trainer.precision import compute_dtype
     from mint.trainer.session import ResidentBase
 
     settings = get_settings()
     spec = get_base_model_spec(name, settings.model_configs_dir)
     base: ResidentBase | None = None
+    dtype = compute_dtype(settings.compute_dtype, spec.dtype, group.device)
     for _ in group.in_turn():
-        base = ResidentBase(spec, settings.models_cache_dir, max_sessions=settings.worker_max_sessions)
+        base = ResidentBase(spec, settings.models_cache_dir, dtype=dtype, max_sessions=settings.worker_max_sessions)
         base.join_group(group)
     assert base is not None  # every rank has its turn
     _group_bases[name] = base
