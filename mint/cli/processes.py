@@ -196,9 +196,11 @@ def up(
     (the embedded defaults under MINT_HOME unless set otherwise). A child that dies is restarted
     with backoff; Ctrl-C or SIGTERM stops all, as does a child that keeps dying (exit status 1)."""
     from mint.services.setup import initialize
+    from mint.worker.app import declare_broker_queues
 
     settings = get_settings()
     result = initialize(settings, organization_name=org)
+    declare_broker_queues(settings)  # before the workers and the API that share them start
     key_file = settings.home / ADMIN_KEY_FILE
     if result.admin_key is not None:
         _write_secret(key_file, result.admin_key)

@@ -42,6 +42,35 @@ def _task_id(message: dict[str, Any]) -> str | None:
     return headers.get("id") or (message.get("properties") or {}).get("correlation_id")
 
 
+def declare_sql_queues(url: str, names: list[str], *, attempts: int = 3) -> None:
+    """Create kombu's tables and the rows of `names` in its SQL transport (`sqla+...` brokers;
+    others need none) before processes that share them start. kombu makes both on first use, by
+    a check then a create that only threads of one process serialise: two workers starting at
+    once on a fresh broker both create, and the loser dies on "table already exists" or on the
+    queue name's unique constraint. Here a lost race is caught and the work done again, which
+    then finds what the other process made."""
+    if not url.startswith(SQLA_PREFIX):
+        return
+    from kombu import Connection
+    from sqlalchemy.exc import DBAPIError, IntegrityError
+
+    for attempt in range(1, attempts + 1):
+        try:
+            with Connection(url) as connection:
+                channel: Any = connection.default_channel
+                channel.session  # noqa: B018 -- kombu makes its tables on first use
+                for name in names:
+                    try:
+                        channel.queue_declare(queue=name)
+                    except IntegrityError:  # another process made it between kombu's check and insert
+                        channel.session.rollback()
+                        channel.queue_declare(queue=name)
+            return
+        except DBAPIError:  # the tables, made by another process between kombu's check and create
+            if attempt == attempts:
+                raise
+
+
 def _redis_state(url: str, queues: list[str]) -> dict[str, QueueState]:
     import redis
 

@@ -33,6 +33,14 @@ def broker_transport_options(settings: Settings) -> dict[str, object]:
     return {}
 
 
+def declare_broker_queues(settings: Settings) -> None:
+    """Make every shared queue on an SQL broker before consuming (`declare_sql_queues`): workers
+    started together on a fresh embedded broker would otherwise race to create them."""
+    from mint.storage.broker import declare_sql_queues
+
+    declare_sql_queues(settings.broker, all_queues(enabled_base_names(settings.model_configs_dir)))
+
+
 def create_celery(settings: Settings | None = None) -> Celery:
     """A configured Celery app for `settings` (the process settings by default)."""
     settings = settings or get_settings()

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from mint.config import get_settings
 from mint.storage.db import configure_pool_from
-from mint.worker.app import celery_app
+from mint.worker.app import celery_app, declare_broker_queues
 
 
 def run_worker(queues: list[str], node: str, loglevel: str) -> None:
     """Consume `queues` as Celery node `node`, one task at a time in this process (the solo pool:
     the resident base lives here, and a worker group's collectives run on this thread)."""
-    configure_pool_from(get_settings())
+    settings = get_settings()
+    configure_pool_from(settings)
+    declare_broker_queues(settings)
     celery_app().worker_main(
         [
             "worker",
