@@ -59,6 +59,7 @@ function jobFacts(job) {
     ["Status", h("span", { id: "job-status" }, status(job.status))],
     ["Base model", job.model],
     ["Method", method],
+    ["Training", job.training_type === "full" ? "full parameters (billed by device time)" : "LoRA"],
     ["Progress", h("span", { id: "job-progress" }, `${job.completed_steps} of ${job.total_steps} steps`)],
     ["Trained tokens", number(job.trained_tokens)],
     ["Cost", h("span", { id: "job-cost" }, money(job.cost_usd))],
