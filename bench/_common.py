@@ -1,6 +1,7 @@
 """What the Mint-versus-TRL benchmarks share: the LoRA targets both sides train, the pulled
-base's folder, the peak memory of a process, running one contestant in a child process (so its
-peak memory is its own) and the table's rows."""
+base's folder and its parameter count, the dtype both sides load it in, the peak memory of a
+process, running one contestant in a child process (so its peak memory is its own) and the
+table's rows."""
 
 from __future__ import annotations
 
@@ -26,6 +27,27 @@ def pulled_folder(base: str) -> Path:
 
     settings = get_settings()
     return pull_base_model(get_base_model_spec(base, settings.model_configs_dir), settings.models_cache_dir)
+
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16")
+
+
+def bench_dtype(choice: str) -> str:
+    """The dtype both contestants load the base in: `choice`, with `auto` resolved for this CPU
+    (bfloat16 where it multiplies it natively, `mint.trainer.precision`)."""
+    from mint.trainer.precision import compute_dtype
+
+    return compute_dtype(choice, "float32", "cpu")  # type: ignore[arg-type]
+
+
+def base_parameter_count(base: str) -> int:
+    """The base's parameters (the N of an MFU figure), from its config, no weights loaded."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(pulled_folder(base))
+    with torch.device("meta"):
+        return sum(parameter.numel() for parameter in AutoModelForCausalLM.from_config(config).parameters())
 
 
 def peak_rss_mb() -> float:

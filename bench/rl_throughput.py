@@ -3,7 +3,7 @@ size, reward, LoRA and steps: how fast each turns prompts into trained samples, 
 
     python bench/rl_throughput.py [--base smollm2-135m-instruct] [--prompts-per-step 4] [--group-size 4]
                                   [--max-tokens 32] [--temperature 1.0] [--steps 4] [--threads 2]
-                                  [--dtype auto|float32|bfloat16]
+                                  [--dtype float32|bfloat16|auto]
 
 Each contestant runs in a fresh process capped at `--threads` torch threads, so its peak
 resident memory is its own:
@@ -15,9 +15,12 @@ resident memory is its own:
   `beta=0` (no reference model), one optimisation pass per batch (`num_iterations=1`), and a
   per-step batch of `prompts_per_step * group_size` completions (`num_generations=group_size`).
 
-Both load SmolLM2-135M-Instruct in `--dtype` (`auto`, the default: bfloat16 where the CPU
-multiplies it natively, `mint.trainer.precision`; LoRA weights and Adam state stay float32 on
-both sides, as peft keeps them) and sample at the same temperature (no top-p/top-k)
+Both load SmolLM2-135M-Instruct in `--dtype` (float32 by default; `auto` is bfloat16 where the
+CPU multiplies it natively, `mint.trainer.precision`; LoRA weights and Adam state stay float32
+on both sides, as peft keeps them) and sample at the same temperature (no top-p/top-k). On these
+AMX cores bfloat16 makes the RL step slower for both (decoding 16 rows of a 135M model is small
+matmuls, where the bf16 kernels' set-up per call costs more than the arithmetic they save),
+while SFT's large matmuls gain 1.4x (`bench/train_throughput.py`): hence float32 here
 for at most `--max-tokens` new tokens, on the same chat prompts (rendered to identical ids by
 the same template) in the same order, and reward each completion with the same Python
 function: the share of the prompt's target words that the completion names. AdamW has the same
@@ -71,7 +74,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import LORA_MODULES, peak_rss_mb, pulled_folder, run_contestant, table_row  # noqa: E402
+from bench._common import (  # noqa: E402
+    DTYPE_CHOICES,
+    LORA_MODULES,
+    base_parameter_count,
+    bench_dtype,
+    peak_rss_mb,
+    pulled_folder,
+    run_contestant,
+    table_row,
+)
 
 LEARNING_RATE = 1e-4
 ADAM_BETA2 = 0.95  # Mint's AdamParams defaults (Tinker's), given to TRL's AdamW too
@@ -208,10 +220,7 @@ def mint_base(args: argparse.Namespace) -> Any:
 
 
 def dtype_of(args: argparse.Namespace) -> str:
-    """The dtype both contestants load the base in: `--dtype`, with `auto` resolved for this CPU."""
-    from mint.trainer.precision import compute_dtype
-
-    return compute_dtype(args.dtype, "float32", "cpu")
+    return bench_dtype(args.dtype)
 
 
 def run_mint(args: argparse.Namespace, resident: Any = None, seed: int = SEED) -> list[dict[str, float]]:
@@ -404,7 +413,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         steps = run_mint(args) if name == "mint" else run_trl(args)
     # The machine's 1-minute load average around the run: other work on the cores skews the timings.
     load = (load_before, os.getloadavg()[0])
-    parameters = sum(p.numel() for p in _base_parameters(args))
+    parameters = base_parameter_count(args.base)
     return {
         "name": name,
         "steps": steps,
@@ -413,16 +422,6 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "peak_flops": peak,
         "parameters": parameters,
     }
-
-
-def _base_parameters(args: argparse.Namespace) -> Any:
-    """The base's parameters (N of the MFU), read from its config without loading weights."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(pulled_folder(args.base))
-    with torch.device("meta"):
-        return list(AutoModelForCausalLM.from_config(config).parameters())
 
 
 def summary(result: dict[str, Any]) -> dict[str, float]:
@@ -499,8 +498,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument(
         "--dtype",
-        choices=("auto", "float32", "bfloat16"),
-        default="auto",
+        choices=DTYPE_CHOICES,
+        default="float32",
         help="dtype both contestants load the base in (auto: bfloat16 where the CPU has a native bf16 path)",
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each contestant")

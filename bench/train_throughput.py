@@ -1,13 +1,17 @@
 """Mint's SFT against TRL's SFTTrainer (with peft) on the same model, data, LoRA config and steps.
 
     python bench/train_throughput.py [--base smollm2-135m-instruct] [--steps 6] [--batch 4]
+                                     [--dtype auto|float32|bfloat16]
 
 Each contestant runs in a fresh process (so peak memory is its own): Mint's SFT recipe
 (packed, loss on the assistant tokens), TRL with padding, TRL with packing. The table
 gives real (non-padding) tokens per second over the training steps, peak resident memory,
-and the ratios against TRL measured in the same run. Both sides train LoRA r16 on every
-linear layer of the transformer blocks, in float32, at the same learning rate, with loss on
-the completion only, on the same rows in the same order.
+the model FLOP utilisation (6N FLOPs per real token trained, N the base's parameters, over the
+matmul peak each contestant's process measures at its start in the same dtype), and the ratios
+against TRL measured in the same run. Both sides train LoRA r16 on every linear layer of the
+transformer blocks, with the base loaded in `--dtype` (`auto`, the default: bfloat16 where the
+CPU multiplies it natively; LoRA weights and Adam state stay float32), at the same learning
+rate, with loss on the completion only, on the same rows in the same order.
 """
 
 from __future__ import annotations
@@ -25,7 +29,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import LORA_MODULES, peak_rss_mb, pulled_folder, run_contestant, table_row  # noqa: E402
+from bench._common import (  # noqa: E402
+    DTYPE_CHOICES,
+    LORA_MODULES,
+    base_parameter_count,
+    bench_dtype,
+    peak_rss_mb,
+    pulled_folder,
+    run_contestant,
+    table_row,
+)
 
 LEARNING_RATE = 2e-4
 SEQUENCE_TOKENS = 256
@@ -54,7 +67,7 @@ def bench_rows(count: int) -> list[dict[str, Any]]:
     return rows
 
 
-def run_trl(base: str, rows: list[dict[str, Any]], steps: int, batch: int, packing: bool) -> dict[str, Any]:
+def run_trl(base: str, rows: list[dict[str, Any]], steps: int, batch: int, packing: bool, dtype: str) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -64,7 +77,7 @@ def run_trl(base: str, rows: list[dict[str, Any]], steps: int, batch: int, packi
     folder = pulled_folder(base)
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
     counted = {"tokens": 0}
 
     class CountingTrainer(SFTTrainer):  # counts the real tokens of every batch it trains on
@@ -108,7 +121,7 @@ def run_trl(base: str, rows: list[dict[str, Any]], steps: int, batch: int, packi
     return {"tokens": counted["tokens"], "seconds": seconds, "first_loss": losses[0], "last_loss": losses[-1]}
 
 
-def run_mint(base: str, rows: list[dict[str, Any]], steps: int, batch: int) -> dict[str, Any]:
+def run_mint(base: str, rows: list[dict[str, Any]], steps: int, batch: int, dtype: str) -> dict[str, Any]:
     from mint.chat.render import render_chat
     from mint.config import get_settings
     from mint.schemas.base_models import get_base_model_spec
@@ -117,7 +130,8 @@ def run_mint(base: str, rows: list[dict[str, Any]], steps: int, batch: int) -> d
     from mint.trainer.types import LoraOptions
 
     settings = get_settings()
-    resident = ResidentBase(get_base_model_spec(base, settings.model_configs_dir), settings.models_cache_dir)
+    spec = get_base_model_spec(base, settings.model_configs_dir)
+    resident = ResidentBase(spec, settings.models_cache_dir, dtype=dtype)
     examples = [render_chat(resident.tokenizer, [*row["prompt"], *row["completion"]]) for row in rows]
     # The same adapter as TRL's: r16 on the attention and MLP linears, no lm_head.
     session = resident.create_session(
@@ -141,16 +155,25 @@ CONTESTANTS = ("mint", "trl-padded", "trl-packed")
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from mint.trainer.precision import matmul_peak_flops, model_flops
+
+    dtype = bench_dtype(args.dtype)
+    peak = matmul_peak_flops(getattr(torch, dtype))  # measured before the model loads
     rows = bench_rows(args.steps * args.batch * 2)
     if name == "mint":
-        result = run_mint(args.base, rows, args.steps, args.batch)
+        result = run_mint(args.base, rows, args.steps, args.batch, dtype)
     else:
-        result = run_trl(args.base, rows, args.steps, args.batch, packing=name == "trl-packed")
+        result = run_trl(args.base, rows, args.steps, args.batch, packing=name == "trl-packed", dtype=dtype)
+    tokens_per_second = result["tokens"] / result["seconds"]
     return {
         **result,
         "name": name,
         "peak_rss_mb": peak_rss_mb(),
-        "tokens_per_second": result["tokens"] / result["seconds"],
+        "tokens_per_second": tokens_per_second,
+        "mfu": model_flops(base_parameter_count(args.base), 0, tokens_per_second) / peak,
+        "peak_gflops": peak / 1e9,
     }
 
 
@@ -159,6 +182,7 @@ def main() -> None:
     parser.add_argument("--base", default="smollm2-135m-instruct")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="dtype both sides load the base in")
     parser.add_argument("--only", choices=CONTESTANTS, help=argparse.SUPPRESS)  # one contestant, in a child process
     args = parser.parse_args()
     if args.only:
@@ -167,12 +191,13 @@ def main() -> None:
     pulled_folder(args.base)  # dequantize once, outside the timings
     results = {}
     for name in CONTESTANTS:
-        argv = ["--base", args.base, "--steps", str(args.steps), "--batch", str(args.batch)]
+        argv = ["--base", args.base, "--steps", str(args.steps), "--batch", str(args.batch), "--dtype", args.dtype]
         results[name] = run_contestant(__file__, name, argv)
-    print(f"\n{args.base}, LoRA r16 on attention + MLP linears, float32, {args.steps} steps x {args.batch} rows\n")
+    dtype = bench_dtype(args.dtype)
+    print(f"\n{args.base}, LoRA r16 on attention + MLP linears, {dtype}, {args.steps} steps x {args.batch} rows\n")
     print(
         table_row(
-            ("trainer", "real tok/s", "peak RSS MB", "loss first->last", "Mint speed-up", "memory ratio"),
+            ("trainer", "real tok/s", "peak RSS MB", "loss first->last", "Mint speed-up", "memory ratio", "MFU"),
             COLUMN_WIDTHS,
         )
     )
@@ -188,13 +213,17 @@ def main() -> None:
                     f"{r['first_loss']:.2f}->{r['last_loss']:.2f}",
                     f"{mint['tokens_per_second'] / r['tokens_per_second']:.2f}x",
                     f"{mint['peak_rss_mb'] / r['peak_rss_mb']:.2f}x",
+                    f"{r['mfu']:.2%}",
                 ),
                 COLUMN_WIDTHS,
             )
         )
 
+    peaks = ", ".join(f"{name} {results[name]['peak_gflops']:.0f}" for name in CONTESTANTS)
+    print(f"\nmatmul peak each measured at its start, {dtype}, GFLOP/s: {peaks}")
 
-COLUMN_WIDTHS = (12, 11, 12, 18, 14, 13)
+
+COLUMN_WIDTHS = (12, 11, 12, 18, 14, 13, 7)
 
 
 if __name__ == "__main__":

@@ -45,12 +45,18 @@ def compute_dtype(setting: ComputeDtype | None, base_dtype: str, device: torch.d
     return setting
 
 
-def matmul_peak_flops(dtype: torch.dtype, device: torch.device | str = "cpu", *, size: int = 2048) -> float:
-    """FLOP/s of the best of a few `size`-square matmuls in `dtype` on this process's threads."""
+def matmul_peak_flops(
+    dtype: torch.dtype, device: torch.device | str = "cpu", *, size: int = 2048, repeats: int = 12
+) -> float:
+    """FLOP/s of the best of `repeats` `size`-square matmuls in `dtype` on this process's threads,
+    after two unmeasured ones (the first calls pay for the kernel's set-up: AMX tile
+    configuration, oneDNN's primitive cache, CUDA's context)."""
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
+    for _ in range(2):
+        torch.mm(a, b)
     best = float("inf")
-    for _ in range(5):
+    for _ in range(repeats):
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
