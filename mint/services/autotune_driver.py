@@ -524,8 +524,13 @@ def _search(tick: Tick, run: AutotuneRun) -> bool:
 
 
 def _training_type(request: AutotuneCreate, params: dict[str, Any]) -> str:
-    """A trial's training type: its own where trials choose, else the one the constraints allow."""
-    return str(params.get("training_type") or request.constraints.training_types[0])
+    """A trial's training type: its own where trials choose; else full only where the constraints
+    allow nothing else (a run that dropped full-parameter training, or whose methods are not SFT,
+    trains LoRA whatever order the constraints list the types in)."""
+    chosen = params.get("training_type")
+    if chosen is not None:
+        return str(chosen)
+    return "full" if request.constraints.training_types == ["full"] else "lora"
 
 
 def _next_params(

@@ -361,3 +361,26 @@ def test_a_driver_that_keeps_failing_ends_the_run_with_its_error_instead_of_tick
     assert failed["status"] == "failed" and "RuntimeError: disk full" in failed["error"]["message"], failed
     assert len(sent) == autotune.MAX_TICK_ERRORS - 1  # no tick follows the last one
     assert failed["decisions"][-1]["decision"] == "finish: failed"
+
+
+@pytest.mark.backend_free
+def test_a_trial_without_a_training_type_of_its_own_trains_full_parameters_only_when_nothing_else_is_allowed() -> None:
+    from mint.schemas.autotune import AutotuneCreate
+    from mint.services.autotune_driver import _training_type
+
+    def request(types: list[str]) -> AutotuneCreate:
+        return AutotuneCreate.model_validate(
+            {
+                "model": BASE,
+                "benchmark_id": "bench_1",
+                "target": {"pass_rate": 1.0},
+                "budget": {"usd": 1.0},
+                "constraints": {"methods": ["sft", "dpo"], "training_types": types},
+            }
+        )
+
+    tpe_pick = {"method": "dpo", "learning_rate_multiplier": 1.0, "rank": 8, "steps": 8}  # no training_type
+    assert _training_type(request(["full", "lora"]), tpe_pick) == "lora"  # a run that dropped full parameters
+    assert _training_type(request(["lora"]), tpe_pick) == "lora"
+    assert _training_type(request(["full"]), {**tpe_pick, "method": "sft"}) == "full"
+    assert _training_type(request(["full", "lora"]), {**tpe_pick, "training_type": "full"}) == "full"
