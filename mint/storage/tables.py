@@ -456,9 +456,8 @@ class Adapter(Base):
 
 
 class AdapterVersion(Base):
-    """An immutable trained version in the object store, keyed by its content hash: a PEFT-format
-    adapter (`kind` lora), or the whole model a full-parameter job trained (`kind` full: a
-    transformers checkpoint, config, safetensors weights and tokenizer; rank and alpha 0)."""
+    """An immutable trained version in the object store, keyed by its content hash: a PEFT adapter
+    (`kind` lora), or a full-parameter job's whole transformers checkpoint (`kind` full, rank 0)."""
 
     __tablename__ = "adapter_versions"
     __table_args__ = (
