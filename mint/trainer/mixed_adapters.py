@@ -88,6 +88,20 @@ class MixedPass:
         finally:
             self._only = previous
 
+    @contextmanager
+    def rows(self, counts: Sequence[int]) -> Iterator[None]:
+        """While open, the layers see a batch of `counts[i]` rows through span i's adapter, in
+        order (a pass over the parts' shared prefixes, `shared_prefixes`)."""
+        saved, start, spans = (self.spans, self.total), 0, []
+        for span, count in zip(self.spans, counts, strict=True):
+            spans.append(Span(span.adapter, start, start + count))
+            start += count
+        self.spans, self.total = spans, start
+        try:
+            yield
+        finally:
+            self.spans, self.total = saved
+
     def hook(self, module: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
         x = args[0]
         if self._only is not None:

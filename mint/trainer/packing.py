@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mint.trainer.host_memory import returning_large_blocks
+from mint.trainer.shared_prefixes import SharedPrefixes, share, shared_hidden
 from mint.trainer.types import Datum
 
 # The token id the padding holds: any id the model embeds; its outputs are never read.
@@ -49,6 +50,8 @@ class PackedBatch:
     targets_N_K: torch.Tensor
     lengths: list[int]
     widths: list[int | None]  # each datum's K, None for (N,) targets
+    # The same data as a prefix pass and a suffix pass, where data share prefixes enough.
+    shared: SharedPrefixes | None = None
 
     def split(self, logprobs_N_K: torch.Tensor) -> list[torch.Tensor]:
         """Per-datum logprobs from the batch's (N, K) table: (L,) for a datum with one target
@@ -59,8 +62,10 @@ class PackedBatch:
         ]
 
 
-def pack(data: Sequence[Datum], device: torch.device) -> PackedBatch:
-    """Lay `data` out one per row, right-padded, with next-token targets for their real tokens."""
+def pack(data: Sequence[Datum], device: torch.device, part_sizes: Sequence[int] | None = None) -> PackedBatch:
+    """Lay `data` out one per row, right-padded, with next-token targets for their real tokens,
+    and as shared prefixes and suffixes where consecutive data of one part (`part_sizes`: the
+    parts' numbers of data, in order; one part by default) begin alike (`shared_prefixes`)."""
     lengths = [datum.length for datum in data]
     width = max(lengths)
     input_ids = [list(datum.model_input) + [PAD_TOKEN_ID] * (width - datum.length) for datum in data]
@@ -84,6 +89,7 @@ def pack(data: Sequence[Datum], device: torch.device) -> PackedBatch:
         targets_N_K=targets_N_K,
         lengths=lengths,
         widths=widths,
+        shared=share([datum.model_input for datum in data], part_sizes or [len(data)], device, PAD_TOKEN_ID),
     )
 
 
@@ -205,7 +211,7 @@ def position_outputs(
     batch: PackedBatch,
     reduce: Reduce,
     spans: Sequence[tuple[int, int]] | None = None,
-    span_scope: Callable[[int], AbstractContextManager[Any]] | None = None,
+    mixed: Any = None,
 ) -> tuple[torch.Tensor, ...]:
     """One forward over the batch; `reduce` applied to the logits of its N real positions,
     its outputs concatenated over positions (with grad if enabled).
@@ -215,8 +221,9 @@ def position_outputs(
     keeping the whole (N, V) logits table alive, which is most of the activation memory of
     a small model with a large vocabulary. `spans` are ranges of the N real positions (data end
     to end) that chunks never cross (the parts of a mixed-session pass), so a part's head runs
-    on the same chunks as it would alone, inside `span_scope(i)` for span i (forward and
-    recomputation alike).
+    on the same chunks as it would alone, inside `mixed.scope(i)` for span i (forward and
+    recomputation alike; `mixed` is the pass's `mixed_adapters.MixedPass`, or None). Data that
+    share prefixes (`batch.shared`) run through the decoder as a prefix pass and a suffix pass.
     """
     causal = _causal_lm(model)
     architectures = getattr(causal.config, "architectures", None) or [type(causal).__name__]
@@ -234,12 +241,15 @@ def position_outputs(
         with layers_scope:
             logits_N_V = model(**inputs).logits[batch.real_B_L]
         return reduce(logits_N_V, 0, logits_N_V.shape[0])
-    with layers_scope:
-        hidden_N_H = causal.get_decoder()(**inputs).last_hidden_state[batch.real_B_L]
+    if batch.shared is not None and not large:
+        hidden_N_H = shared_hidden(causal.get_decoder(), batch.shared, mixed)
+    else:
+        with layers_scope:
+            hidden_N_H = causal.get_decoder()(**inputs).last_hidden_state[batch.real_B_L]
     head = causal.get_output_embeddings()
     chunks = []
     for index, (span_start, span_stop) in enumerate(spans or [(0, hidden_N_H.shape[0])]):
-        scope = functools.partial(span_scope, index) if span_scope is not None else nullcontext
+        scope = functools.partial(mixed.scope, index) if mixed is not None else nullcontext
         for start in range(span_start, span_stop, HEAD_CHUNK_POSITIONS):
             stop = min(start + HEAD_CHUNK_POSITIONS, span_stop)
             hidden_C_H = hidden_N_H[start:stop]
@@ -253,10 +263,7 @@ def position_outputs(
 
 
 def packed_logprobs(
-    model: nn.Module,
-    batch: PackedBatch,
-    spans: Sequence[tuple[int, int]] | None = None,
-    span_scope: Callable[[int], AbstractContextManager[Any]] | None = None,
+    model: nn.Module, batch: PackedBatch, spans: Sequence[tuple[int, int]] | None = None, mixed: Any = None
 ) -> list[torch.Tensor]:
     """One forward over the batch; returns each datum's logprobs of its targets, (L,) or (L, K)
     (with grad if enabled). See `position_outputs` for the chunks and spans."""
@@ -264,4 +271,4 @@ def packed_logprobs(
     def targets_logprobs(logits_C_V: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor]:
         return (token_logprobs(logits_C_V, batch.targets_N_K[start:stop]),)
 
-    return batch.split(position_outputs(model, batch, targets_logprobs, spans, span_scope)[0])
+    return batch.split(position_outputs(model, batch, targets_logprobs, spans, mixed)[0])

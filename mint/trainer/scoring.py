@@ -120,8 +120,8 @@ def input_tensors(datum: Datum, device: torch.device) -> dict[str, torch.Tensor]
 
 # Given each part's span of batch rows (one datum per row, parts in order), the context the
 # forward and backward run in: which adapter each span runs through, and train-mode switches
-# such as LoRA dropout. It yields None, or the `scope(i)` in which the output head's chunks of
-# span i run (`mixed_adapters.MixedPass`).
+# such as LoRA dropout. It yields None, or the pass's `mixed_adapters.MixedPass` (whose `scope(i)`
+# the output head's chunks of span i run in).
 RunningFn = Callable[[list[tuple[int, int]]], AbstractContextManager[Any]]
 
 
@@ -178,12 +178,13 @@ def score_parts(
             for x, ref_T in zip(part_inputs, reference(part.data), strict=True):
                 x.setdefault("ref_logprobs", ref_T.float())
         inputs.append(part_inputs)
-    batch = pack([datum for part in parts for datum in part.data], device)
-    row_spans = _spans([len(part.data) for part in parts])
+    sizes = [len(part.data) for part in parts]
+    batch = pack([datum for part in parts for datum in part.data], device, sizes)
+    row_spans = _spans(sizes)
     token_spans = _spans([sum(datum.length for datum in part.data) for part in parts])
     outputs = []
-    with torch.set_grad_enabled(backward), running(row_spans) as span_scope:
-        logprobs = packed_logprobs(model, batch, token_spans, span_scope)
+    with torch.set_grad_enabled(backward), running(row_spans) as mixed:
+        logprobs = packed_logprobs(model, batch, token_spans, mixed)
         values = []
         offset = 0
         for part, part_inputs in zip(parts, inputs, strict=True):

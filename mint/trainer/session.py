@@ -36,7 +36,7 @@ from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
 from mint.trainer.combining import Combiner, Loops
 from mint.trainer.group import Group, mirrored
-from mint.trainer.mixed_adapters import Span, can_mix, mixed_adapters
+from mint.trainer.mixed_adapters import MixedPass, Span, can_mix, mixed_adapters
 from mint.trainer.models import load_base_model, tensors_fingerprint
 from mint.trainer.optimizer import AdapterOptimizer
 from mint.trainer.packing import pack, packed_logprobs
@@ -377,12 +377,12 @@ class ResidentBase:
             self._settle_active(names[0])
 
             @contextmanager
-            def running(spans: list[tuple[int, int]]) -> Iterator[Callable[[int], AbstractContextManager[None]]]:
+            def running(spans: list[tuple[int, int]]) -> Iterator[MixedPass]:
                 with ExitStack() as stack:
                     for call in calls:
                         stack.enter_context(call.session._lora_dropout())
                     adapters = [Span(name, start, stop) for name, (start, stop) in zip(names, spans, strict=True)]
-                    yield stack.enter_context(mixed_adapters(self._peft, adapters, trainable)).scope
+                    yield stack.enter_context(mixed_adapters(self._peft, adapters, trainable))
 
             return score_parts(
                 self.model, [call.request for call in calls], backward=True, reference=self._reference, running=running
