@@ -139,6 +139,20 @@ def test_draw_records_the_logprob_of_the_distribution_it_drew_from() -> None:
     assert choose_tokens(logits, params, torch.Generator().manual_seed(1)).equal(chosen)
 
 
+def test_draw_follows_the_distribution_and_never_draws_a_token_of_probability_zero(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    logits = probs.log().expand(40_000, 6)  # log 0 = -inf: as top-k or top-p leave a logit
+    chosen, _ = draw(logits, SamplingParams(temperature=1.0), torch.Generator().manual_seed(2))
+    shares = torch.bincount(chosen, minlength=6) / chosen.numel()
+    # Four standard deviations of a share over 40k draws is at most 0.01.
+    assert torch.allclose(shares, probs, atol=0.01) and shares[probs == 0].eq(0).all()
+    # A uniform number rounded up to the top of the cumulative sum draws the last possible token.
+    monkeypatch.setattr(torch, "rand", lambda size, **_: torch.ones(size))
+    assert draw(logits[:3], SamplingParams(temperature=1.0), torch.Generator())[0].tolist() == [4, 4, 4]
+
+
 def test_sampler_logprobs_are_the_model_logprobs_at_temperature_one(trained: TrainingSession) -> None:
     plain = trained.sample(PROMPT, SamplingParams(max_tokens=6, seed=3, stop=[]), num_samples=2)
     for sequence in plain:
