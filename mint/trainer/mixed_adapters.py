@@ -22,8 +22,8 @@ after another instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,23 @@ class Span:
     adapter: str | None
     start: int
     stop: int
+
+
+def by_adapter(owners: Iterable[str | None]) -> list[Span]:
+    """The spans of a batch whose rows, in order, run through `owners` (None: the base alone):
+    one span per run of consecutive rows with one owner."""
+    spans: list[Span] = []
+    for row, owner in enumerate(owners):
+        if spans and spans[-1].adapter == owner:
+            spans[-1] = Span(owner, spans[-1].start, row + 1)
+        else:
+            spans.append(Span(owner, row, row + 1))
+    return spans
+
+
+def _check_tiling(spans: Sequence[Span]) -> None:
+    if any(a.stop != b.start for a, b in zip(spans, spans[1:], strict=False)) or (spans and spans[0].start != 0):
+        raise ValueError("spans must tile the batch rows from row 0, in order")
 
 
 def _lora_layers(model: nn.Module, adapters: set[str]) -> list[Any]:
@@ -89,18 +106,23 @@ class MixedPass:
             self._only = previous
 
     @contextmanager
-    def rows(self, counts: Sequence[int]) -> Iterator[None]:
-        """While open, the layers see a batch of `counts[i]` rows through span i's adapter, in
-        order (a pass over the parts' shared prefixes, `shared_prefixes`)."""
-        saved, start, spans = (self.spans, self.total), 0, []
-        for span, count in zip(self.spans, counts, strict=True):
-            spans.append(Span(span.adapter, start, start + count))
-            start += count
-        self.spans, self.total = spans, start
+    def using(self, spans: Sequence[Span]) -> Iterator[None]:
+        """While open, the layers see a batch laid out as `spans` (which must tile its rows from
+        0, in order, through adapters the pass was opened for)."""
+        _check_tiling(spans)
+        saved = (self.spans, self.total)
+        self.spans, self.total = list(spans), spans[-1].stop if spans else 0
         try:
             yield
         finally:
             self.spans, self.total = saved
+
+    def rows(self, counts: Sequence[int]) -> AbstractContextManager[None]:
+        """While open, the layers see a batch of `counts[i]` rows through span i's adapter, in
+        order (a pass over the parts' shared prefixes, `shared_prefixes`)."""
+        return self.using(
+            by_adapter(span.adapter for span, count in zip(self.spans, counts, strict=True) for _ in range(count))
+        )
 
     def hook(self, module: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
         x = args[0]
@@ -113,14 +135,12 @@ class MixedPass:
             raise RuntimeError(
                 f"a mixed-adapter pass over {self.total} units met a layer input of {y_M_O.shape[0]} positions"
             )
+        # `split`, not one slice per span: the backward of a split is one concatenation, where
+        # each slice's backward would fill a zero tensor of the whole batch (K spans, K times).
+        sizes = [(span.stop - span.start) * per_unit for span in self.spans]
         pieces = [
-            _with_adapter(
-                module,
-                span.adapter,
-                x_M_I[span.start * per_unit : span.stop * per_unit],
-                y_M_O[span.start * per_unit : span.stop * per_unit],
-            )
-            for span in self.spans
+            _with_adapter(module, span.adapter, x_S_I, y_S_O)
+            for span, x_S_I, y_S_O in zip(self.spans, x_M_I.split(sizes), y_M_O.split(sizes), strict=True)
         ]
         return torch.cat(pieces).reshape(output.shape)
 
@@ -138,8 +158,7 @@ def mixed_adapters(
     `scope` the output head's chunks use.
     """
     adapters = {span.adapter for span in spans if span.adapter is not None}
-    if any(a.stop != b.start for a, b in zip(spans, spans[1:], strict=False)) or (spans and spans[0].start != 0):
-        raise ValueError("spans must tile the batch rows from row 0, in order")
+    _check_tiling(spans)
     if not can_mix(peft_model, sorted(adapters)):
         raise ValueError("these adapters cannot share a pass (they adapt parameters); run them one by one")
     mixed = MixedPass(spans)

@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mint.trainer.host_memory import returning_large_blocks
-from mint.trainer.shared_prefixes import SharedPrefixes, share, shared_hidden
+from mint.trainer.shared_prefixes import SharedPrefixes, decoder_positions, share, shared_hidden
 from mint.trainer.types import Datum
 
 # The token id the padding holds: any id the model embeds; its outputs are never read.
@@ -52,6 +52,13 @@ class PackedBatch:
     widths: list[int | None]  # each datum's K, None for (N,) targets
     # The same data as a prefix pass and a suffix pass, where data share prefixes enough.
     shared: SharedPrefixes | None = None
+
+    @property
+    def decoder_positions(self) -> int:
+        """The positions the decoder runs: both passes' where data share prefixes."""
+        if self.shared is not None:
+            return self.shared.prefix_ids_P_W.numel() + self.shared.suffix_ids_B_S.numel()
+        return self.input_ids_B_L.numel()
 
     def split(self, logprobs_N_K: torch.Tensor) -> list[torch.Tensor]:
         """Per-datum logprobs from the batch's (N, K) table: (L,) for a datum with one target
@@ -134,6 +141,14 @@ def activation_bytes(config: Any, positions: int) -> int:
     mlp = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
     layers = int(getattr(config, "num_hidden_layers", 1))
     return positions * layers * (4 * hidden + 3 * mlp) * 4
+
+
+def fits_one_pass(model: nn.Module, parts: Sequence[Sequence[Datum]]) -> bool:
+    """Whether these parts' data (each part a list of data) make an ordinary pass together,
+    not a large one: what a pass of several sessions is split by."""
+    inputs = [datum.model_input for part in parts for datum in part]
+    positions = decoder_positions(inputs, [len(part) for part in parts])
+    return activation_bytes(_causal_lm(model).config, positions) <= LARGE_PASS_ACTIVATION_BYTES
 
 
 def _large_pass(model: nn.Module) -> AbstractContextManager[None]:
@@ -234,7 +249,7 @@ def position_outputs(
         "use_cache": False,
     }
     large = torch.is_grad_enabled() and (
-        activation_bytes(causal.config, batch.input_ids_B_L.numel()) > LARGE_PASS_ACTIVATION_BYTES
+        activation_bytes(causal.config, batch.decoder_positions) > LARGE_PASS_ACTIVATION_BYTES
     )
     layers_scope = _large_pass(causal) if large else nullcontext()
     if architectures[0] not in PLAIN_HEAD_ARCHITECTURES or not hasattr(causal, "get_decoder"):
@@ -248,17 +263,20 @@ def position_outputs(
             hidden_N_H = causal.get_decoder()(**inputs).last_hidden_state[batch.real_B_L]
     head = causal.get_output_embeddings()
     chunks = []
-    for index, (span_start, span_stop) in enumerate(spans or [(0, hidden_N_H.shape[0])]):
+    bounds = [
+        (index, start, min(start + HEAD_CHUNK_POSITIONS, span_stop))
+        for index, (span_start, span_stop) in enumerate(spans or [(0, hidden_N_H.shape[0])])
+        for start in range(span_start, span_stop, HEAD_CHUNK_POSITIONS)
+    ]
+    # One split (whose backward is one concatenation), not a slice per chunk (whose backward
+    # fills a zero tensor of all N positions, once per chunk).
+    pieces = hidden_N_H.split([stop - start for _, start, stop in bounds])
+    for (index, start, stop), hidden_C_H in zip(bounds, pieces, strict=True):
         scope = functools.partial(mixed.scope, index) if mixed is not None else nullcontext
-        for start in range(span_start, span_stop, HEAD_CHUNK_POSITIONS):
-            stop = min(start + HEAD_CHUNK_POSITIONS, span_stop)
-            hidden_C_H = hidden_N_H[start:stop]
-            if torch.is_grad_enabled():  # recomputed in the backward pass, in its scope again
-                chunks.append(
-                    checkpoint(_chunk_outputs, head, hidden_C_H, reduce, start, stop, scope, use_reentrant=False)
-                )
-            else:
-                chunks.append(_chunk_outputs(head, hidden_C_H, reduce, start, stop, scope))
+        if torch.is_grad_enabled():  # recomputed in the backward pass, in its scope again
+            chunks.append(checkpoint(_chunk_outputs, head, hidden_C_H, reduce, start, stop, scope, use_reentrant=False))
+        else:
+            chunks.append(_chunk_outputs(head, hidden_C_H, reduce, start, stop, scope))
     return tuple(torch.cat(parts) for parts in zip(*chunks, strict=True))
 
 

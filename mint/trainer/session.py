@@ -36,10 +36,10 @@ from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
 from mint.trainer.combining import Combiner, Loops
 from mint.trainer.group import Group, mirrored
-from mint.trainer.mixed_adapters import MixedPass, Span, can_mix, mixed_adapters
+from mint.trainer.mixed_adapters import MixedPass, Span, by_adapter, can_mix, mixed_adapters
 from mint.trainer.models import load_base_model, tensors_fingerprint
 from mint.trainer.optimizer import AdapterOptimizer
-from mint.trainer.packing import pack, packed_logprobs
+from mint.trainer.packing import fits_one_pass, pack, packed_logprobs
 from mint.trainer.prompt_scores import PromptQuery, PromptScores, score_prompt
 from mint.trainer.sampling import Decoding, StopRule, decoding_chunks, end_of_sequence_ids, generate_batch
 from mint.trainer.scoring import ModelLimits, ScoreRequest, score_parts
@@ -362,31 +362,51 @@ class ResidentBase:
 
         Each session's loss depends on its own tokens only and its gradient reaches its own
         adapter only. Sessions that cannot share a pass (adapters on parameters, or one session
-        twice) run one after another, under one lock all the same.
+        twice) run one after another, under one lock all the same. Sessions whose data together
+        would make a large pass (`packing.fits_one_pass`) run as several passes of whole sessions,
+        in order, rather than one pass that recomputes its layers.
         """
-        names = [call.session.session_id for call in calls]
         with self._lock:
             for call in calls:
                 call.session._live_optimizer()
-            if len(calls) == 1 or len(set(names)) < len(names) or not can_mix(self.model, names):
-                return [
-                    self._score(name, call.request, backward=True, train_mode=call.session._lora_dropout)
-                    for name, call in zip(names, calls, strict=True)
-                ]
-            trainable = [parameter for call in calls for parameter in call.session._parameters.values()]
-            self._settle_active(names[0])
+            names = [call.session.session_id for call in calls]
+            apart = len(set(names)) < len(names) or not can_mix(self.model, names)
+            groups = [[call] for call in calls] if apart else self._pass_groups(calls)
+            return [output for group in groups for output in self._mixed_pass(group)]
 
-            @contextmanager
-            def running(spans: list[tuple[int, int]]) -> Iterator[MixedPass]:
-                with ExitStack() as stack:
-                    for call in calls:
-                        stack.enter_context(call.session._lora_dropout())
-                    adapters = [Span(name, start, stop) for name, (start, stop) in zip(names, spans, strict=True)]
-                    yield stack.enter_context(mixed_adapters(self._peft, adapters, trainable))
+    def _pass_groups(self, calls: Sequence[BackwardCall]) -> list[list[BackwardCall]]:
+        """Consecutive calls in groups whose data make an ordinary pass (a call too large alone
+        makes a group of its own)."""
+        groups: list[list[BackwardCall]] = []
+        for call in calls:
+            candidate = [*groups[-1], call] if groups else []
+            if candidate and fits_one_pass(self.model, [member.request.data for member in candidate]):
+                groups[-1] = candidate
+            else:
+                groups.append([call])
+        return groups
 
-            return score_parts(
-                self.model, [call.request for call in calls], backward=True, reference=self._reference, running=running
-            )
+    def _mixed_pass(self, calls: Sequence[BackwardCall]) -> list[ForwardOutput]:
+        """One forward and backward of several sessions' calls (the caller holds the lock and has
+        checked that they can mix), each session's span of rows through its own adapter; one
+        call runs through its own adapter, as peft runs it."""
+        names = [call.session.session_id for call in calls]
+        if len(calls) == 1:
+            return [self._score(names[0], calls[0].request, backward=True, train_mode=calls[0].session._lora_dropout)]
+        trainable = [parameter for call in calls for parameter in call.session._parameters.values()]
+        self._settle_active(names[0])
+
+        @contextmanager
+        def running(spans: list[tuple[int, int]]) -> Iterator[MixedPass]:
+            with ExitStack() as stack:
+                for call in calls:
+                    stack.enter_context(call.session._lora_dropout())
+                adapters = [Span(name, start, stop) for name, (start, stop) in zip(names, spans, strict=True)]
+                yield stack.enter_context(mixed_adapters(self._peft, adapters, trainable))
+
+        return score_parts(
+            self.model, [call.request for call in calls], backward=True, reference=self._reference, running=running
+        )
 
     def _reference(self, data: list[Datum]) -> list[torch.Tensor]:
         # The reference model is the base itself: the same weights with every adapter disabled.
@@ -488,20 +508,21 @@ class ResidentBase:
         samples: list[list[SampledSequence]] = []
         for chunk in decoding_chunks(decodings, MAX_ROWS_PER_BATCH):
             chunk_owners = owners[len(samples) : len(samples) + len(chunk)]
-            samples += generate_batch(self.model, chunk, decode=decode, rows_context=self._rows_through(chunk_owners))
+            # One pass opened for the whole decoding (its hooks installed once); each forward
+            # lays its live rows out by owner, a span per run of rows with one adapter.
+            with mixed_adapters(self._peft, by_adapter(chunk_owners)) as mixed:
+                rows_context = self._rows_through(mixed, chunk_owners)
+                samples += generate_batch(self.model, chunk, decode=decode, rows_context=rows_context)
         return samples
 
+    @staticmethod
     def _rows_through(
-        self, owners: Sequence[str | None]
+        mixed: MixedPass, owners: Sequence[str | None]
     ) -> Callable[[list[tuple[int, int]]], AbstractContextManager[Any]]:
         """For `generate_batch`: each live request's rows through its owner's adapter (None: the base)."""
 
         def rows_context(rows: list[tuple[int, int]]) -> AbstractContextManager[Any]:
-            spans, start = [], 0
-            for index, units in rows:
-                spans.append(Span(owners[index], start, start + units))
-                start += units
-            return mixed_adapters(self._peft, spans)
+            return mixed.using(by_adapter(owners[index] for index, units in rows for _ in range(units)))
 
         return rows_context
 
