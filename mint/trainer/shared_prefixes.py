@@ -38,6 +38,8 @@ from torch import nn
 # The fewest tokens data must share to run them once: below this a prefix row costs more than
 # it saves.
 MIN_SHARED_TOKENS = 16
+# The most data in one group: bounds the search for groups (quadratic in this).
+MAX_GROUP = 256
 # The largest share of the one-datum-per-row positions the two passes may run to be worth it.
 MAX_COST_SHARE = 0.8
 
@@ -66,24 +68,68 @@ def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
     return length
 
 
+def _shared_length(members: Sequence[Sequence[int]]) -> int:
+    """The tokens a group runs in the prefix pass: what all members share, each keeping one of
+    its own (all of a lone datum's)."""
+    if len(members) == 1:
+        return len(members[0])
+    common = min(_common_length(a, b) for a, b in zip(members, members[1:], strict=False))
+    return min(common, *(len(member) - 1 for member in members))
+
+
 def _groups(inputs: Sequence[Sequence[int]], part_sizes: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(first datum, stop, shared length) of each run of consecutive data of one part that share
+    """(first datum, stop, shared length) of each group: consecutive data of one part that share
     at least MIN_SHARED_TOKENS, each member keeping one token of its own at least; a datum with
-    no such partner is a group of its own, all of whose tokens run in the prefix pass."""
+    no partner is a group of its own, all of whose tokens run in the prefix pass.
+
+    A part is cut into groups so as to save the most positions, sum of (members - 1) x shared
+    (by dynamic programming over the cut points): an RL step's samples of several prompts that
+    all begin with one system prompt form a group per prompt, sharing the whole prompt, rather
+    than one group sharing the system prompt alone."""
     groups, start = [], 0
     for size in part_sizes:
-        index, stop = start, start + size
-        while index < stop:
-            shared, end = len(inputs[index]) - 1, index + 1
-            while end < stop:
-                common = min(shared, _common_length(inputs[index], inputs[end]), len(inputs[end]) - 1)
-                if common < MIN_SHARED_TOKENS:
+        # best[j]: the most positions saved by groups of the part's first j data; cut[j]: where
+        # the last of those groups begins.
+        best, cut = [0] * (size + 1), [0] * (size + 1)
+        common = [_common_length(inputs[start + i], inputs[start + i + 1]) for i in range(size - 1)]
+        for stop in range(1, size + 1):
+            best[stop], cut[stop] = best[stop - 1], stop - 1
+            shared = len(inputs[start + stop - 1]) - 1
+            # The group [first, stop), growing leftwards, up to MAX_GROUP members.
+            for first in range(stop - 2, max(stop - MAX_GROUP, 0) - 1, -1):
+                shared = min(shared, common[first], len(inputs[start + first]) - 1)
+                if shared < MIN_SHARED_TOKENS:
                     break
-                shared, end = common, end + 1
-            groups.append((index, end, shared if end - index > 1 else len(inputs[index])))
-            index = end
-        start = stop
+                saved = best[first] + (stop - first - 1) * shared
+                if saved > best[stop]:
+                    best[stop], cut[stop] = saved, first
+        part_groups, stop = [], size
+        while stop > 0:
+            first = cut[stop]
+            part_groups.append((start + first, start + stop, _shared_length(inputs[start + first : start + stop])))
+            stop = first
+        groups += part_groups[::-1]
+        start += size
     return groups
+
+
+def plain_positions(inputs: Sequence[Sequence[int]]) -> int:
+    """The positions the decoder runs for these data one per row, right-padded."""
+    return len(inputs) * max(len(ids) for ids in inputs)
+
+
+def _shared_positions(inputs: Sequence[Sequence[int]], groups: Sequence[tuple[int, int, int]]) -> int:
+    if len(groups) == len(inputs):  # nothing shared: the two passes would run everything twice over
+        return 2 * plain_positions(inputs)
+    width = max(shared for _, _, shared in groups)
+    suffix = max(len(inputs[index]) - shared for first, stop, shared in groups for index in range(first, stop))
+    return len(groups) * width + len(inputs) * suffix
+
+
+def decoder_positions(inputs: Sequence[Sequence[int]], part_sizes: Sequence[int]) -> int:
+    """The positions the decoder runs for these data, in the layout `share` chooses."""
+    plain, shared = plain_positions(inputs), _shared_positions(inputs, _groups(inputs, part_sizes))
+    return shared if shared <= MAX_COST_SHARE * plain else plain
 
 
 def share(
@@ -92,7 +138,7 @@ def share(
     """The two-pass layout of these data (each part's data never grouped with another part's),
     or None where it would not save enough positions to be worth a second pass."""
     groups = _groups(inputs, part_sizes)
-    if len(groups) == len(inputs):  # nothing shared
+    if _shared_positions(inputs, groups) > MAX_COST_SHARE * plain_positions(inputs):
         return None
     shared_of = [0] * len(inputs)
     prefix_of = [0] * len(inputs)
@@ -101,9 +147,6 @@ def share(
             shared_of[index], prefix_of[index] = shared, row
     width = max(shared for _, _, shared in groups)
     suffix = max(len(ids) - shared for ids, shared in zip(inputs, shared_of, strict=True))
-    plain = len(inputs) * max(len(ids) for ids in inputs)
-    if len(groups) * width + len(inputs) * suffix > MAX_COST_SHARE * plain:
-        return None
 
     prefix_ids = [list(inputs[first][:shared]) + [pad_id] * (width - shared) for first, _, shared in groups]
     suffix_ids, positions, index_N = [], [], []

@@ -144,8 +144,10 @@ def test_kl_penalty_lowers_the_advantage_of_tokens_the_base_finds_unlikely(resid
 
 
 def test_rl_raises_mean_reward(open_session: Callable[..., TrainingSession], resident: ResidentBase) -> None:
-    """Reward: the completion starts with a capital letter (the closed `regex` grader), which
-    the untrained tiny base does about one time in ten; group-normalised RL raises it."""
+    """Reward: the completion (one token) starts with a capital letter (the closed `regex`
+    grader), which the untrained tiny base does about one time in four; group-normalised RL
+    raises it to nearly always within ten steps (measured: 0.34 at the first step, 0.97-1.0 from
+    the sixth). Longer completions learn too slowly on the tiny base for a test."""
     grader = GraderSpec(type="regex", config={"pattern": "^[A-Z]", "mode": "search"})
     tasks: list[Task] = load_builtin("format", "train", 16, seed=0)
     prompts = [RlPrompt(render_prompt(resident.tokenizer, task.messages), None, grader) for task in tasks]
@@ -153,12 +155,12 @@ def test_rl_raises_mean_reward(open_session: Callable[..., TrainingSession], res
     reports = run_rl(
         session,
         prompts,
-        RlConfig(steps=10, prompts_per_step=4, group_size=8, max_tokens=3, learning_rate=5e-3),
+        RlConfig(steps=10, prompts_per_step=4, group_size=8, max_tokens=1, learning_rate=3e-2),
         decode=lambda tokens: resident.tokenizer.decode(tokens, skip_special_tokens=True),
     )
     rewards = [report.metrics["reward"] for report in reports]
     first, late = rewards[0], sum(rewards[-5:]) / 5
-    assert late > first + 0.1, rewards
+    assert late > first + 0.3 and late > 0.8, rewards
 
 
 def test_each_rl_step_reports_what_shows_whether_it_can_learn(

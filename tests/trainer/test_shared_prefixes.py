@@ -96,6 +96,16 @@ def test_the_layout_runs_each_shared_prefix_once_and_puts_every_token_back_in_pl
     assert share(short, [3], torch.device("cpu"), pad_id=0) is None
 
 
+def test_samples_of_prompts_that_begin_alike_share_their_whole_prompt_per_group() -> None:
+    system = _prompt(900)  # one system prompt before every question
+    prompts = [system + _prompt(901), system + _prompt(902)]
+    sequences = [sequence for i, prompt in enumerate(prompts) for sequence in _group(prompt, [3, 5, 4], i)]
+    layout = share(sequences, [len(sequences)], torch.device("cpu"), pad_id=0)
+    # One group per prompt, sharing all of it, rather than one group sharing the system prompt.
+    assert layout is not None and layout.prefix_ids_P_W.tolist() == prompts
+    assert layout.prefix_of_row_B.tolist() == [0, 0, 0, 1, 1, 1]
+
+
 def test_shared_prefixes_give_the_numbers_of_running_each_datum_whole(
     open_session: Callable[..., TrainingSession], monkeypatch: pytest.MonkeyPatch
 ) -> None:
