@@ -49,7 +49,9 @@ else:
 
     @pytest.fixture(scope="session")
     def resident(spec: BaseModelSpec, base_cache: Path) -> ResidentBase:
-        return ResidentBase(spec, base_cache)
+        # Mixed forward_backward passes, which a CPU base leaves off by default: the tests
+        # check their isolation.
+        return ResidentBase(spec, base_cache, mix_backward=True)
 
     @pytest.fixture
     def open_session(resident: ResidentBase) -> Iterator[Callable[..., TrainingSession]]:
