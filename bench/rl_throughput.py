@@ -271,7 +271,9 @@ def run_mint(args: argparse.Namespace, resident: Any = None, seed: int = SEED) -
 def run_mint_jobs(args: argparse.Namespace, *, together: bool) -> list[dict[str, float]]:
     """`--jobs` RL runs (sessions with seeds SEED, SEED+1, ...) on one resident base: one after
     another, or at once on as many threads, whose sampling and forward_backward calls then share
-    passes (`ResidentBase.sampling_passes`, `backward_passes`). One entry: the whole wall time."""
+    passes (`ResidentBase.sampling_passes`, `backward_passes`: the calls each combined; on a CPU
+    base the sessions of a combined forward_backward run one after another, `mix_backward`).
+    One entry: the whole wall time."""
     import threading
 
     resident = mint_base(args)
