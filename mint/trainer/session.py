@@ -36,6 +36,7 @@ from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
 from mint.trainer.combining import Combiner, Loops
 from mint.trainer.group import Group, mirrored
+from mint.trainer.host_memory import share_one_arena
 from mint.trainer.mixed_adapters import MixedPass, Span, by_adapter, can_mix, mixed_adapters
 from mint.trainer.models import load_base_model, tensors_fingerprint
 from mint.trainer.optimizer import AdapterOptimizer
@@ -110,6 +111,7 @@ class ResidentBase:
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         mix_backward: bool | None = None,
     ) -> None:
+        share_one_arena()  # before any session's thread allocates
         model, tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
         model.requires_grad_(False)
         model.eval()

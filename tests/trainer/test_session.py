@@ -357,3 +357,39 @@ def test_a_large_pass_gives_freed_blocks_back_to_the_system() -> None:
         held = resident_mb()
         del blocks
     assert held - resident_mb() > 150
+
+
+ARENA_PROBE = """
+import ctypes, sys, threading
+from mint.trainer import host_memory
+if sys.argv[1] == "one":
+    host_memory.share_one_arena()
+kept = []
+def allocate():
+    kept.append([bytearray(4096) for _ in range(64)])  # small blocks: from the thread's arena
+threads = [threading.Thread(target=allocate) for _ in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+ctypes.CDLL("libc.so.6").malloc_stats()  # one "Arena N:" section per arena, on stderr
+"""
+
+
+def test_a_resident_base_keeps_its_threads_on_one_heap() -> None:
+    """Threads that allocate share the main heap once `share_one_arena` ran (every ResidentBase
+    runs it first), where each would otherwise get an arena of its own that keeps what a pass
+    freed (measured: 4 RL jobs at once peaked at 6.9 GB with their arenas, 3.5 GB without)."""
+    import subprocess
+    import sys
+
+    from mint.trainer.host_memory import can_return_memory
+
+    assert can_return_memory()  # glibc, whose arenas this is about
+
+    def arenas(mode: str) -> int:
+        probe = subprocess.run([sys.executable, "-c", ARENA_PROBE, mode], capture_output=True, text=True, check=True)
+        return probe.stderr.count("Arena ")
+
+    assert arenas("default") > 1  # the probe sees the arenas that threads get
+    assert arenas("one") == 1
