@@ -123,7 +123,7 @@ class ResidentBase:
         # (None: where the device is not a CPU). A mixed pass pays where one session's batch
         # leaves the device idle; on a CPU every matmul is already at its peak, and the mixed
         # pass measured 8-25% slower than its sessions one after another (while decoding
-        # several sessions' samples together is 1.6x faster there, and stays mixed).
+        # several sessions' samples together is 1.2-1.6x faster there, and stays mixed).
         self.mix_backward = (torch.device(device).type != "cpu") if mix_backward is None else mix_backward
         # Read before any adapter wraps a layer, so names are the base's own.
         self.catalogue = lora.TargetCatalogue.from_model(model)
