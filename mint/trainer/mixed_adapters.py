@@ -22,7 +22,7 @@ after another instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -123,6 +123,15 @@ class MixedPass:
         return self.using(
             by_adapter(span.adapter for span, count in zip(self.spans, counts, strict=True) for _ in range(count))
         )
+
+    def rows_of(self, owners: Sequence[str | None]) -> Callable[[list[tuple[int, int]]], AbstractContextManager[None]]:
+        """For `sampling.generate_batch`: each live request's rows (request index, rows) through
+        its owner's adapter (`owners[index]`, None: the base)."""
+
+        def rows_context(rows: list[tuple[int, int]]) -> AbstractContextManager[None]:
+            return self.using(by_adapter(owners[index] for index, units in rows for _ in range(units)))
+
+        return rows_context
 
     def hook(self, module: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
         x = args[0]

@@ -151,6 +151,18 @@ def fits_one_pass(model: nn.Module, parts: Sequence[Sequence[Datum]]) -> bool:
     return activation_bytes(_causal_lm(model).config, positions) <= LARGE_PASS_ACTIVATION_BYTES
 
 
+def fitting_passes(model: nn.Module, parts: Sequence[Sequence[Datum]]) -> list[int]:
+    """How many consecutive parts each pass takes, so that every pass's data make an ordinary
+    pass (`fits_one_pass`); a part too large alone makes a pass of its own."""
+    sizes: list[int] = []
+    for index in range(len(parts)):
+        if sizes and fits_one_pass(model, parts[index - sizes[-1] : index + 1]):
+            sizes[-1] += 1
+        else:
+            sizes.append(1)
+    return sizes
+
+
 def _large_pass(model: nn.Module) -> AbstractContextManager[None]:
     stack = ExitStack()
     stack.enter_context(checkpointed_layers(model))

@@ -40,7 +40,7 @@ from mint.trainer.host_memory import share_one_arena
 from mint.trainer.mixed_adapters import MixedPass, Span, by_adapter, can_mix, mixed_adapters
 from mint.trainer.models import load_base_model, tensors_fingerprint
 from mint.trainer.optimizer import AdapterOptimizer
-from mint.trainer.packing import fits_one_pass, pack, packed_logprobs
+from mint.trainer.packing import fitting_passes, pack, packed_logprobs
 from mint.trainer.prompt_scores import PromptQuery, PromptScores, score_prompt
 from mint.trainer.sampling import Decoding, StopRule, decoding_chunks, end_of_sequence_ids, generate_batch
 from mint.trainer.scoring import ModelLimits, ScoreRequest, score_parts
@@ -381,20 +381,12 @@ class ResidentBase:
                 call.session._live_optimizer()
             names = [call.session.session_id for call in calls]
             apart = not self.mix_backward or len(set(names)) < len(names) or not can_mix(self.model, names)
-            groups = [[call] for call in calls] if apart else self._pass_groups(calls)
+            sizes = [1] * len(calls) if apart else fitting_passes(self.model, [call.request.data for call in calls])
+            groups, start = [], 0
+            for size in sizes:
+                groups.append(calls[start : start + size])
+                start += size
             return [output for group in groups for output in self._mixed_pass(group)]
-
-    def _pass_groups(self, calls: Sequence[BackwardCall]) -> list[list[BackwardCall]]:
-        """Consecutive calls in groups whose data make an ordinary pass (a call too large alone
-        makes a group of its own)."""
-        groups: list[list[BackwardCall]] = []
-        for call in calls:
-            candidate = [*groups[-1], call] if groups else []
-            if candidate and fits_one_pass(self.model, [member.request.data for member in candidate]):
-                groups[-1] = candidate
-            else:
-                groups.append([call])
-        return groups
 
     def _mixed_pass(self, calls: Sequence[BackwardCall]) -> list[ForwardOutput]:
         """One forward and backward of several sessions' calls (the caller holds the lock and has
@@ -521,20 +513,9 @@ class ResidentBase:
             # One pass opened for the whole decoding (its hooks installed once); each forward
             # lays its live rows out by owner, a span per run of rows with one adapter.
             with mixed_adapters(self._peft, by_adapter(chunk_owners)) as mixed:
-                rows_context = self._rows_through(mixed, chunk_owners)
+                rows_context = mixed.rows_of(chunk_owners)
                 samples += generate_batch(self.model, chunk, decode=decode, rows_context=rows_context)
         return samples
-
-    @staticmethod
-    def _rows_through(
-        mixed: MixedPass, owners: Sequence[str | None]
-    ) -> Callable[[list[tuple[int, int]]], AbstractContextManager[Any]]:
-        """For `generate_batch`: each live request's rows through its owner's adapter (None: the base)."""
-
-        def rows_context(rows: list[tuple[int, int]]) -> AbstractContextManager[Any]:
-            return mixed.using(by_adapter(owners[index] for index, units in rows for _ in range(units)))
-
-        return rows_context
 
     def sample_with(
         self, adapter_name: str | None, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int
