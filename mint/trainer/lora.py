@@ -35,6 +35,8 @@ from mint.errors import Conflict, InvalidRequest, MintError
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer.types import LoraOptions
 
+# Session ids name peft adapters: they become a segment of parameter names, so no dots.
+_ADAPTER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{2,63}$")
 _ATTENTION_BLOCKS = {"self_attn", "attn", "attention"}
 _MLP_BLOCKS = {"mlp", "feed_forward", "block_sparse_moe"}
 _EXPERT_BLOCKS = {"experts"}
@@ -44,6 +46,21 @@ _REWRITTEN_ON_MOE = {"gate_proj", "up_proj", "down_proj", "gate", "w1", "w2", "w
 # ("mlp.experts.gate_up_proj", "mlp.gate_proj.weight"), for people reading adapter_config.json.
 _PARAMETER_SUFFIX_SEGMENTS = 3
 _PEFT_PREFIX = "base_model.model."
+
+
+def new_adapter_name() -> str:
+    """A fresh adapter (session) name."""
+    return f"s{secrets.token_hex(6)}"
+
+
+def check_adapter_name(name: str, *, param: str) -> None:
+    """InvalidRequest unless `name` can name a peft adapter: letters, digits, '_' and '-' (it
+    becomes a segment of parameter names), and never one of peft's own ('lora_A', ...)."""
+    if not _ADAPTER_NAME.match(name) or name in "lora_" or "lora" in name:
+        raise InvalidRequest(
+            f"session id {name!r} must be 3-64 letters, digits, '_' or '-', start with a letter and not contain 'lora'",
+            param=param,
+        )
 
 
 def _is_router(leaf: str) -> bool:

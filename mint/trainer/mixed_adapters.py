@@ -34,11 +34,14 @@ from torch import nn
 @dataclass(frozen=True)
 class Span:
     """Units [start, stop) that run through `adapter` (None: the base only). A unit is a batch
-    row (all its positions), in training and in decoding alike."""
+    row (all its positions), in training and in decoding alike. With a `width`, the adapter runs
+    on each row's first `width` positions only (the rest is padding): the LoRA term of a
+    batch-invariant pass is computed on exactly the positions the session's batch has alone."""
 
     adapter: str | None
     start: int
     stop: int
+    width: int | None = None
 
 
 def by_adapter(owners: Iterable[str | None]) -> list[Span]:
@@ -149,9 +152,21 @@ class MixedPass:
         sizes = [(span.stop - span.start) * per_unit for span in self.spans]
         pieces = [
             _with_adapter(module, span.adapter, x_S_I, y_S_O)
+            if span.width is None or span.width >= per_unit
+            else _within_width(module, span, per_unit, x_S_I, y_S_O)
             for span, x_S_I, y_S_O in zip(self.spans, x_M_I.split(sizes), y_M_O.split(sizes), strict=True)
         ]
         return torch.cat(pieces).reshape(output.shape)
+
+
+def _within_width(module: Any, span: Span, per_unit: int, x_S_I: torch.Tensor, y_S_O: torch.Tensor) -> torch.Tensor:
+    """`_with_adapter` on each row's first `span.width` positions; the rest of `y_S_O` as it is."""
+    assert span.width is not None
+    rows = span.stop - span.start
+    x_R_W_I = x_S_I.view(rows, per_unit, -1)[:, : span.width]
+    y_R_L_O = y_S_O.view(rows, per_unit, -1)
+    inside_R_W_O = _with_adapter(module, span.adapter, x_R_W_I, y_R_L_O[:, : span.width])
+    return torch.cat([inside_R_W_O, y_R_L_O[:, span.width :]], dim=1).reshape(y_S_O.shape)
 
 
 @contextmanager

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from mint.trainer.batch_invariance import checkpoint_contexts
 from mint.trainer.host_memory import returning_large_blocks
 from mint.trainer.shared_prefixes import SharedPrefixes, decoder_positions, share, shared_hidden
 from mint.trainer.types import Datum
@@ -69,10 +70,13 @@ class PackedBatch:
         ]
 
 
-def pack(data: Sequence[Datum], device: torch.device, part_sizes: Sequence[int] | None = None) -> PackedBatch:
+def pack(
+    data: Sequence[Datum], device: torch.device, part_sizes: Sequence[int] | None = None, share_prefixes: bool = True
+) -> PackedBatch:
     """Lay `data` out one per row, right-padded, with next-token targets for their real tokens,
     and as shared prefixes and suffixes where consecutive data of one part (`part_sizes`: the
-    parts' numbers of data, in order; one part by default) begin alike (`shared_prefixes`)."""
+    parts' numbers of data, in order; one part by default) begin alike (`shared_prefixes`) and
+    `share_prefixes` allows it."""
     lengths = [datum.length for datum in data]
     width = max(lengths)
     input_ids = [list(datum.model_input) + [PAD_TOKEN_ID] * (width - datum.length) for datum in data]
@@ -96,7 +100,9 @@ def pack(data: Sequence[Datum], device: torch.device, part_sizes: Sequence[int] 
         targets_N_K=targets_N_K,
         lengths=lengths,
         widths=widths,
-        shared=share([datum.model_input for datum in data], part_sizes or [len(data)], device, PAD_TOKEN_ID),
+        shared=share([datum.model_input for datum in data], part_sizes or [len(data)], device, PAD_TOKEN_ID)
+        if share_prefixes
+        else None,
     )
 
 
@@ -190,7 +196,9 @@ def checkpointed_layers(model: nn.Module) -> Iterator[None]:
         for layer in layers
     ]
     for layer in layers:
-        layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
+        layer._gradient_checkpointing_func = functools.partial(
+            checkpoint, use_reentrant=False, context_fn=checkpoint_contexts
+        )
         layer.gradient_checkpointing, layer.training = True, True
     try:
         yield
@@ -286,7 +294,14 @@ def position_outputs(
     for (index, start, stop), hidden_C_H in zip(bounds, pieces, strict=True):
         scope = functools.partial(mixed.scope, index) if mixed is not None else nullcontext
         if torch.is_grad_enabled():  # recomputed in the backward pass, in its scope again
-            chunks.append(checkpoint(_chunk_outputs, head, hidden_C_H, reduce, start, stop, scope, use_reentrant=False))
+            chunks.append(
+                checkpoint(
+                    _chunk_outputs,
+                    *(head, hidden_C_H, reduce, start, stop, scope),
+                    use_reentrant=False,
+                    context_fn=checkpoint_contexts,
+                )
+            )
         else:
             chunks.append(_chunk_outputs(head, hidden_C_H, reduce, start, stop, scope))
     return tuple(torch.cat(parts) for parts in zip(*chunks, strict=True))

@@ -30,9 +30,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from mint.errors import InvalidRequest
 from mint.trainer.packing import token_logprobs, top_logprobs
 from mint.trainer.types import SampledSequence, SampleRequest, SamplingParams
 
+MAX_SAMPLES_PER_REQUEST = 256
+# The most (token, logprob) entries one request's top-k sample logprobs may hold (k x samples x
+# tokens): they are built as Python lists and stored with the result.
+MAX_TOP_LOGPROB_CELLS = 2_000_000
 # Extra tokens decoded before a stop string's span, so that a multi-byte character cut at the
 # tail's start cannot hide a match.
 _TAIL_MARGIN_TOKENS = 8
@@ -141,6 +146,24 @@ class Decoding:
     request: SampleRequest
     max_new_tokens: int
     stop: StopRule
+
+    @classmethod
+    def of(cls, request: SampleRequest, room: int, eos_token_ids: Sequence[int]) -> Decoding:
+        """The request as the decoder runs it, with `room` tokens left in the context after its
+        prompt: InvalidRequest if its number of samples or its top-k logprobs are out of bounds."""
+        if not 1 <= request.num_samples <= MAX_SAMPLES_PER_REQUEST:
+            raise InvalidRequest(f"num_samples must be 1 to {MAX_SAMPLES_PER_REQUEST}", param="num_samples")
+        params = request.params
+        max_new_tokens = min(params.max_tokens or room, room)
+        cells = request.top_logprobs * request.num_samples * max_new_tokens
+        if request.top_logprobs < 0 or cells > MAX_TOP_LOGPROB_CELLS:
+            raise InvalidRequest(
+                f"top-k sample logprobs of k={request.top_logprobs} for {request.num_samples} samples of up to "
+                f"{max_new_tokens} tokens are {cells} entries, more than {MAX_TOP_LOGPROB_CELLS}; lower k, "
+                "max_tokens or num_samples",
+                param="topk_sample_logprobs",
+            )
+        return cls(request, max_new_tokens=max_new_tokens, stop=StopRule.from_params(params.stop, eos_token_ids))
 
     def seeded(self) -> Decoding:
         """This decoding with a seed drawn now if it had none: the same draws wherever it runs

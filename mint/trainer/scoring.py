@@ -161,6 +161,7 @@ def score_parts(
     backward: bool,
     reference: ReferenceFn,
     running: RunningFn,
+    share_prefixes: bool = True,
 ) -> list[ForwardOutput]:
     """`score` for several checked requests (parts) in ONE batched forward, and one backward of
     the sum of their losses.
@@ -168,7 +169,8 @@ def score_parts(
     The parts' data are rows of one batch, each part a contiguous span of rows; `running(spans)` is the
     context of the pass (e.g. `mixed_adapters`, one adapter per span). Each part's loss is a
     function of its own logprobs only, so the gradient of the sum is, part by part, the gradient
-    of its own loss. References are computed first, outside `running`.
+    of its own loss. References are computed first, outside `running`. `share_prefixes`: whether
+    data that begin alike may run their prefixes once (`shared_prefixes`).
     """
     device = model.get_input_embeddings().weight.device
     inputs = []
@@ -179,7 +181,7 @@ def score_parts(
                 x.setdefault("ref_logprobs", ref_T.float())
         inputs.append(part_inputs)
     sizes = [len(part.data) for part in parts]
-    batch = pack([datum for part in parts for datum in part.data], device, sizes)
+    batch = pack([datum for part in parts for datum in part.data], device, sizes, share_prefixes)
     row_spans = _spans(sizes)
     token_spans = _spans([sum(datum.length for datum in part.data) for part in parts])
     outputs = []

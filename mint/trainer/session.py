@@ -18,8 +18,6 @@ worker) run as ONE pass in which each session's tokens go through its own adapte
 from __future__ import annotations
 
 import functools
-import re
-import secrets
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +32,7 @@ from torch import nn
 from mint.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
+from mint.trainer.batch_invariance import RowSpan, batch_invariant
 from mint.trainer.combining import Combiner, Loops
 from mint.trainer.group import Group, mirrored
 from mint.trainer.host_memory import share_one_arena
@@ -42,7 +41,13 @@ from mint.trainer.models import load_base_model, tensors_fingerprint
 from mint.trainer.optimizer import AdapterOptimizer
 from mint.trainer.packing import fitting_passes, pack, packed_logprobs
 from mint.trainer.prompt_scores import PromptQuery, PromptScores, score_prompt
-from mint.trainer.sampling import Decoding, StopRule, decoding_chunks, end_of_sequence_ids, generate_batch
+from mint.trainer.sampling import (
+    MAX_SAMPLES_PER_REQUEST,
+    Decoding,
+    decoding_chunks,
+    end_of_sequence_ids,
+    generate_batch,
+)
 from mint.trainer.scoring import ModelLimits, ScoreRequest, score_parts
 from mint.trainer.types import (
     AdamParams,
@@ -57,16 +62,10 @@ from mint.trainer.types import (
 
 CustomLossFn = Callable[[list[Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
-# Session ids name peft adapters: they become a segment of parameter names, so no dots.
-_SESSION_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{2,63}$")
 DEFAULT_MAX_SESSIONS = 64
-MAX_SAMPLES_PER_REQUEST = 256
 # Rows (samples) decoded in one batch at most: bounds the KV cache as one request's largest
 # number of samples does; a larger `sample_batch` runs as several batches.
 MAX_ROWS_PER_BATCH = MAX_SAMPLES_PER_REQUEST
-# The most (token, logprob) entries one request's top-k sample logprobs may hold (k x samples x
-# tokens): they are built as Python lists and stored with the result.
-MAX_TOP_LOGPROB_CELLS = 2_000_000
 # The adapter version stamped on samples of the base itself (every adapter disabled).
 BASE_VERSION = "base"
 # Sessions whose forward_backward calls share one pass at most.
@@ -110,6 +109,7 @@ class ResidentBase:
         device: str = "cpu",
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         mix_backward: bool | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         share_one_arena()  # before any session's thread allocates
         model, tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
@@ -125,6 +125,11 @@ class ResidentBase:
         # pass measured 8-25% slower than its sessions one after another (while decoding
         # several sessions' samples together is 1.2-1.6x faster there, and stays mixed).
         self.mix_backward = (torch.device(device).type != "cpu") if mix_backward is None else mix_backward
+        # Whether a session's numbers in a pass are bit for bit those of its batch alone,
+        # whatever else shares the pass (`batch_invariance`: tiled GEMMs, eager MoE experts).
+        self.batch_invariant = batch_invariant
+        if batch_invariant and hasattr(model, "set_experts_implementation"):
+            model.set_experts_implementation("eager")
         # Read before any adapter wraps a layer, so names are the base's own.
         self.catalogue = lora.TargetCatalogue.from_model(model)
         self._peft: Any = None  # peft.PeftModel once the first session exists
@@ -291,13 +296,8 @@ class ResidentBase:
 
     def _new_session_id(self, requested: str | None) -> str:
         if requested is None:
-            return f"s{secrets.token_hex(6)}"
-        if not _SESSION_ID.match(requested) or requested in "lora_" or "lora" in requested:
-            raise InvalidRequest(
-                f"session id {requested!r} must be 3-64 letters, digits, '_' or '-', start with a letter "
-                "and not contain 'lora'",
-                param="session_id",
-            )
+            return lora.new_adapter_name()
+        lora.check_adapter_name(requested, param="session_id")
         if requested in self._sessions:
             raise Conflict(f"session {requested!r} already exists", param="session_id")
         if any(requested in name.split(".") for name in self.catalogue.all_parameters):
@@ -359,9 +359,14 @@ class ResidentBase:
         backward: bool,
         train_mode: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> ForwardOutput:
-        with self._use(adapter_name) as model:
+        with self._use(adapter_name) as model, self._invariant():
             return score_parts(
-                model, [request], backward=backward, reference=self._reference, running=lambda _: train_mode()
+                model,
+                [request],
+                backward=backward,
+                reference=self._reference,
+                running=lambda _: train_mode(),
+                share_prefixes=not self.batch_invariant,
             )[0]
 
     @mirrored
@@ -396,6 +401,8 @@ class ResidentBase:
         if len(calls) == 1:
             return [self._score(names[0], calls[0].request, backward=True, train_mode=calls[0].session._lora_dropout)]
         trainable = [parameter for call in calls for parameter in call.session._parameters.values()]
+        # Each session's own width, where the pass must give it the numbers of its batch alone.
+        widths = [max(d.length for d in call.request.data) if self.batch_invariant else None for call in calls]
         self._settle_active(names[0])
 
         @contextmanager
@@ -403,17 +410,28 @@ class ResidentBase:
             with ExitStack() as stack:
                 for call in calls:
                     stack.enter_context(call.session._lora_dropout())
-                adapters = [Span(name, start, stop) for name, (start, stop) in zip(names, spans, strict=True)]
-                yield stack.enter_context(mixed_adapters(self._peft, adapters, trainable))
+                parts = [Span(name, *span, width) for name, span, width in zip(names, spans, widths, strict=True)]
+                if self.batch_invariant:
+                    stack.enter_context(batch_invariant([RowSpan(p.start, p.stop, p.width or 0) for p in parts]))
+                yield stack.enter_context(mixed_adapters(self._peft, parts, trainable))
 
-        return score_parts(
-            self.model, [call.request for call in calls], backward=True, reference=self._reference, running=running
-        )
+        with self._invariant():
+            return score_parts(
+                self.model,
+                [call.request for call in calls],
+                backward=True,
+                reference=self._reference,
+                running=running,
+                share_prefixes=not self.batch_invariant,
+            )
+
+    def _invariant(self) -> AbstractContextManager[None]:
+        return batch_invariant() if self.batch_invariant else nullcontext()
 
     def _reference(self, data: list[Datum]) -> list[torch.Tensor]:
         # The reference model is the base itself: the same weights with every adapter disabled.
-        with self._adapters_disabled(), torch.no_grad():
-            return packed_logprobs(self.model, pack(data, self.device))
+        with self._adapters_disabled(), torch.no_grad(), self._invariant():
+            return packed_logprobs(self.model, pack(data, self.device, share_prefixes=not self.batch_invariant))
 
     def forward(
         self, data: Sequence[Datum], loss_fn: str | None = None, loss_fn_config: dict[str, float] | None = None
@@ -434,25 +452,8 @@ class ResidentBase:
             return score_prompt(model, query)
 
     def check_sample_request(self, request: SampleRequest) -> Decoding:
-        """The request as the decoder runs it (its token limit and stop rule), or InvalidRequest
-        if this base cannot run it: an empty prompt, unknown ids, no room left in the context,
-        or a number of samples out of bounds."""
-        room = self.limits.check_prompt(request.prompt_tokens)
-        if not 1 <= request.num_samples <= MAX_SAMPLES_PER_REQUEST:
-            raise InvalidRequest(f"num_samples must be 1 to {MAX_SAMPLES_PER_REQUEST}", param="num_samples")
-        params = request.params
-        max_new_tokens = min(params.max_tokens or room, room)
-        cells = request.top_logprobs * request.num_samples * max_new_tokens
-        if request.top_logprobs < 0 or cells > MAX_TOP_LOGPROB_CELLS:
-            raise InvalidRequest(
-                f"top-k sample logprobs of k={request.top_logprobs} for {request.num_samples} samples of up to "
-                f"{max_new_tokens} tokens are {cells} entries, more than {MAX_TOP_LOGPROB_CELLS}; lower k, "
-                "max_tokens or num_samples",
-                param="topk_sample_logprobs",
-            )
-        return Decoding(
-            request, max_new_tokens=max_new_tokens, stop=StopRule.from_params(params.stop, self.eos_token_ids)
-        )
+        """The request as the decoder runs it, or InvalidRequest if this base cannot run it (`Decoding.of`)."""
+        return Decoding.of(request, self.limits.check_prompt(request.prompt_tokens), self.eos_token_ids)
 
     def sample_batch(self, adapter_name: str | None, requests: Sequence[SampleRequest]) -> list[list[SampledSequence]]:
         """Sample every request under one adapter (None: the base), decoded together; one list
