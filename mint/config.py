@@ -88,6 +88,16 @@ class Settings(BaseSettings):
     worker_max_sessions: int = Field(
         default=64, ge=1, le=4096, description="LoRA sessions one worker's resident base holds at once."
     )
+    worker_mix_backward: bool | None = Field(
+        default=None,
+        description="Whether overlapping forward_backward calls of several sessions run as one mixed pass "
+        "(unset: where the device is not a CPU).",
+    )
+    worker_batch_invariant: bool = Field(
+        default=False,
+        description="Whether a session's numbers in a mixed pass are bit for bit those of its batch alone "
+        "(tiled matmuls: slower).",
+    )
     capacity_retry_s: float = Field(
         default=5.0, gt=0, le=3600, description="First wait of work that found no free session slot."
     )

@@ -156,14 +156,14 @@ class ResidentBase:
         *,
         dtype: str | None = None,
         device: str = "cpu",
-        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        **options: Any,
     ) -> ResidentBase:
         """The process's one ResidentBase for this base, cache folder, dtype and device (loaded
-        on first use, holding at most `max_sessions` sessions)."""
+        on first use with `options`: `max_sessions`, `mix_backward`, `batch_invariant`)."""
         key = (spec.name, str(Path(cache_dir).resolve()), dtype or spec.dtype, device)
         with cls._shared_lock:
             if key not in cls._shared:
-                cls._shared[key] = cls(spec, cache_dir, dtype=dtype, device=device, max_sessions=max_sessions)
+                cls._shared[key] = cls(spec, cache_dir, dtype=dtype, device=device, **options)
             return cls._shared[key]
 
     def join_group(self, group: Group) -> None:

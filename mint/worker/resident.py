@@ -11,9 +11,9 @@ loaded at start by `load_group_base`; its tasks get that one the same way.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from mint.config import get_settings
+from mint.config import Settings, get_settings
 from mint.schemas.base_models import get_base_model_spec
 
 if TYPE_CHECKING:
@@ -21,6 +21,16 @@ if TYPE_CHECKING:
     from mint.trainer.session import ResidentBase
 
 _group_bases: dict[str, ResidentBase] = {}
+
+
+def base_options(settings: Settings) -> dict[str, Any]:
+    """A worker's resident base's options, from its settings: how many sessions it holds, whether
+    their forward_backward calls mix, and whether mixed passes are batch-invariant."""
+    return {
+        "max_sessions": settings.worker_max_sessions,
+        "mix_backward": settings.worker_mix_backward,
+        "batch_invariant": settings.worker_batch_invariant,
+    }
 
 
 def resident_base(name: str) -> ResidentBase:
@@ -33,7 +43,7 @@ def resident_base(name: str) -> ResidentBase:
     settings = get_settings()
     spec = get_base_model_spec(name, settings.model_configs_dir)
     dtype = compute_dtype(settings.compute_dtype, spec.dtype, "cpu")
-    return ResidentBase.shared(spec, settings.models_cache_dir, dtype=dtype, max_sessions=settings.worker_max_sessions)
+    return ResidentBase.shared(spec, settings.models_cache_dir, dtype=dtype, **base_options(settings))
 
 
 def load_group_base(name: str, group: Group) -> ResidentBase:
@@ -50,7 +60,7 @@ def load_group_base(name: str, group: Group) -> ResidentBase:
     base: ResidentBase | None = None
     dtype = compute_dtype(settings.compute_dtype, spec.dtype, group.device)
     for _ in group.in_turn():
-        base = ResidentBase(spec, settings.models_cache_dir, dtype=dtype, max_sessions=settings.worker_max_sessions)
+        base = ResidentBase(spec, settings.models_cache_dir, dtype=dtype, **base_options(settings))
         base.join_group(group)
     assert base is not None  # every rank has its turn
     _group_bases[name] = base

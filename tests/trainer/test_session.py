@@ -14,6 +14,7 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
+from mint.config import Settings
 from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint
@@ -22,6 +23,7 @@ from mint.trainer.models import load_base_model
 from mint.trainer.packing import token_logprobs
 from mint.trainer.session import ResidentBase, TrainingSession
 from mint.trainer.types import AdamParams, Datum, ForwardOutput
+from mint.worker.resident import base_options
 
 pytestmark = pytest.mark.backend_free
 
@@ -191,6 +193,18 @@ def test_session_ids_and_the_session_limit(
     finally:
         resident.max_sessions = limit
     assert ResidentBase.shared(spec, base_cache) is ResidentBase.shared(spec, base_cache)
+
+
+def test_a_workers_settings_choose_how_its_base_mixes_sessions(
+    spec: BaseModelSpec, base_cache: Path, tmp_path: Path
+) -> None:
+    default = base_options(Settings(home=tmp_path))
+    assert default == {"max_sessions": 64, "mix_backward": None, "batch_invariant": False}
+    chosen = base_options(Settings(home=tmp_path, worker_mix_backward=True, worker_batch_invariant=True))
+    base = ResidentBase(spec, base_cache, **chosen)
+    assert base.mix_backward and base.batch_invariant
+    assert base.model.config._experts_implementation == "eager"  # experts as per-expert `linear`, tiled
+    assert not ResidentBase(spec, base_cache, **default).mix_backward  # a CPU base runs calls one by one
 
 
 def test_expert_lora_weights_get_gradients_and_change(
