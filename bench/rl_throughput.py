@@ -3,7 +3,7 @@ size, reward, LoRA and steps: how fast each turns prompts into trained samples, 
 
     python bench/rl_throughput.py [--base smollm2-135m-instruct] [--prompts-per-step 4] [--group-size 4]
                                   [--max-tokens 32] [--temperature 1.0] [--steps 4] [--threads 2]
-                                  [--dtype float32|bfloat16|auto]
+                                  [--dtype float32|bfloat16|auto] [--mix-backward] [--batch-invariant]
 
 Each contestant runs in a fresh process capped at `--threads` torch threads, so its peak
 resident memory is its own:
@@ -219,7 +219,13 @@ def mint_base(args: argparse.Namespace) -> Any:
 
     settings = get_settings()
     spec = get_base_model_spec(args.base, settings.model_configs_dir)
-    return ResidentBase(spec, settings.models_cache_dir, dtype=dtype_of(args))
+    return ResidentBase(
+        spec,
+        settings.models_cache_dir,
+        dtype=dtype_of(args),
+        mix_backward=True if args.mix_backward else None,
+        batch_invariant=args.batch_invariant,
+    )
 
 
 def dtype_of(args: argparse.Namespace) -> str:
@@ -514,6 +520,16 @@ def main() -> None:
         "--max-steps-off-policy", type=int, default=0, help="Mint samples up to this many steps ahead of training"
     )
     parser.add_argument(
+        "--mix-backward",
+        action="store_true",
+        help="Mint's jobs at once run their forward_backward calls as one mixed pass (a CPU base's default: in turn)",
+    )
+    parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="Mint's base computes each session's rows independently of the rest of a pass (bit-exact isolation)",
+    )
+    parser.add_argument(
         "--only", choices=CONTESTANTS + JOB_CONTESTANTS, help=argparse.SUPPRESS
     )  # one contestant, in a child process
     args = parser.parse_args()
@@ -530,6 +546,8 @@ def main() -> None:
         *("--temperature", str(args.temperature), "--steps", str(args.steps), "--threads", str(args.threads)),
         *("--jobs", str(args.jobs), "--max-steps-off-policy", str(args.max_steps_off_policy)),
         *("--dtype", args.dtype),
+        *(["--mix-backward"] if args.mix_backward else []),
+        *(["--batch-invariant"] if args.batch_invariant else []),
     ]
     if not args.skip_trl:
         compare_with_trl(args, argv)
@@ -540,7 +558,9 @@ def main() -> None:
 def compare_jobs(args: argparse.Namespace, argv: list[str]) -> None:
     """K Mint RL jobs on one base: one after another, then at once; wall time and the ratio."""
     results = {name: run_contestant(__file__, name, argv, threads=args.threads) for name in JOB_CONTESTANTS}
-    print(f"\n{args.jobs} RL jobs on one resident base, {args.steps} steps each, same settings as above\n")
+    base = ", mixed forward_backward passes" if args.mix_backward else ""
+    base += ", batch-invariant" if args.batch_invariant else ""
+    print(f"\n{args.jobs} RL jobs on one resident base{base}, {args.steps} steps each, same settings as above\n")
     widths = [18, 10, 10, 14, 12, 16, 16]
     print(
         table_row(
