@@ -145,9 +145,10 @@ _open = threading.local()
 
 @contextmanager
 def batch_invariant(spans: Sequence[RowSpan] | None = None) -> Iterator[None]:
-    """While open (on this thread), `linear` and attention compute each row independently of
-    the others (see the module's docstring). `spans`: the batch's spans of rows and the width
-    each attends over (None: one span of the whole batch)."""
+    """While open (on this thread), `linear`, attention and transcendental element-wise functions
+    give each row the same bits whatever the other rows are (see the module's docstring).
+    `spans`: the batch's spans of rows and the width each attends over (None: one span of the
+    whole batch)."""
     previous = getattr(_open, "spans", False)
     _open.spans = spans
     try:
