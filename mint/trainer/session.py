@@ -48,7 +48,7 @@ from mint.trainer.sampling import (
     end_of_sequence_ids,
     generate_batch,
 )
-from mint.trainer.scoring import ModelLimits, ScoreRequest, score_parts
+from mint.trainer.scoring import ModelLimits, RunningFn, ScoreRequest, score_parts
 from mint.trainer.types import (
     AdamParams,
     Datum,
@@ -359,15 +359,8 @@ class ResidentBase:
         backward: bool,
         train_mode: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> ForwardOutput:
-        with self._use(adapter_name) as model, self._invariant():
-            return score_parts(
-                model,
-                [request],
-                backward=backward,
-                reference=self._reference,
-                running=lambda _: train_mode(),
-                share_prefixes=not self.batch_invariant,
-            )[0]
+        with self._use(adapter_name) as model:
+            return self._score_parts(model, [request], backward=backward, running=lambda _: train_mode())[0]
 
     @mirrored
     def forward_backward_many(self, calls: Sequence[BackwardCall]) -> list[ForwardOutput]:
@@ -411,15 +404,21 @@ class ResidentBase:
                 for call in calls:
                     stack.enter_context(call.session._lora_dropout())
                 parts = [Span(name, *span, width) for name, span, width in zip(names, spans, widths, strict=True)]
-                if self.batch_invariant:
+                if self.batch_invariant:  # every part has its width
                     stack.enter_context(batch_invariant([RowSpan(p.start, p.stop, p.width or 0) for p in parts]))
                 yield stack.enter_context(mixed_adapters(self._peft, parts, trainable))
 
+        return self._score_parts(self.model, [call.request for call in calls], backward=True, running=running)
+
+    def _score_parts(
+        self, model: nn.Module, requests: list[ScoreRequest], *, backward: bool, running: RunningFn
+    ) -> list[ForwardOutput]:
+        """`score_parts` as this base runs a pass: batch-invariant, without shared prefixes, where it is so."""
         with self._invariant():
             return score_parts(
-                self.model,
-                [call.request for call in calls],
-                backward=True,
+                model,
+                requests,
+                backward=backward,
                 reference=self._reference,
                 running=running,
                 share_prefixes=not self.batch_invariant,
