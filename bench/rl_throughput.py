@@ -265,7 +265,7 @@ def run_mint(args: argparse.Namespace, resident: Any = None, seed: int = SEED) -
         CountingPolicy(session, clock),
         prompts,
         config,
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),  # as TRL decodes for its reward
+        tokenizer=tokenizer,  # graded as TRL decodes for its reward: special tokens dropped
         on_step=lambda _: clock.step_done(),
     )
     return [

@@ -309,7 +309,6 @@ def main() -> None:
         session,
         prompts,
         rl_config,
-        decode=base.tokenizer.decode,
         reference=base,
         on_step=on_step,
         tokenizer=base.tokenizer,

@@ -19,7 +19,7 @@ from mint.evals.environments import Environment
 
 pytestmark = pytest.mark.backend_free
 
-NAMES = ["arithmetic", "format", "tool_calling"]
+NAMES = ["arithmetic", "format", "tool_calling", "triage"]
 
 
 def dumps(tasks: list[Task]) -> list[dict[str, Any]]:

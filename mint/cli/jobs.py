@@ -190,6 +190,7 @@ def get(api: Remote, job_id: str) -> None:
     api.show(job, row_of(job))
 
 
+@app.command("events")
 @app.command("logs")
 @remote(json_help="One JSON object per event and line.")
 def logs(
@@ -199,7 +200,7 @@ def logs(
         bool, typer.Option("--follow", "-f", help="Keep printing new events until the job ends.")
     ] = False,
 ) -> None:
-    """The job's events, oldest first: messages, and metrics of every step."""
+    """The job's events, oldest first: messages, metrics of every step, and an RL step's samples as graded."""
     with api.client() as client:
         if follow:
             events: Iterable[Any] = client.jobs.follow(job_id)
@@ -213,6 +214,18 @@ def logs(
                 style = {"warning": "yellow", "error": "red"}.get(event.level, "")
                 line = f"{moment} {event.level:<7} {event.message}"
                 console.print(f"[{style}]{line}[/{style}]" if style else line, markup=bool(style), highlight=False)
+                for sample in (event.data or {}).get("samples", []):
+                    console.print(sample_line(sample), markup=False, highlight=False)
+
+
+def sample_line(sample: dict[str, Any]) -> str:
+    """One graded sample of an RL step, indented under its step: reward, the text as graded, the reference."""
+    line = f"         reward {sample['reward']:.3g}  {sample['text']!r}"
+    if "reference" in sample:
+        line += f"  reference {sample['reference']!r}"
+    if sample.get("detail"):
+        line += f"  ({sample['detail']})"
+    return line
 
 
 @app.command("cancel")

@@ -206,6 +206,42 @@ def _format(rng: random.Random) -> _Draft:
     return _answer_task(f"{template}|{word}", f"Write the word `{word}` in capital letters.", word.upper(), template)
 
 
+# ---- triage ----------------------------------------------------------------------------------
+
+TRIAGE_SYSTEM = (
+    "Triage the support ticket. Reply with a JSON object only, with keys `team` (billing, technical "
+    "or sales) and `priority` (high or low)."
+)
+TRIAGE_REQUESTS = {
+    "billing": ("I was charged twice for {thing}", "My invoice for {thing} is wrong", "Please refund {thing}"),
+    "technical": (
+        "The page for {thing} shows an error",
+        "I cannot log in to {thing}",
+        "{thing} crashes when it starts",
+    ),
+    "sales": ("I would like a quote for {thing}", "Is there a discount on {thing}", "Can we buy more of {thing}"),
+}
+TRIAGE_THINGS = ("the pro plan", "my account", "the mobile app", "our team seats", "the dashboard", "the API")
+TRIAGE_URGENT = ("URGENT: ", "Everything is down! ", "Please fix this today. ")
+
+
+@_builtin("triage", "Support-ticket triage: JSON `team` and `priority`, graded json_match with partial credit.")
+def _triage(rng: random.Random) -> _Draft:
+    team = rng.choice(sorted(TRIAGE_REQUESTS))
+    request = rng.choice(TRIAGE_REQUESTS[team]).format(thing=rng.choice(TRIAGE_THINGS))
+    urgent = rng.choice(("",) * len(TRIAGE_URGENT) + TRIAGE_URGENT)  # half the tickets are urgent
+    ticket = f"{urgent}{request[0].upper()}{request[1:]}."
+    reference = {"team": team, "priority": "high" if urgent else "low"}
+    return _Draft(
+        key=ticket,
+        messages=[{"role": "system", "content": TRIAGE_SYSTEM}, _user(ticket)],
+        reference=reference,
+        grader=_JSON_GRADER,
+        solution=[_assistant(json.dumps(reference))],
+        metadata={"team": team},
+    )
+
+
 # ---- tool_calling ----------------------------------------------------------------------------
 
 

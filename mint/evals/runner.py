@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mint.chat.completion_text import sampled_text
 from mint.chat.messages import tool_calls_of
 from mint.chat.render import render_prompt
 from mint.errors import InvalidRequest
@@ -341,8 +342,9 @@ class SamplerGenerate:
         elapsed_ms = (time.perf_counter() - started) * 1000
         generations = []
         for index, prompt in enumerate(prompts):
-            tokens = [] if index in refused else next(sampled)[0].tokens
-            text = tokenizer.decode(tokens, skip_special_tokens=True).strip() if tokens else ""
+            sample = None if index in refused else next(sampled)[0]
+            tokens = sample.tokens if sample is not None else []
+            text = sampled_text(tokenizer, sample) if sample is not None else ""
             generations.append(
                 Generation(
                     text=text,

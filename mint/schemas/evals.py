@@ -16,7 +16,7 @@ from mint.schemas.common import ID_PATTERN, MAX_SEED, MAX_VERSION, FiniteJson, P
 from mint.schemas.datasets import DatasetPublic
 
 BenchmarkFormat = Literal["jsonl", "yaml"]
-BuiltinName = Literal["arithmetic", "format", "tool_calling"]
+BuiltinName = Literal["arithmetic", "format", "tool_calling", "triage"]
 BuiltinSplit = Literal["train", "heldout"]
 EvalStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 MinedKind = Literal["chat", "preference", "prompts"]

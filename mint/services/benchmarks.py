@@ -71,7 +71,7 @@ def read_source(source: BenchmarkSource) -> ParsedBenchmark:
     if source.content is None and source.builtin is None:
         raise InvalidRequest(
             "give the tasks: `content` with `format` (jsonl or yaml), or `builtin` "
-            "(arithmetic, format or tool_calling) with `n`",
+            "(arithmetic, format, tool_calling or triage) with `n`",
             param="content",
         )
     builtin = _builtin_tasks(source)

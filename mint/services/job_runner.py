@@ -337,7 +337,8 @@ class JobRun:
                 f"{where}: "
                 + ", ".join(f"{name} {value:.4g}" for name, value in report.metrics.items() if name in SHOWN),
                 type="metrics",
-                data={**data, "learning_rate": report.learning_rate, **_rounded(report.metrics)},
+                data={**data, "learning_rate": report.learning_rate, **_rounded(report.metrics)}
+                | ({"samples": report.samples} if report.samples else {}),
             )
             cancel = job.cancel_requested_at is not None
             allowance = spend.job_allowance(session, job, billed)

@@ -43,6 +43,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from mint.chat.completion_text import completion_text, text_decoder
 from mint.errors import ConfigurationError, Conflict, InvalidRequest, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.serving.engine import (
@@ -111,15 +112,14 @@ class _CompletionText:
         self._searched = 0  # characters of the text already searched for stop strings
         self._sent = 0  # characters already streamed
 
-    def advance(self, tokens: list[int]) -> tuple[str, tuple[str, str] | None]:
-        """(text to stream now, (final text, matched stop string) if a stop string now appears)."""
+    def advance(self, tokens: list[int]) -> tuple[str, str | None]:
+        """(text to stream now, the stop string that now appears, if one does)."""
         if not self._stops and not self._streaming:
             return "", None
         text = self._decode(tokens)
         found = self._find_stop(text)
         if found is not None:
-            cut, stop = found
-            return "", (text[:cut], stop)
+            return "", found[1]
         if not self._streaming:
             return "", None
         safe = len(text) - holdback(text, self._stops)
@@ -478,7 +478,7 @@ class TorchEngine(BatchEngine):
                     del self._in_use[row.adapter_id]
 
     def _detokenize(self, tokens: list[int]) -> str:
-        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+        return text_decoder(self.tokenizer)(tokens)
 
     # ---- continuous batching ---------------------------------------------------------------------
 
@@ -592,13 +592,14 @@ class TorchEngine(BatchEngine):
             row.top_logprobs.append(top)
         delta = ""
         if token in row.stop_token_ids:
-            self._finish(row, "stop", token, self._detokenize(row.tokens[:-1]))
+            self._finish(row, "stop", token, completion_text(row.tokens, self._detokenize, stopped=True))
         else:
             delta, stopped = row.text.advance(row.tokens)
             if stopped is not None:
-                self._finish(row, "stop", stopped[1], stopped[0])
+                text = completion_text(row.tokens, self._detokenize, stopped=True, stops=(stopped,))
+                self._finish(row, "stop", stopped, text)
             elif len(row.tokens) >= row.max_new_tokens:
-                self._finish(row, "length", None, self._detokenize(row.tokens))
+                self._finish(row, "length", None, completion_text(row.tokens, self._detokenize, stopped=False))
         if row.finish_reason is not None:
             delta += row.text.rest(row.final_text)
         return StreamEvent(

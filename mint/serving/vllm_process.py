@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from mint.chat.completion_text import completion_text, text_decoder
 from mint.errors import ConfigurationError, Conflict, InvalidRequest, MintError, NotFound, ServiceUnavailable
 from mint.serving.engine import (
     ADAPTER_FILES,
@@ -178,18 +179,16 @@ class _Run:
     def _finish(self, reason: str | None, stop_reason: str | int | None) -> None:
         if reason == "length":
             self.finish_reason, self.stop_match = "length", None
-            self.final_text = self.decode(self.tokens)
+            self.final_text = completion_text(self.tokens, self.decode, stopped=False)
         elif reason == "stop" and isinstance(stop_reason, str):
             # vLLM stopped on a stop string: the tokens keep the one that completed it, the text is cut before it.
             self.finish_reason, self.stop_match = "stop", stop_reason
-            text = self.decode(self.tokens)
-            cut = text.find(stop_reason)
-            self.final_text = text[:cut] if cut >= 0 else text
+            self.final_text = completion_text(self.tokens, self.decode, stopped=True, stops=(stop_reason,))
         elif reason == "stop" and self.tokens:
             # A stop token id (stop_reason) or an end-of-sequence token (stop_reason None): kept in the tokens.
             self.finish_reason = "stop"
             self.stop_match = int(stop_reason) if isinstance(stop_reason, int) else self.tokens[-1]
-            self.final_text = self.decode(self.tokens[:-1])
+            self.final_text = completion_text(self.tokens, self.decode, stopped=True)
         else:
             raise ServiceUnavailable(f"vLLM ended request {self.index} with finish reason {reason!r}")
 
@@ -428,7 +427,7 @@ class VllmEngine(BatchEngine):
         )
 
     def _detokenize(self, tokens: list[int]) -> str:
-        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+        return text_decoder(self.tokenizer)(tokens)
 
     def _admit(self, requests: Sequence[GenerateRequest], *, streaming: bool) -> list[_Run]:
         """Resolve the batch, mark its adapters in use and add every request to vLLM, under the lock."""

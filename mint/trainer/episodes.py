@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from mint.chat.completion_text import sampled_text
 from mint.chat.render import render_continuation, render_prompt
 from mint.errors import InvalidRequest
 from mint.trainer.types import Datum, SampledSequence, SampleRequest, SamplingParams
@@ -161,9 +162,10 @@ class EpisodeLimits:
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, seed=seed)
 
 
-def assistant_message(tokenizer: PreTrainedTokenizerBase, tokens: Sequence[int]) -> dict[str, Any]:
-    """The assistant message a turn's ids read as (its text, special tokens dropped)."""
-    return {"role": "assistant", "content": tokenizer.decode(list(tokens), skip_special_tokens=True).strip()}
+def assistant_message(tokenizer: PreTrainedTokenizerBase, sample: SampledSequence) -> dict[str, Any]:
+    """The assistant message a turn's sample reads as: its text without the token that stopped it
+    (`mint.chat.completion_text`), trimmed as a message's content is."""
+    return {"role": "assistant", "content": sampled_text(tokenizer, sample).strip()}
 
 
 class _Play:
@@ -187,7 +189,7 @@ class _Play:
             self.tokens += self.observation_tokens
         self.next = None
         turn_number = len(self.episode.turns) + 1
-        message = assistant_message(self.tokenizer, sample.tokens)
+        message = assistant_message(self.tokenizer, sample)
         observation, reward, done = self.env.step(message)
         observation = [dict(item) for item in observation]
         turn = Turn(

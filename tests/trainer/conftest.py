@@ -53,6 +53,14 @@ else:
         # check their isolation.
         return ResidentBase(spec, base_cache, mix_backward=True)
 
+    @pytest.fixture(scope="package")
+    def smollm2(tmp_path_factory: pytest.TempPathFactory) -> ResidentBase:
+        """SmolLM2-135M-Instruct, a real dense model (dequantized from its GGUF once, ~20 s), for
+        learning that needs what a random base lacks: embeddings in which classes of tokens
+        (say, those that begin with a capital) share features, so that rewarding some raises all."""
+        spec = get_base_model_spec("smollm2-135m-instruct", PROJECT_ROOT / "configs" / "models")
+        return ResidentBase(spec, tmp_path_factory.mktemp("smollm2"))
+
     @pytest.fixture
     def open_session(resident: ResidentBase) -> Iterator[Callable[..., TrainingSession]]:
         """Open sessions on the shared base; every one still open is closed after the test."""

@@ -84,13 +84,12 @@ def test_rl_fails_loudly_when_its_sampler_keeps_serving_an_old_version(
     live, sampler = open_session(LoraOptions(seed=0)), open_session(LoraOptions(seed=0))
     policy = SnapshotPolicy(live, sampler, hot_updates=hot_updates)
     config = RlConfig(steps=3, prompts_per_step=2, group_size=8, max_tokens=3, learning_rate=5e-3)
-    decode = resident.tokenizer.decode
     if hot_updates:
-        assert len(run_rl(policy, prompts, config, decode=decode)) == 3
+        assert len(run_rl(policy, prompts, config, tokenizer=resident.tokenizer)) == 3
         assert policy.sampler.version == policy.live.version
         return
     with pytest.raises(StaleSampler) as stale:
-        run_rl(policy, prompts, config, decode=decode)
+        run_rl(policy, prompts, config, tokenizer=resident.tokenizer)
     assert stale.value.type == "stale_sampler"
     assert stale.value.message.startswith("RL step 2 sampled with adapter version(s) ['"), stale.value.message
     assert "the sampler serves stale weights" in stale.value.message
@@ -110,7 +109,7 @@ def test_off_policy_rl_samples_ahead_with_a_copy_refreshed_in_memory(
     config = RlConfig(
         steps=4, prompts_per_step=2, group_size=8, max_tokens=3, learning_rate=5e-3, max_steps_off_policy=1
     )
-    reports = run_rl(policy, prompts, config, decode=resident.tokenizer.decode)
+    reports = run_rl(policy, prompts, config, tokenizer=resident.tokenizer)
     assert [report.step for report in reports] == [1, 2, 3, 4]
     assert reports[0].metrics["off_policy_steps"] == 0  # nothing to lag behind before the first update
     assert all(0 <= report.metrics["off_policy_steps"] <= 1 for report in reports)

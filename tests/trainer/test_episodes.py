@@ -157,7 +157,6 @@ def test_rl_trains_each_episode_as_one_datum_of_the_sampled_ids(resident: Reside
         policy,  # type: ignore[arg-type]
         [prompt],
         RlConfig(steps=1, prompts_per_step=1, group_size=2, max_tokens=64, max_turns=4),
-        decode=tokenizer.decode,
         tokenizer=tokenizer,
     )
     assert report.metrics["reward"] == 0.5 and report.metrics["turns"] == 1.5
@@ -185,7 +184,6 @@ def test_every_live_episode_of_an_rl_step_samples_its_turn_in_one_batch(resident
         policy,  # type: ignore[arg-type]
         prompts,
         RlConfig(steps=1, prompts_per_step=3, group_size=2, max_tokens=64, max_turns=4),
-        decode=tokenizer.decode,
         tokenizer=tokenizer,
     )
     first, second = policy.batches
@@ -269,7 +267,6 @@ def test_episodes_in_a_scripted_tool_environment_take_several_turns(
         session,
         [prompt],
         RlConfig(steps=2, prompts_per_step=1, group_size=4, max_tokens=24, max_turns=3, learning_rate=1e-3, seed=1),
-        decode=tokenizer.decode,
         tokenizer=tokenizer,
     )
     assert max(report.metrics["turns"] for report in reports) > 1, [r.metrics for r in reports]

@@ -253,7 +253,7 @@ def test_rl_runs_of_two_sessions_at_once_share_their_sampling_passes(
     passes = resident.sampling_passes.batches_run
 
     def run(i: int) -> None:
-        reports[i] = run_rl(sessions[i], prompts, config, decode=resident.tokenizer.decode)
+        reports[i] = run_rl(sessions[i], prompts, config, tokenizer=resident.tokenizer)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for thread in threads:

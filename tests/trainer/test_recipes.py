@@ -13,11 +13,9 @@ import pytest
 import torch
 
 from mint.chat.render import PreferencePair, render_chat, render_preference, render_prompt
-from mint.config import PROJECT_ROOT
 from mint.errors import InvalidRequest
 from mint.evals.builtin import Task, load_builtin
 from mint.evals.graders import GraderSpec
-from mint.schemas.base_models import get_base_model_spec
 from mint.schemas.plans import PLAN_TYPES, DpoPlan, RlPlan, SftPlan
 from mint.trainer.full import FullParameterTrainer
 from mint.trainer.methods import METHODS, MethodRegistry
@@ -143,24 +141,32 @@ def test_kl_penalty_lowers_the_advantage_of_tokens_the_base_finds_unlikely(resid
     assert completion == pytest.approx([0.5] * len(sample.tokens), abs=1e-3)
 
 
-def test_rl_raises_mean_reward(open_session: Callable[..., TrainingSession], resident: ResidentBase) -> None:
+def test_rl_raises_mean_reward(smollm2: ResidentBase) -> None:
     """Reward: the completion (one token) starts with a capital letter (the closed `regex`
-    grader), which the untrained tiny base does about one time in four; group-normalised RL
-    raises it to nearly always within ten steps (measured: 0.34 at the first step, 0.97-1.0 from
-    the sixth). Longer completions learn too slowly on the tiny base for a test."""
+    grader), which SmolLM2 does about half the time on these prompts; group-normalised RL
+    raises it to nearly always within a few steps (measured: 0.56 at the first step, 1.0 from
+    the second on). A real base, because on a random one (tiny-glm-moe) tokens that begin with
+    a capital share no feature: rewarding the few sampled ones leaves the class's mass where it
+    was until the policy collapses onto one token, capital or not, as the seed and the
+    machine's rounding decide."""
     grader = GraderSpec(type="regex", config={"pattern": "^[A-Z]", "mode": "search"})
     tasks: list[Task] = load_builtin("format", "train", 16, seed=0)
-    prompts = [RlPrompt(render_prompt(resident.tokenizer, task.messages), None, grader) for task in tasks]
-    session = open_session(LoraOptions(seed=0))
-    reports = run_rl(
-        session,
-        prompts,
-        RlConfig(steps=10, prompts_per_step=4, group_size=8, max_tokens=1, learning_rate=3e-2),
-        decode=lambda tokens: resident.tokenizer.decode(tokens, skip_special_tokens=True),
-    )
+    prompts = [RlPrompt(render_prompt(smollm2.tokenizer, task.messages), None, grader) for task in tasks]
+    session = smollm2.create_session(LoraOptions(seed=0))
+    try:
+        reports = run_rl(
+            session,
+            prompts,
+            RlConfig(
+                steps=6, prompts_per_step=4, group_size=8, max_tokens=1, learning_rate=1e-2, max_steps_without_signal=6
+            ),
+            tokenizer=smollm2.tokenizer,
+        )
+    finally:
+        smollm2.close(session.session_id)
     rewards = [report.metrics["reward"] for report in reports]
-    first, late = rewards[0], sum(rewards[-5:]) / 5
-    assert late > first + 0.3 and late > 0.8, rewards
+    first, late = rewards[0], sum(rewards[-3:]) / 3
+    assert late > first + 0.3 and late > 0.9, rewards
 
 
 def test_each_rl_step_reports_what_shows_whether_it_can_learn(
@@ -173,7 +179,7 @@ def test_each_rl_step_reports_what_shows_whether_it_can_learn(
         open_session(LoraOptions(seed=0)),
         prompts,
         RlConfig(steps=2, prompts_per_step=4, group_size=8, max_tokens=3, learning_rate=5e-3),
-        decode=lambda tokens: resident.tokenizer.decode(tokens, skip_special_tokens=True),
+        tokenizer=resident.tokenizer,
         reference=resident,
     )
     for report in reports:
@@ -213,7 +219,7 @@ def test_rl_without_reward_signal_stops_and_says_what_to_do(
             open_session(LoraOptions(seed=0)),
             prompts,
             RlConfig(steps=20, prompts_per_step=2, group_size=4, max_tokens=2, max_steps_without_signal=3),
-            decode=lambda tokens: resident.tokenizer.decode(tokens, skip_special_tokens=True),
+            tokenizer=resident.tokenizer,
             on_step=seen.append,
         )
     assert [report.step for report in seen] == [1, 2, 3]
@@ -254,7 +260,7 @@ def test_rl_rewards_pay_the_token_penalty_of_each_sample(
         open_session(LoraOptions(seed=0)),
         prompts,
         RlConfig(steps=1, prompts_per_step=2, group_size=4, max_tokens=6),
-        decode=lambda tokens: resident.tokenizer.decode(tokens, skip_special_tokens=True),
+        tokenizer=resident.tokenizer,
     )
     assert len(grader.seen) == 8 and all(steps == 1 and 1 <= tokens <= 6 for steps, tokens, _ in grader.seen)
     assert [reward for _, _, reward in grader.seen] == pytest.approx(
@@ -284,7 +290,7 @@ def test_rl_trains_with_every_policy_loss(
         session,
         prompts,
         RlConfig(steps=2, prompts_per_step=2, group_size=4, max_tokens=3, learning_rate=5e-3, loss_fn=loss_fn),
-        decode=lambda tokens: resident.tokenizer.decode(tokens, skip_special_tokens=True),
+        tokenizer=resident.tokenizer,
     )
     trained = [report for report in reports if "loss" in report.metrics]
     assert trained and all(report.metrics["grad_norm"] > 0 for report in trained)
@@ -366,15 +372,14 @@ def test_a_row_the_template_refuses_names_its_line(
 
 
 @pytest.mark.slow
-def test_sft_raises_heldout_exact_match_of_a_real_model(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_sft_raises_heldout_exact_match_of_a_real_model(smollm2: ResidentBase) -> None:
     """SmolLM2-135M-Instruct on the built-in strict-format task: 0 of 16 held-out answers in
     the format before, about a third after 8 SFT steps of 8 examples (LoRA r16)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+    base = smollm2
+    session = base.create_session(LoraOptions(seed=0))
     try:
-        spec = get_base_model_spec("smollm2-135m-instruct", PROJECT_ROOT / "configs" / "models")
-        base = ResidentBase(spec, tmp_path_factory.mktemp("smollm2"))
-        session = base.create_session(LoraOptions(seed=0))
         heldout = load_builtin("format", "heldout", 16, seed=0)
 
         def exact_match() -> float:
@@ -393,5 +398,6 @@ def test_sft_raises_heldout_exact_match_of_a_real_model(tmp_path_factory: pytest
         run_sft(session, train, SftConfig(steps=8, batch_size=8, learning_rate=4e-4))
         after = exact_match()
     finally:
+        base.close(session.session_id)
         torch.set_num_threads(threads)
     assert before <= 1 / 16 and after >= 4 / 16, (before, after)

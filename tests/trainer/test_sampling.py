@@ -9,9 +9,7 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
-from mint.config import PROJECT_ROOT
 from mint.errors import InvalidRequest
-from mint.schemas.base_models import get_base_model_spec
 from mint.trainer import session as session_module
 from mint.trainer.sampling import StopRule, choose_tokens, draw
 from mint.trainer.session import ResidentBase, TrainingSession
@@ -222,13 +220,6 @@ def check_against_forward(
 def test_batched_sample_logprobs_equal_forward_logprobs(resident: ResidentBase, trained: TrainingSession) -> None:
     check_against_forward(trained.sample_batch, trained.forward)
     check_against_forward(lambda requests: resident.sample_batch(None, requests), resident.forward)
-
-
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> ResidentBase:
-    """SmolLM2-135M-Instruct, a real dense model (dequantized from its GGUF once, ~20 s)."""
-    spec = get_base_model_spec("smollm2-135m-instruct", PROJECT_ROOT / "configs" / "models")
-    return ResidentBase(spec, tmp_path_factory.mktemp("smollm2"))
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 // Fine-tuning jobs: the list, and a job's page with its loss curve drawn from the `metrics`
 // events (`/v1/fine_tuning/jobs/{id}/events`), its events and its checkpoints. A reinforcement
 // job's page also draws its mean reward and shows its latest step's signal: the reward's spread,
-// the share of groups with signal, KL to the base, entropy and clip fraction. While the job
+// the share of groups with signal, KL to the base, entropy and clip fraction, and a few of the
+// latest step's samples as the grader read them (text, reward, reference). While the job
 // is not finished the page asks for new events every few seconds and redraws.
 
 import { all, get } from "./api.js";
@@ -125,6 +126,23 @@ function signalFacts(events) {
   );
 }
 
+// A few samples of the newest step that carries them: the text as graded, its reward, the
+// reference and the grader's reason.
+function samplesTable(events) {
+  const latest = events.find((event) => event.type === "metrics" && Array.isArray(event.data.samples));
+  return table(
+    latest ? `Samples of step ${latest.data.step}, as graded` : "Samples, as graded",
+    [
+      ["Output", (sample) => h("pre", { class: "sample-text" }, sample.text)],
+      ["Reward", (sample) => number(sample.reward, 3), "num"],
+      ["Reference", (sample) => (sample.reference === undefined ? "—" : code(sample.reference))],
+      ["Grader says", (sample) => sample.detail ?? "—"],
+    ],
+    latest ? latest.data.samples : [],
+    { empty: "The samples appear when the first step ends." },
+  );
+}
+
 function eventsTable(events) {
   return table(
     `Events, newest first${events.length > SHOWN_EVENTS ? ` (the newest ${SHOWN_EVENTS})` : ""}`,
@@ -147,6 +165,7 @@ export async function renderJob(jobId, { signal }) {
   const curve = h("figure", { class: "chart-figure", id: "loss-curve" });
   const rewardCurve = h("figure", { class: "chart-figure", id: "reward-curve" });
   const signalLine = h("div", {});
+  const samples = h("div", { id: "rl-samples" });
   const reinforcement = job.method?.type === "reinforcement";
   const note = h("p", { class: "poll-note", id: "poll-note" });
   const log = h("div", {}, eventsTable(events));
@@ -193,6 +212,7 @@ export async function renderJob(jobId, { signal }) {
         ),
       );
       signalLine.replaceChildren(signalFacts(events));
+      samples.replaceChildren(samplesTable(events));
     }
     details.replaceChildren(jobFacts(job));
     log.replaceChildren(eventsTable(events));
@@ -235,7 +255,7 @@ export async function renderJob(jobId, { signal }) {
     errorLine,
     details,
     section("Loss curve", curve),
-    ...(reinforcement ? [section("Reward and signal", rewardCurve, signalLine)] : []),
+    ...(reinforcement ? [section("Reward and signal", rewardCurve, signalLine), section("Samples", samples)] : []),
     section("Checkpoints", checkpoints),
     section("Events", log),
   ];

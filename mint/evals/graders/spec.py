@@ -286,6 +286,10 @@ class GraderSpec(BaseModel):
         spec's penalties for `steps` (model turns) and `tokens` (generated)."""
         return penalized(grade(self, output, reference, context=context).score, self.penalties, steps, tokens)
 
+    def explain(self, output: Output, reference: Any) -> str:
+        """Why `output` earned its grade (the grade's detail): what an RL step shows beside its samples."""
+        return grade(self, output, reference).detail
+
 
 def reward_spec(data: Any) -> GraderSpec:
     """A grader spec for RL rewards: any spec but one that needs a judge model, which a training

@@ -40,11 +40,13 @@ class Scorer(Protocol):
 
 @dataclass(frozen=True)
 class StepReport:
-    """One optimizer step: its number (1-based), the learning rate, and metrics such as loss."""
+    """One optimizer step: its number (1-based), the learning rate, and metrics such as loss; an
+    RL step also carries a few of its samples as graded (`mint.trainer.recipes.graded_samples`)."""
 
     step: int
     learning_rate: float
     metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 # Called after every optimizer step; returning False stops the recipe (a cancelled job).

@@ -3,7 +3,7 @@ closed grader registry, group-normalised advantages, a policy-gradient loss of t
 (`importance_sampling` by default; `ppo`, `cispo`, `dro`, `gspo`, `stable_reinforce`), and an
 optional KL penalty towards the base.
 
-    run_rl(session, prompts, RlConfig(steps=10, group_size=8), decode=tokenizer.decode)
+    run_rl(session, prompts, RlConfig(steps=10, group_size=8), tokenizer=tokenizer)
 
 A prompt with an environment (`RlPrompt.environment`: a benchmark's scripted tools, or a
 Python environment registered by name) makes each sample an episode of several turns
@@ -15,7 +15,8 @@ episode plus the grader's score of the messages it added (either may be absent).
 Each step, for each of `prompts_per_step` prompts: sample `group_size` completions with the
 session itself (its logprobs are computed exactly as `forward` computes them, so the
 importance ratio starts at 1; all groups of a step decode as one batch per turn), grade each
-with the prompt's grader (the same graders that score benchmarks), and give every token of a
+with the prompt's grader (the same graders that score benchmarks, reading the completion's
+text as `mint.chat.completion_text` gives it: without the stop token), and give every token of a
 completion the advantage (reward - group mean) / (group std + eps). A group whose rewards are
 all equal carries no signal and is left out. With `kl_beta > 0`, each token's advantage is lowered by
 kl_beta * (logp_sample - logp_base), which keeps the policy near the base. A fine-tuning job
@@ -42,6 +43,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mint.chat.completion_text import sampled_text
 from mint.chat.render import render_prompt
 from mint.errors import InvalidRequest, MintError
 from mint.schemas.plans import DEFAULT_MAX_TURNS, RlPlan
@@ -57,6 +59,13 @@ from mint.trainer.recipes.common import (
     Trainer,
     keep_going,
     render_rows,
+)
+from mint.trainer.recipes.graded_samples import (
+    GradedSample,
+    describe_outputs,
+    explain,
+    graded_text,
+    shown_indices,
 )
 from mint.trainer.recipes.rollout_sources import PolicyVersions, RolloutSource, StaleSampler, rollout_source
 from mint.trainer.types import AdamParams, Datum, SampledSequence, SampleRequest
@@ -179,10 +188,11 @@ def clip_fraction(data: Sequence[Datum], trained_logprobs: Sequence[Sequence[flo
     return outside / counted if counted else 0.0
 
 
-def no_signal_message(steps: int, group_size: int, mean_reward: float) -> str:
-    """What happened and what to do, for a run stopped by `NoRewardSignal`."""
+def no_signal_message(steps: int, group_size: int, mean_reward: float, graded: Sequence[GradedSample] = ()) -> str:
+    """What happened and what to do, for a run stopped by `NoRewardSignal`; `graded` (a few of
+    the last step's samples) shows what the grader was given."""
     if mean_reward <= 0:
-        seen = "every sample scored 0: the model never earns a reward from this grader"
+        seen = "every sample scored 0" + (describe_outputs(graded) or ": the grader never gave this model a reward")
     elif mean_reward >= 1:
         seen = "every sample scored full marks: there is nothing left to learn"
     else:
@@ -202,19 +212,35 @@ def _graded(prompt: RlPrompt, episode: Episode, output: Any) -> float:
     return prompt.grader.reward(output, prompt.reference, steps=len(episode.turns), tokens=episode.sampled_tokens)
 
 
+@dataclass(frozen=True)
+class GroupRollout:
+    """One prompt's group in a step: its episodes, their rewards, and what the grader read of each."""
+
+    prompt: RlPrompt
+    episodes: list[Episode]
+    rewards: list[float]
+    outputs: list[Any]
+
+    def graded(self, index: int) -> GradedSample:
+        """Sample `index` as its grader saw it, with the grader's reason."""
+        output = self.outputs[index]
+        detail = explain(self.prompt.grader, output, self.prompt.reference) if self.prompt.grader else ""
+        return GradedSample(graded_text(output), self.rewards[index], self.prompt.reference, detail)
+
+
 def _rollouts(
     policy: Policy,
     groups: Sequence[tuple[RlPrompt, int]],
     config: RlConfig,
-    decode: Callable[[list[int]], str],
-    tokenizer: PreTrainedTokenizerBase | None,
-) -> list[tuple[list[Episode], list[float]]]:
+    tokenizer: PreTrainedTokenizerBase,
+) -> list[GroupRollout]:
     """One step's groups, each a (prompt, seed): `group_size` episodes of each prompt and their
     rewards (environment + grader), in order.
 
     The whole step samples together: the completions of prompts without an environment and
     the first turns of every episode in one `sample_batch` call, then each later turn of every
-    live episode in one call per round (`mint.trainer.episodes.EpisodeGroups`).
+    live episode in one call per round (`mint.trainer.episodes.EpisodeGroups`). A completion is
+    graded as its text without the token that stopped it (`mint.chat.completion_text`).
     """
     limits = EpisodeLimits(max_turns=config.max_turns, max_tokens=config.max_tokens, temperature=config.temperature)
     acting = [(prompt.environment, seed) for prompt, seed in groups if prompt.environment is not None]
@@ -232,11 +258,11 @@ def _rollouts(
     acted = iter(episode_groups.episodes)
     results = []
     for prompt, _ in groups:
-        outputs: Sequence[Any]
+        outputs: list[Any]
         if prompt.environment is None:
             samples = next(completed)
             episodes = [single_turn(prompt.prompt_tokens, sample) for sample in samples]
-            outputs = [decode(sample.tokens) for sample in samples]
+            outputs = [sampled_text(tokenizer, sample) for sample in samples]
         else:
             episodes = next(acted)
             outputs = [episode.added for episode in episodes]
@@ -244,7 +270,7 @@ def _rollouts(
             episode.environment_reward + _graded(prompt, episode, output)
             for episode, output in zip(episodes, outputs, strict=True)
         ]
-        results.append((episodes, rewards))
+        results.append(GroupRollout(prompt, episodes, rewards, outputs))
     return results
 
 
@@ -253,25 +279,24 @@ def run_rl(
     prompts: Sequence[RlPrompt],
     config: RlConfig,
     *,
-    decode: Callable[[list[int]], str],
+    tokenizer: PreTrainedTokenizerBase,
     reference: Scorer | None = None,
     start_step: int = 0,
     on_step: OnStep | None = None,
-    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> list[StepReport]:
     """Train from `start_step` to `config.steps`; `reference` (the base) is needed for `kl_beta > 0`
-    and gives the `kl` metric whenever it is passed; `tokenizer` is needed by prompts with an
-    environment. Raises `NoRewardSignal` after `config.max_steps_without_signal` steps in a row
-    without signal (each reported first)."""
+    and gives the `kl` metric whenever it is passed; `tokenizer` turns completions into the text
+    graded and renders the turns of prompts with an environment. Raises `NoRewardSignal` after
+    `config.max_steps_without_signal` steps in a row without signal (each reported first)."""
     if config.kl_beta > 0 and reference is None:
         raise ValueError("kl_beta > 0 needs a reference scorer (the base model)")
     plan = batch_plan(len(prompts), batch_size=config.prompts_per_step, steps=config.steps, seed=config.seed)
 
-    def sample_step(sampler: Policy, step: int) -> list[tuple[list[Episode], list[float]]]:
+    def sample_step(sampler: Policy, step: int) -> list[GroupRollout]:
         groups = [
             (prompts[index], config.seed * 1_000_003 + step * 1_009 + slot) for slot, index in enumerate(plan[step])
         ]
-        return _rollouts(sampler, groups, config, decode, tokenizer)
+        return _rollouts(sampler, groups, config, tokenizer)
 
     # An on-policy run declares its loop, so that RL runs of several sessions on one base share
     # passes; an off-policy one waits on its sampler thread, so it does not hold the others up.
@@ -283,7 +308,7 @@ def run_rl(
 
 def _rl_steps(
     policy: Policy,
-    source: RolloutSource[list[tuple[list[Episode], list[float]]]],
+    source: RolloutSource[list[GroupRollout]],
     config: RlConfig,
     reference: Scorer | None,
     steps: range,
@@ -299,9 +324,10 @@ def _rl_steps(
         episode_tokens: list[int] = []
         groups_with_signal, sampled_tokens, sampled_logprob_sum = 0, 0, 0.0
         step_rollouts = source.rollouts(step)
-        seen = [turn.adapter_version for episodes, _ in step_rollouts for e in episodes for turn in e.turns]
+        seen = [turn.adapter_version for group in step_rollouts for e in group.episodes for turn in e.turns]
         lag = versions.lag(step, seen, config.max_steps_off_policy)
-        for episodes, rewards_G in step_rollouts:
+        for group in step_rollouts:
+            episodes, rewards_G = group.episodes, group.rewards
             rewards += rewards_G
             advantages_G = group_advantages(rewards_G)
             groups_with_signal += any(advantages_G)
@@ -339,13 +365,19 @@ def _rl_steps(
         versions.record(policy.version, step + 1)
         source.trained(step + 1)
         metrics["grad_norm"] = optim["grad_norm:mean"]
-        report = StepReport(step=step + 1, learning_rate=lr, metrics=metrics)
+        shown = [
+            step_rollouts[group].graded(index)
+            for group, index in shown_indices([len(group.episodes) for group in step_rollouts])
+        ]
+        report = StepReport(
+            step=step + 1, learning_rate=lr, metrics=metrics, samples=[sample.record() for sample in shown]
+        )
         reports.append(report)
         if not keep_going(on_step, report):
             break
         steps_without_signal = 0 if data else steps_without_signal + 1
         if steps_without_signal >= config.max_steps_without_signal:
-            raise NoRewardSignal(no_signal_message(steps_without_signal, config.group_size, metrics["reward"]))
+            raise NoRewardSignal(no_signal_message(steps_without_signal, config.group_size, metrics["reward"], shown))
     return reports
 
 
@@ -392,7 +424,6 @@ def run_rl_plan(plan: RlPlan, inputs: RecipeInputs) -> list[StepReport]:
         inputs.training,
         prompts,
         config,
-        decode=tokenizer.decode,
         reference=inputs.reference,
         start_step=inputs.start_step,
         on_step=inputs.on_step,
