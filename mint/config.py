@@ -264,6 +264,19 @@ class Settings(BaseSettings):
     quota_tinker_sessions: int = Field(
         default=16, ge=0, le=MAX_QUOTA, description="Live Tinker sessions (ServiceClients) per organization."
     )
+    quota_tinker_models: int = Field(
+        default=16,
+        ge=0,
+        le=MAX_QUOTA,
+        description="Live Tinker training models (LoRA slots on a worker) per organization, over all its sessions.",
+    )
+    tinker_reserved_slots: int = Field(
+        default=8,
+        ge=0,
+        le=4096,
+        description="LoRA slots of each base that one organization's Tinker models never take: kept for other "
+        "organizations and for fine-tuning jobs.",
+    )
     quota_jobs: int = Field(
         default=32, ge=0, le=MAX_QUOTA, description="Queued and running fine-tuning jobs per organization."
     )

@@ -1,6 +1,7 @@
-"""Per-organization quotas: live Tinker sessions, queued and running fine-tuning jobs, queued and
-running eval runs. A create over a quota is a 429 naming the quota, the count and the command
-that raises it, and records nothing; another organization is unaffected; operators set quotas
+"""Per-organization quotas: live Tinker sessions, live Tinker training models (over all the
+sessions), queued and running fine-tuning jobs, queued and running eval runs; and the share of
+a base's LoRA slots one organization's models may take. A create over a quota is a 429 naming
+the quota, the count and the command that raises it, and records nothing; another organization is unaffected; operators set quotas
 with `mint admin orgs quota` (audited), and no key of an organization can.
 
 Jobs and runs here are on `tiny-qwen3-moe`, whose queue no worker of this suite consumes, so
@@ -24,8 +25,8 @@ from mint.services import auth
 from mint.services.principal import Principal, operator
 from mint.services.quotas import QUOTA_RETRY_AFTER_S, QuotaDefaults, set_quotas
 from mint.storage.db import session_scope
-from mint.storage.tables import EvalRun, TinkerSession, TrainingJob
-from tests.conftest import Tenant
+from mint.storage.tables import EvalRun, TinkerSession, TrainingJob, TrainingSession
+from tests.conftest import TRAINING_BASE, Tenant
 from tests.jobs.conftest import chat_rows, upload
 from tests.test_cli import mint
 
@@ -130,6 +131,52 @@ def test_eval_runs_over_quota_are_refused_and_another_org_is_not(
     cancel = client.post(f"/v1/evals/{run.json()['id']}/cancel", headers=tenant.headers("developer"))
     assert cancel.status_code == 200, cancel.text
     assert create_eval(client, tenant, benchmark_id).status_code == 201
+
+
+def create_model(client: TestClient, tenant: Tenant, session_id: str, seq: int) -> Any:
+    body = {"session_id": session_id, "model_seq_id": seq, "base_model": TRAINING_BASE, "lora_config": {"rank": 4}}
+    return client.post("/api/v1/create_model", headers=tenant.headers("developer"), json=body)
+
+
+def test_tinker_models_count_over_all_sessions_and_another_org_is_not_held_up(
+    prepared: Settings, client: TestClient, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    """One session of an organization cannot hold more models (LoRA slots) than its quota, nor
+    can it spread them over several sessions; a model sent again is answered, not counted."""
+    set_quota(prepared, tenant, tinker_models=2)
+    first, second = (create_session(client, tenant).json()["session_id"] for _ in range(2))
+    assert create_model(client, tenant, first, 0).status_code == 200
+    assert create_model(client, tenant, first, 1).status_code == 200
+    assert create_model(client, tenant, first, 0).status_code == 200  # the same creation, sent again
+    assert_quota_refusal(create_model(client, tenant, first, 2), "tinker_models", 2, tenant, "--tinker-models")
+    assert_quota_refusal(create_model(client, tenant, second, 0), "tinker_models", 2, tenant, "--tinker-models")
+    assert count(prepared, TrainingSession, tenant) == 2
+    other = create_session(client, other_tenant).json()["session_id"]
+    assert create_model(client, other_tenant, other, 0).status_code == 200
+
+
+def test_one_organization_never_takes_the_slots_a_base_keeps_for_others(
+    prepared: Settings, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    """A base of 4 slots (one worker's) keeping 1: an organization whose quota would allow far
+    more gets 3 models on it, then a 429 naming the base; another organization gets the last."""
+    from mint.api.app import create_app
+    from mint.worker.dispatch import CeleryDispatch
+
+    shared = prepared.model_copy(
+        update={"worker_max_sessions": 4, "tinker_reserved_slots": 1, "quota_tinker_models": 100}
+    )
+    with TestClient(create_app(shared, dispatch=CeleryDispatch(shared)), raise_server_exceptions=False) as client:
+        greedy = create_session(client, tenant).json()["session_id"]
+        for seq in range(3):
+            assert create_model(client, tenant, greedy, seq).status_code == 200
+        refused = create_model(client, tenant, greedy, 3)
+        assert refused.status_code == 429, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "base_model" and "holds 3 of its 4 LoRA slots" in error["message"], error
+        assert "stay free for other organizations" in error["message"] and refused.headers["Retry-After"]
+        other = create_session(client, other_tenant).json()["session_id"]
+        assert create_model(client, other_tenant, other, 0).status_code == 200
 
 
 def test_an_organization_without_its_own_quota_gets_the_platform_default(prepared: Settings, tenant: Tenant) -> None:

@@ -120,6 +120,10 @@ def _quota_option(flag: str, what: str, setting: str) -> Any:
 TinkerSessionsOpt = Annotated[
     str | None, _quota_option("--tinker-sessions", "Live Tinker sessions", "MINT_QUOTA_TINKER_SESSIONS")
 ]
+TinkerModelsOpt = Annotated[
+    str | None,
+    _quota_option("--tinker-models", "Live Tinker training models (LoRA slots)", "MINT_QUOTA_TINKER_MODELS"),
+]
 JobsOpt = Annotated[str | None, _quota_option("--jobs", "Fine-tuning jobs queued or running", "MINT_QUOTA_JOBS")]
 EvalRunsOpt = Annotated[str | None, _quota_option("--eval-runs", "Eval runs queued or running", "MINT_QUOTA_EVAL_RUNS")]
 
@@ -138,19 +142,25 @@ def _quota_value(option: str, value: str) -> int | None:
 def orgs_quota(
     org: Annotated[str, typer.Argument(help="Organization name or id.")],
     tinker_sessions: TinkerSessionsOpt = None,
+    tinker_models: TinkerModelsOpt = None,
     jobs: JobsOpt = None,
     eval_runs: EvalRunsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show an organization's quotas and what is in use; with options, set them first (audited).
 
-    Live Tinker sessions, fine-tuning jobs queued or running, eval runs queued or running: a
-    create beyond a quota is answered 429.
+    Live Tinker sessions, live Tinker training models, fine-tuning jobs queued or running, eval
+    runs queued or running: a create beyond a quota is answered 429.
     """
     from mint.schemas.auth import QuotaKind
     from mint.services.quotas import QuotaDefaults, quotas_of, set_quotas
 
-    given: dict[QuotaKind, str | None] = {"tinker_sessions": tinker_sessions, "jobs": jobs, "eval_runs": eval_runs}
+    given: dict[QuotaKind, str | None] = {
+        "tinker_sessions": tinker_sessions,
+        "tinker_models": tinker_models,
+        "jobs": jobs,
+        "eval_runs": eval_runs,
+    }
     changes = {
         kind: _quota_value("--" + kind.replace("_", "-"), value) for kind, value in given.items() if value is not None
     }

@@ -59,13 +59,13 @@ class AuditEntryPublic(WireModel):
     created_at: datetime
 
 
-QuotaKind = Literal["tinker_sessions", "jobs", "eval_runs"]
+QuotaKind = Literal["tinker_sessions", "tinker_models", "jobs", "eval_runs"]
 
 
 class QuotaPublic(BaseModel):
     """One quota of an organization and how much of it is in use."""
 
-    kind: QuotaKind = Field(description="tinker_sessions | jobs | eval_runs.")
+    kind: QuotaKind = Field(description="tinker_sessions | tinker_models | jobs | eval_runs.")
     description: str = Field(description="What the quota counts.")
     limit: int = Field(description="How many the organization may have at once; a create beyond it gets a 429.")
     used: int = Field(description="How many it has now.")

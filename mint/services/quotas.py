@@ -1,8 +1,11 @@
 """Per-organization quotas: how much work one organization may hold at once, so that it cannot
 starve the others (a worker holds a bounded number of LoRA sessions for every organization).
 
-Three quotas, each counted from the rows that are the truth:
+Four quotas, each counted from the rows that are the truth:
 - `tinker_sessions`: live Tinker sessions (`tinker_sessions.status == "active"`);
+- `tinker_models`: live Tinker training models over all those sessions (`training_sessions`
+  of kind `training`, active): each holds a LoRA slot (weights and optimizer state) on a
+  worker of its base, so counting sessions alone let one session fill every slot of a base;
 - `jobs`: fine-tuning jobs validating, queued or running;
 - `eval_runs`: eval runs queued or running.
 
@@ -11,6 +14,11 @@ from the settings (`MINT_QUOTA_*`). `hold` is called by the use cases that creat
 inside the transaction that inserts it: it locks the organization's row first, so two creates
 of one organization at once are serialized and cannot both pass the count (PostgreSQL: `SELECT
 ... FOR UPDATE`; SQLite: a no-op write, which takes SQLite's one write lock until the commit).
+
+A base's slots are shared fairly besides (`hold_base_slot`): whatever its quota, one
+organization's Tinker models never take the last `MINT_TINKER_RESERVED_SLOTS` slots of a
+worker of the base (`MINT_WORKER_MAX_SESSIONS` each), which stay for other organizations and
+for fine-tuning jobs, so another tenant's job never waits on one tenant's models.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ from mint.errors import InvalidRequest, PermissionDenied, QuotaExceeded
 from mint.schemas.auth import QuotaKind, QuotaPublic
 from mint.services.audit import record_audit
 from mint.services.principal import Principal
-from mint.storage.tables import EvalRun, Organization, TinkerSession, TrainingJob
+from mint.services.workers import workers_of_base
+from mint.storage.tables import EvalRun, Organization, TinkerSession, TrainingJob, TrainingSession
 
 # Work of an organization ends as its jobs and runs finish and its sessions are finished or
 # expire; clients that retry a 429 (the Tinker and OpenAI SDKs do) try again after this.
@@ -39,12 +48,23 @@ class QuotaDefaults:
     """The platform's quotas, for organizations whose row sets none."""
 
     tinker_sessions: int
+    tinker_models: int
     jobs: int
     eval_runs: int
+    # A base's slots per worker, and how many of them one organization's models leave to others.
+    slots_per_worker: int = 64
+    reserved_slots: int = 8
 
     @classmethod
     def of(cls, settings: Settings) -> QuotaDefaults:
-        return cls(settings.quota_tinker_sessions, settings.quota_jobs, settings.quota_eval_runs)
+        return cls(
+            settings.quota_tinker_sessions,
+            settings.quota_tinker_models,
+            settings.quota_jobs,
+            settings.quota_eval_runs,
+            slots_per_worker=settings.worker_max_sessions,
+            reserved_slots=settings.tinker_reserved_slots,
+        )
 
 
 @dataclass(frozen=True)
@@ -75,6 +95,15 @@ RULES: dict[QuotaKind, QuotaRule] = {
             "finish a session (its ServiceClient) first",
             TinkerSession,
             TinkerSession.status == "active",
+        ),
+        QuotaRule(
+            "tinker_models",
+            "Live Tinker training models (LoRA slots), over all sessions",
+            "live Tinker training models",
+            "--tinker-models",
+            "unload a model (finish its session) first",
+            TrainingSession,
+            (TrainingSession.status == "active") & (TrainingSession.kind == "training"),
         ),
         QuotaRule(
             "jobs",
@@ -142,6 +171,30 @@ def hold(session: Session, organization_id: str, kind: QuotaKind, defaults: Quot
             retry_after_s=QUOTA_RETRY_AFTER_S,
         )
     return organization
+
+
+def hold_base_slot(session: Session, organization: Organization, base_model: str, defaults: QuotaDefaults) -> None:
+    """Refuse (QuotaExceeded, a 429) a new Tinker model that would leave fewer than the reserved
+    slots of `base_model` to everyone else: the organization's live models on that base may fill
+    the base's slots (each live worker of it holds `slots_per_worker`) but for `reserved_slots`.
+    Call it after `hold`, whose lock on the organization serializes its creates."""
+    capacity = defaults.slots_per_worker * max(1, workers_of_base(session, base_model))
+    share = max(1, capacity - defaults.reserved_slots)
+    rule = RULES["tinker_models"]
+    held = session.execute(
+        select(func.count())
+        .select_from(TrainingSession)
+        .where(TrainingSession.organization_id == organization.id, TrainingSession.base_model == base_model)
+        .where(rule.active)
+    ).scalar_one()
+    if held >= share:
+        raise QuotaExceeded(
+            f"Base {base_model!r} is shared: organization {organization.name!r} holds {held} of its {capacity} LoRA "
+            f"slots, and the last {defaults.reserved_slots} stay free for other organizations and fine-tuning jobs. "
+            f"{rule.free_one.capitalize()}, or ask an operator to add a worker of {base_model!r}.",
+            param="base_model",
+            retry_after_s=QUOTA_RETRY_AFTER_S,
+        )
 
 
 def quotas_of(session: Session, organization: Organization, defaults: QuotaDefaults) -> list[QuotaPublic]:

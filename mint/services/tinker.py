@@ -50,7 +50,7 @@ from mint.schemas import tinker_proto as proto
 from mint.schemas.losses import NEEDS_PROVENANCE
 from mint.services import spend
 from mint.services.dispatch import Dispatch
-from mint.services.quotas import QuotaDefaults, hold
+from mint.services.quotas import QuotaDefaults, hold, hold_base_slot
 from mint.services.tinker_checkpoints import newest_checkpoint, owned_model, readable_checkpoint, str_dict
 from mint.services.tinker_provenance import attach_stability_info
 from mint.services.workers import live_worker
@@ -415,6 +415,10 @@ def _new_model(
         if first is None:
             raise InvalidRequest(f"model {model_id} exists; use another model_seq_id", param="model_seq_id")
         return first
+    # A model holds a LoRA slot on a worker of its base: counted against the organization's
+    # quota, and never one of the slots the base keeps for others.
+    quotas = QuotaDefaults.of(settings)
+    hold_base_slot(session, hold(session, tinker_session.organization_id, "tinker_models", quotas), base_model, quotas)
     row = TrainingSession(
         id=model_id,
         organization_id=tinker_session.organization_id,

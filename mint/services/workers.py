@@ -69,5 +69,10 @@ def live_worker(session: Session, worker_id: str) -> WorkerRef | None:
 
 def base_is_served(session: Session, base_model: str) -> bool:
     """Whether a live worker consumes the training queue of `base_model`."""
+    return workers_of_base(session, base_model) > 0
+
+
+def workers_of_base(session: Session, base_model: str) -> int:
+    """How many live workers consume the training queue of `base_model` (each holds its slots)."""
     queue = f"train.{base_model}"
-    return any(queue in (w.queues or []) for w in _live_workers(session))
+    return sum(queue in (w.queues or []) for w in _live_workers(session))

@@ -114,6 +114,7 @@ class Organization(Base):
     created_at: Mapped[datetime] = _created()
     # Quotas set by an operator (`mint admin orgs quota`); None: the platform default (MINT_QUOTA_*).
     quota_tinker_sessions: Mapped[int | None] = mapped_column(Integer)
+    quota_tinker_models: Mapped[int | None] = mapped_column(Integer)
     quota_jobs: Mapped[int | None] = mapped_column(Integer)
     quota_eval_runs: Mapped[int | None] = mapped_column(Integer)
     # Spend limits the organization's admins set (`PATCH /v1/organization/spend_limits`); None: no limit.

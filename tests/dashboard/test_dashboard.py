@@ -414,7 +414,8 @@ def test_a_reinforcement_jobs_page_shows_its_reward_and_signal(
     live_server: LiveServer, tenant: Tenant, workers: Workers, browser: Any
 ) -> None:
     """An RL job's page draws its mean reward per step and the latest step's signal: the
-    reward's spread, the share of groups with signal, KL, entropy and clip fraction."""
+    reward's spread, the share of groups with signal, KL, entropy and clip fraction; and the
+    latest step's samples as the grader read them."""
     from playwright.sync_api import expect
 
     api = Api(live_server.url, tenant)
@@ -457,6 +458,12 @@ def test_a_reinforcement_jobs_page_shows_its_reward_and_signal(
     expect(page.locator("#groups-with-signal")).to_have_text(f"{100 * newest['groups_with_signal']:.0f}%")
     for label in ("Reward", "KL to the base", "Entropy", "Clip fraction", "Tokens sampled"):
         expect(signal).to_contain_text(label)
+    # The newest step's samples as graded: each text, with its reward and the reference.
+    samples = page.locator("#rl-samples")
+    expect(samples).to_contain_text(f"Samples of step {steps}, as graded")
+    for sample in newest["samples"]:
+        expect(samples).to_contain_text(sample["text"].strip() or "Reward")
+    expect(samples.locator("tbody tr")).to_have_count(len(newest["samples"]))
     page.close()
     api.http.close()
 
