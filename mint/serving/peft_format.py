@@ -27,6 +27,9 @@ T = TypeVar("T")
 # A saved factor: `base_model.model.<module>[.base_layer]*.lora_<A|B>.weight`; each
 # `.base_layer` is one more of peft's parameter wrappers (fused MoE experts) around the module.
 PEFT_KEY = re.compile(r"^base_model\.model\.(?P<module>.+?)(?P<nest>(?:\.base_layer)*)\.lora_(?P<side>[AB])\.weight$")
+# The largest lora_alpha served: mint.schemas.fine_tuning's bound for training and uploads, repeated
+# here because this module is imported in the vLLM venv too (a test keeps the two equal).
+MAX_LORA_ALPHA = 4096.0
 # adapter_config.json settings whose adapters compute something else than plain LoRA.
 UNSERVED_SETTINGS = (
     "use_dora",
@@ -57,12 +60,24 @@ def adapter_files(folder: Path) -> tuple[Path, Path]:
     return config_file, weights_file
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"it holds {name}, which is no JSON number; write a finite number")
+
+
 def read_config(config_file: Path) -> dict[str, Any]:
-    """adapter_config.json's content, or InvalidRequest when it is unreadable or not an object."""
+    """adapter_config.json's content, or InvalidRequest when it is unreadable or not an object.
+
+    Strict where Python's parser is lenient: NaN and Infinity (no JSON numbers) are refused, and
+    nesting too deep for its recursion is an InvalidRequest rather than a RecursionError."""
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config = json.loads(config_file.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
     except (OSError, ValueError) as exc:
         raise InvalidRequest(f"{config_file} cannot be read: {exc}", param="adapter") from exc
+    except RecursionError:
+        raise InvalidRequest(
+            f"{config_file} nests arrays or objects too deeply to read; a PEFT config nests a few levels",
+            param="adapter",
+        ) from None
     if not isinstance(config, dict):
         raise InvalidRequest(f"{config_file} does not hold a JSON object", param="adapter")
     return config
@@ -95,8 +110,13 @@ def lora_settings(
             "larger max_rank or serve a lower-rank adapter",
             param="adapter",
         )
-    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or alpha <= 0:
-        raise InvalidRequest(f"adapter_config.json has no valid lora_alpha ({alpha!r})", param="adapter")
+    # Not `alpha <= 0`: NaN compares false with everything, and a huge scale turns every output into NaN.
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not 0 < alpha <= MAX_LORA_ALPHA:
+        raise InvalidRequest(
+            f"adapter_config.json has no valid lora_alpha ({alpha!r}): it is a number above 0 and at most "
+            f"{MAX_LORA_ALPHA:g}",
+            param="adapter",
+        )
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     return rank, float(scale)
 

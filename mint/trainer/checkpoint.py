@@ -7,7 +7,9 @@ Training state (`save_state` / `load_state`), in one folder:
 
 Sampler weights (`save_weights_for_sampler`): the PEFT format, `adapter_config.json` and
 `adapter_model.safetensors` directly in the folder, for `PeftModel.from_pretrained(base, folder)`,
-vLLM's LoRARequest, and Mint's AdapterVersions.
+vLLM's LoRARequest, and Mint's AdapterVersions. The config names the base by its registry name
+(`base_model_name_or_path`), never the server folder it was loaded from: these files are
+downloaded, exported and published, and Mint itself reads a version's base from its records.
 """
 
 from __future__ import annotations
@@ -105,11 +107,12 @@ def read_state(folder: Path) -> TrainingState:
     )
 
 
-def write_sampler_weights(peft_model: Any, adapter_name: str, folder: Path) -> Path:
+def write_sampler_weights(peft_model: Any, adapter_name: str, folder: Path, *, base_model: str | None = None) -> Path:
     """Save one adapter of a multi-adapter peft model in the PEFT format, files directly in `folder`.
 
     peft writes a non-default adapter into a subfolder named after it and adds a README; the two
-    files that matter are moved up, each replacing any older copy by one rename.
+    files that matter are moved up, each replacing any older copy by one rename. The config's
+    `base_model_name_or_path` is `base_model` (the base's registry name; None: left empty).
     """
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".sampler-", dir=folder) as scratch:
@@ -117,9 +120,19 @@ def write_sampler_weights(peft_model: Any, adapter_name: str, folder: Path) -> P
         # lm_head into the adapter file because lm_head carries a LoRA.
         peft_model.save_pretrained(scratch, selected_adapters=[adapter_name], save_embedding_layers=False)
         saved = Path(scratch) / adapter_name if adapter_name != "default" else Path(scratch)
+        _name_base(saved / SAMPLER_FILES[0], base_model)
         for name in SAMPLER_FILES:
             os.replace(saved / name, folder / name)
     return folder
+
+
+def _name_base(config_file: Path, base_model: str | None) -> None:
+    """Write `base_model` as the config's `base_model_name_or_path`, where peft wrote the folder the
+    base was loaded from (MINT_HOME/models/...): a path of this server, which tenants should not
+    see and which means nothing where the adapter is downloaded. Written as peft writes configs."""
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = base_model
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 
 
 def read_sampler_weights(folder: Path) -> tuple[LoraOptions, dict[str, torch.Tensor]]:
@@ -130,7 +143,7 @@ def read_sampler_weights(folder: Path) -> tuple[LoraOptions, dict[str, torch.Ten
         raise NotFound(f"{folder} is not a PEFT adapter: it needs {' and '.join(SAMPLER_FILES)}", param="path")
     try:
         options = peft_files.lora_options(json.loads(config_file.read_text(encoding="utf-8")))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, OverflowError, RecursionError) as exc:  # e.g. "r": 1e999, or nesting past recursion
         raise InvalidRequest(f"{config_file} is not a usable LoRA config: {exc}", param="adapter") from exc
     try:
         weights = load_file(weights_file)

@@ -66,6 +66,8 @@ def safetensors_header(data: bytes) -> dict[str, dict[str, Any]]:
         header = json.loads(data[8 : 8 + length])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"its header is not JSON: {exc}") from None
+    except RecursionError:  # Python's parser recurses per level; a header is an object of flat entries
+        raise ValueError("its header nests arrays or objects too deeply to be a safetensors header") from None
     if not isinstance(header, dict):
         raise ValueError("its header is not a JSON object")
     header.pop("__metadata__", None)

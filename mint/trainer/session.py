@@ -796,4 +796,6 @@ class TrainingSession:
         # active one may be a session closed since (peft keeps its name after deleting it).
         with self.base._use(self.session_id):
             self._live_optimizer()
-            return checkpoint.write_sampler_weights(self.base._peft, self.session_id, Path(folder))
+            return checkpoint.write_sampler_weights(
+                self.base._peft, self.session_id, Path(folder), base_model=self.base.spec.name
+            )
