@@ -15,13 +15,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_MAX_ATTEMPTS = 5
 MAX_QUOTA = 100_000  # the largest per-organization quota a setting or an operator may give
+MAX_STORAGE_QUOTA_MIB = 100 * 1024 * 1024  # the largest storage quota: 100 TiB, in MiB
 
 # A shared node credential shorter than this is refused at start-up: it could be guessed.
 MIN_NODE_TOKEN_CHARS = 32
@@ -122,8 +123,14 @@ class Settings(BaseSettings):
     webhook_retry_max_s: float = Field(
         default=6 * 3600.0, ge=0, le=7 * 24 * 3600, description="Longest wait between attempts of a delivery."
     )
+    # The total deadline of one attempt (connecting, TLS, sending, the answer), enforced on every
+    # socket operation: a receiver trickling its answer a byte at a time cannot stretch it.
     webhook_timeout_s: float = Field(
-        default=10.0, gt=0, le=120, description="How long one webhook POST may take before it counts as failed."
+        default=10.0,
+        gt=0,
+        le=120,
+        description="How long one webhook POST may take in all, however slowly the receiver answers, "
+        "before it counts as failed.",
     )
     # Endpoints whose host resolves to a loopback, private or link-local address are refused
     # (mint.services.egress) unless this allows them: for endpoints inside the operator's network.
@@ -155,10 +162,26 @@ class Settings(BaseSettings):
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=1, le=65535)
-    public_url: str | None = Field(default=None, description="URL that clients use to reach the API.")
+    public_url: str | None = Field(
+        default=None,
+        description=(
+            "URL that clients use to reach the API; download URLs are built on it. Unset: "
+            "http://<api_host>:<api_port> where api_host is a loopback address, else no download URLs (503)."
+        ),
+    )
     url_signing_key: SecretStr | None = Field(
         default=None,
         description="Key that signs download URLs Mint serves itself; unset: one kept in the object store.",
+    )
+    presigned_url_s: int = Field(
+        default=0,
+        ge=0,
+        le=7 * 24 * 3600,
+        description=(
+            "Seconds an S3 store's own presigned download URL lives; 0 (default): every download URL goes "
+            "through the API, which ends it when its key is revoked or its checkpoint unpublished. A presigned "
+            "URL cannot be ended before it expires."
+        ),
     )
     max_upload_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
     max_dataset_row_bytes: int = Field(
@@ -258,6 +281,17 @@ class Settings(BaseSettings):
     database_pool_timeout_s: float = Field(default=30.0, gt=0)
     # Requests a serving node keeps waiting for a batch; beyond them it answers 429 (Retry-After).
     serving_max_waiting: int = Field(default=256, ge=1)
+    # Bases the API's /readyz waits for: it answers 503, naming those still loading, until each has
+    # a live serving node that has loaded it. `mint up` sets it to the bases it serves. Leave it
+    # empty where a load balancer reads /readyz: one base's outage would take the whole API out.
+    ready_bases: str = Field(
+        default="", description="Comma-separated bases /readyz requires a live serving node of; empty: none."
+    )
+
+    @property
+    def ready_base_names(self) -> list[str]:
+        """`ready_bases` as a list of names, in order, each once."""
+        return list(dict.fromkeys(name.strip() for name in self.ready_bases.split(",") if name.strip()))
 
     # Per-organization quotas: the platform default of each, used where the organization's row
     # sets none (`mint admin orgs quota ORG ...` sets them). A create over quota is answered 429.
@@ -283,18 +317,38 @@ class Settings(BaseSettings):
     quota_eval_runs: int = Field(
         default=32, ge=0, le=MAX_QUOTA, description="Queued and running eval runs per organization."
     )
+    quota_capture_storage_mib: int = Field(
+        default=10 * 1024,
+        ge=0,
+        le=MAX_STORAGE_QUOTA_MIB,
+        description="MiB of captured completions and their feedback an organization keeps (JSON as stored); "
+        "over it, new captures are dropped and feedback is refused (429) until captures expire.",
+    )
+    # An answer of a completion its deployment captures is sent once its capture is written (so
+    # feedback posted the moment the answer arrives finds it), waiting at most this long.
+    capture_wait_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=60,
+        description="Seconds a captured completion's answer waits for its capture's row; 0: never waits.",
+    )
 
     # Per-key rate limit, in the `limits` library's notation ("600/minute", "20/second;1200/minute");
     # empty disables it. Counted in a moving window on `rate_limit_storage` (Redis when the broker
     # is Redis, so every API replica shares the count; this process's memory otherwise).
     rate_limit: str = Field(default="1200/minute", description="Requests per API key; empty: no limit.")
+    # Per-organization rate limit, the same notation, counted across all the organization's keys
+    # beside each key's own: an admin who makes more keys does not get more requests.
+    org_rate_limit: str = Field(
+        default="6000/minute", description="Requests per organization, across all its API keys; empty: no limit."
+    )
     rate_limit_storage_url: str | None = Field(
         default=None, description="A `limits` storage URI (redis://..., memory://); follows the broker if unset."
     )
 
-    @field_validator("rate_limit", mode="after")
+    @field_validator("rate_limit", "org_rate_limit", mode="after")
     @classmethod
-    def _parse_rate(cls, value: str) -> str:
+    def _parse_rate(cls, value: str, info: ValidationInfo) -> str:
         from limits import parse_many
 
         value = value.strip()
@@ -304,8 +358,9 @@ class Settings(BaseSettings):
             except ValueError:
                 rates = []
             if not rates or any(rate.amount < 1 for rate in rates):
+                variable = f"MINT_{(info.field_name or 'rate_limit').upper()}"
                 raise ValueError(
-                    f"MINT_RATE_LIMIT={value!r} is not a rate: write e.g. '600/minute' or '20/second;1200/minute' "
+                    f"{variable}={value!r} is not a rate: write e.g. '600/minute' or '20/second;1200/minute' "
                     "(at least 1 request), or leave it empty for no limit"
                 )
         return value

@@ -167,6 +167,7 @@ def settings(
         "MINT_HOME": str(home),
         "HF_HUB_OFFLINE": "1",
         "MINT_RATE_LIMIT": "",
+        "MINT_ORG_RATE_LIMIT": "",
         "MINT_WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1",
     }
     database: PostgresDatabase | None = None

@@ -1,8 +1,9 @@
 """Per-organization quotas: live Tinker sessions, live Tinker training models (over all the
 sessions), queued and running fine-tuning jobs, queued and running eval runs; and the share of
 a base's LoRA slots one organization's models may take. A create over a quota is a 429 naming
-the quota, the count and the command that raises it, and records nothing; another organization is unaffected; operators set quotas
-with `mint admin orgs quota` (audited), and no key of an organization can.
+the quota, the count and the command that raises it, and records nothing; another organization
+is unaffected; operators set quotas with `mint admin orgs quota` (audited), and no key of an
+organization can.
 
 Jobs and runs here are on `tiny-qwen3-moe`, whose queue no worker of this suite consumes, so
 they stay queued and count against the quota."""

@@ -6,7 +6,7 @@ key check of `mint.api.deps.get_principal` alone would come after the body: a cl
 key could make the API read and parse megabytes, and malformed JSON would get a 422 before
 the 401. This pure ASGI middleware runs first. For a route that needs a key it authenticates
 the headers (`Authorization: Bearer` or `X-API-Key`) in a short database session, counts the
-request against the key's rate limit (`mint.api.rate_limit`: 429 with `Retry-After` when over)
+request against the key's and its organization's rate limits (`mint.api.rate_limit`: 429 with `Retry-After` when over)
 and leaves the principal in the ASGI scope, where `get_principal` takes it; a missing or
 refused key, or one over its limit, is answered at once, without reading the body. Then every
 request's body is counted as it is received: a declared `Content-Length` over the route's
@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mint.api.deps import PRINCIPAL_DEPENDENCIES, PRINCIPAL_SCOPE_KEY, bearer_or_api_key, check_method_allowed
 from mint.api.errors import mint_error_response
 from mint.api.metrics import ROUTE_TEMPLATE_SCOPE_KEY
-from mint.api.rate_limit import KeyRateLimiter
+from mint.api.rate_limit import RateLimiter
 from mint.config import Settings
 from mint.errors import InvalidRequest, MintError, PayloadTooLarge
 from mint.schemas.evals import MAX_CONTENT_CHARS
@@ -149,7 +149,7 @@ class RequestGate:
         self._routes = routes
         self._table: list[GatedRoute] | None = None
         self._limits = route_body_limits(settings)
-        self._rate_limiter = KeyRateLimiter.from_settings(settings)
+        self._rate_limiter = RateLimiter.from_settings(settings)
 
     def match(self, scope: Scope) -> GatedRoute | None:
         """The route the router will run for this request (a route of another method: none)."""
@@ -171,7 +171,7 @@ class RequestGate:
             principal = authenticate(session, secret)
         check_method_allowed(principal, scope["method"], route.template)
         if self._rate_limiter is not None and principal.key_id is not None:
-            self._rate_limiter.hit(principal.key_id)
+            self._rate_limiter.hit(principal.key_id, principal.organization_id)
         return principal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -7,6 +7,11 @@ mid-attempt becomes due again, so the resend sweep (`resend_due`, run by beat) s
 more. Delivery is therefore at least once; the `webhook-id` header (the event id) lets a
 receiver drop a repeat. The POST runs outside any transaction, so no database connection is
 held while a slow receiver answers.
+
+Each attempt resolves the endpoint's host once, checks it and connects to the address it
+checked (`mint.services.egress`), follows no redirect, ends within `webhook_timeout_s` in all
+however slowly the receiver answers, and reads at most RESPONSE_READ_BYTES of the answer's
+body: deliveries run on the system worker every organization shares.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-import httpx
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from standardwebhooks.webhooks import Webhook as Signer
@@ -33,7 +37,11 @@ log = logging.getLogger(__name__)
 
 # The start of a receiver's answer kept in the log.
 RESPONSE_EXCERPT_CHARS = 500
-# A claimed attempt counts as lost (its worker died) this long after its POST's timeout.
+# The most of an answer's body an attempt reads (then it closes the connection): enough for the
+# excerpt in any UTF-8, however long the answer.
+RESPONSE_READ_BYTES = 4096
+# A claimed attempt counts as lost (its worker died) this long after its deadline (which leaves
+# room for the DNS lookup before it).
 CLAIM_MARGIN_S = 30.0
 USER_AGENT = "Mint-Webhooks/1"
 
@@ -78,18 +86,35 @@ def signed_headers(secret: str, event_id: str, body: str) -> dict[str, str]:
     }
 
 
-def post(request: Request, timeout_s: float) -> Outcome:
-    """POST the signed event once; a network error or a non-2xx answer is a failed attempt."""
+def post(request: Request, settings: Settings) -> Outcome:
+    """POST the signed event once to the address its host resolves to now, if that address may
+    be sent to; a refused address, a network error, the deadline passing or a non-2xx answer is
+    a failed attempt."""
     headers = signed_headers(request.secret, request.event_id, request.body)
     began = time.perf_counter()
     try:
-        response = httpx.post(request.url, content=request.body, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        duration_ms = (time.perf_counter() - began) * 1000
-        return Outcome(None, "", f"{type(exc).__name__}: {exc}"[:RESPONSE_EXCERPT_CHARS], duration_ms)
+        destination = egress.resolve(request.url, allow_private=settings.webhook_allow_private_networks)
+        answer = egress.send(
+            destination,
+            method="POST",
+            headers=headers,
+            body=request.body.encode(),
+            deadline_s=settings.webhook_timeout_s,
+            answer_bytes=RESPONSE_READ_BYTES,
+        )
+    except egress.DeadlinePassed:
+        error = (
+            f"Timeout: the receiver sent no answer within {settings.webhook_timeout_s:g} s "
+            "(the deadline of a delivery, MINT_WEBHOOK_TIMEOUT_S)"
+        )
+        return Outcome(None, "", error, (time.perf_counter() - began) * 1000)
+    except egress.EgressError as exc:
+        return Outcome(None, "", str(exc)[:RESPONSE_EXCERPT_CHARS], (time.perf_counter() - began) * 1000)
     duration_ms = (time.perf_counter() - began) * 1000
-    error = None if response.is_success else f"the receiver answered HTTP {response.status_code}"
-    return Outcome(response.status_code, response.text[:RESPONSE_EXCERPT_CHARS], error, duration_ms)
+    ok = 200 <= answer.status_code < 300
+    error = None if ok else f"the receiver answered HTTP {answer.status_code}"
+    excerpt = answer.body_prefix.decode("utf-8", errors="replace")[:RESPONSE_EXCERPT_CHARS]
+    return Outcome(answer.status_code, excerpt, error, duration_ms)
 
 
 def _claim(session: Session, settings: Settings, delivery_id: str) -> Request | None:
@@ -159,8 +184,7 @@ def deliver(settings: Settings, delivery_id: str, send: Dispatch | None) -> str:
         request = _claim(session, settings, delivery_id)
     if request is None:
         return "not-due"
-    refused = egress.refusal(request.url, settings.webhook_allow_private_networks)  # its DNS may have changed
-    outcome = Outcome(None, "", refused, 0.0) if refused else post(request, settings.webhook_timeout_s)
+    outcome = post(request, settings)  # checks the endpoint's address again: its DNS may have changed
     with session_scope(settings.database) as session:
         wait_s = _record(session, settings, delivery_id, request, outcome)
     if outcome.ok:
