@@ -1,10 +1,10 @@
-"""Inference under load: many concurrent OpenAI requests through the API to one serving node.
+"""Inference under load: many concurrent OpenAI requests through the API to the serving nodes of a base.
 
 The platform runs as in production, on the current settings (the embedded defaults in a
 temporary MINT_HOME unless MINT_HOME or MINT_DATABASE_URL say otherwise): `mint api` and
-`mint serve --base tiny-glm-moe` as subprocesses. Two adapter versions are registered (fresh
-LoRA sessions of the base, saved as a job saves them), so requests spread over the base and
-both adapters; half of them stream.
+`--nodes` processes of `mint serve --base tiny-glm-moe` as subprocesses. Two adapter versions
+are registered (fresh LoRA sessions of the base, saved as a job saves them), so requests spread
+over the base and both adapters; half of them stream.
 
 For each concurrency level, that many chat completions are sent at once; the bench prints
 errors by status (goal: 0), p50 and p95 latency (to the last byte), and completion tokens
@@ -15,7 +15,16 @@ captures every request and one that captures none, are sent the same load in tur
 of each, alternating), and the bench prints requests per second of each and their ratio, and
 how many captures were written and dropped.
 
+Then, with `--kill-node-after K`, a node's death under steady traffic: `--concurrency` clients
+each send one request after another (pausing ERROR_PAUSE_S after a failed one, as a client
+backs off), `--requests` in all; once K have finished, one node is killed with SIGKILL and
+started again RESTART_AFTER_S later at its address (as `mint up`'s supervisor does). The bench
+prints the errors by status and per 1,000 requests, and when the node was back. With one node
+the base is down until the node is back; with two, the API moves on to the other node (the
+streams the killed node had started end with an error event: counted as 599).
+
     .venv/bin/python bench/serve_load.py [--levels 64,256] [--max-tokens 16] [--capture-level 64] [--rounds 3]
+    .venv/bin/python bench/serve_load.py --nodes 2 --levels '' --capture-level 0 --requests 300 --kill-node-after 100
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -42,6 +52,8 @@ sys.path.insert(0, str(ROOT))
 
 BASE = "tiny-glm-moe"
 QUESTION = [{"role": "user", "content": "Name three rivers of Europe."}]
+ERROR_PAUSE_S = 0.5  # what a client of the steady run waits after a failed request
+RESTART_AFTER_S = 2.0  # `mint up`'s first restart backoff (mint.cli.supervisor.RestartPolicy)
 
 
 def free_port() -> int:
@@ -141,6 +153,110 @@ async def level(api_url: str, key: str, models: list[str], concurrency: int, max
     }
 
 
+class Nodes:
+    """The serving node processes of BASE, each on its own port: started, killed, started again."""
+
+    def __init__(self, env: dict[str, str], count: int) -> None:
+        self.env = env
+        self.ports = [free_port() for _ in range(count)]
+        self.processes = [self._start(port) for port in self.ports]
+
+    def _start(self, port: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "mint", "serve", "--base", BASE, "--port", str(port)],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def kill_and_restart(self, index: int, settings: Any, report: dict[str, float]) -> None:
+        """SIGKILL node `index`, start it again RESTART_AFTER_S later at its port, and record in
+        `report` when it was killed and how long until it registered again."""
+        from mint.services.serving_nodes import live_nodes
+        from mint.storage.db import session_scope
+
+        killed_at = time.perf_counter()
+        self.processes[index].send_signal(signal.SIGKILL)
+        self.processes[index].wait()
+        report["killed_at"] = killed_at
+        time.sleep(RESTART_AFTER_S)
+        self.processes[index] = self._start(self.ports[index])
+        pid = self.processes[index].pid
+
+        def back() -> bool:
+            with session_scope(settings.database) as session:
+                return any(node.pid == pid for node in live_nodes(session, BASE))
+
+        wait_for(back, "the killed node to be back")
+        report["back_after_s"] = time.perf_counter() - killed_at
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+async def steady(
+    api_url: str, key: str, models: list[str], requests: int, concurrency: int, max_tokens: int, on_finished: Any
+) -> list[tuple[int, float, int]]:
+    """`requests` chat completions from `concurrency` clients, each sending one after another;
+    `on_finished(count)` is called as each finishes."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    headers = {"Authorization": f"Bearer {key}"}
+    results: list[tuple[int, float, int]] = []
+    taken = 0
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        nonlocal taken
+        while taken < requests:
+            number = taken
+            taken += 1
+            result = await one(client, models[number % len(models)], number % 2 == 1, max_tokens)
+            results.append(result)
+            on_finished(len(results))
+            if result[0] != 200:
+                await asyncio.sleep(ERROR_PAUSE_S)
+
+    async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=600, limits=limits) as client:
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+    return results
+
+
+def node_death(
+    api_url: str, key: str, models: list[str], nodes: Nodes, settings: Any, args: argparse.Namespace
+) -> None:
+    """The steady run with one node killed after `--kill-node-after` requests: errors per 1,000."""
+    report: dict[str, float] = {}
+    killer: list[threading.Thread] = []
+
+    def on_finished(count: int) -> None:
+        if count == args.kill_node_after and not killer:
+            thread = threading.Thread(target=nodes.kill_and_restart, args=(0, settings, report), daemon=True)
+            thread.start()
+            killer.append(thread)
+
+    started = time.perf_counter()
+    results = asyncio.run(steady(api_url, key, models, args.requests, args.concurrency, args.max_tokens, on_finished))
+    wall_s = time.perf_counter() - started
+    for thread in killer:
+        thread.join()
+    errors = Counter(status for status, _, _ in results if status != 200)
+    latencies = sorted(latency for status, latency, _ in results if status == 200)
+    failed = sum(errors.values())
+    p50 = statistics.median(latencies) if latencies else float("nan")
+    p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))] if latencies else float("nan")
+    print(
+        f"node death: {len(nodes.ports)} node(s), {len(results)} requests from {args.concurrency} clients in "
+        f"{wall_s:.1f}s; one node SIGKILLed after {args.kill_node_after} and back {report.get('back_after_s', 0):.1f}s "
+        f"later; errors {failed} {dict(errors) if failed else ''}= {1000 * failed / len(results):.1f} per 1,000 "
+        f"requests; p50 {p50:.2f}s, p95 {p95:.2f}s"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", default="64,256", help="Comma-separated numbers of concurrent requests.")
@@ -148,11 +264,20 @@ def main() -> None:
     parser.add_argument("--adapters", type=int, default=2)
     parser.add_argument("--capture-level", type=int, default=64, help="Concurrency of the capture comparison; 0: none.")
     parser.add_argument("--rounds", type=int, default=3, help="Rounds of each deployment in the capture comparison.")
+    parser.add_argument("--nodes", type=int, default=1, help="Serving nodes of the base, each a `mint serve` process.")
+    parser.add_argument(
+        "--kill-node-after",
+        type=int,
+        default=0,
+        help="Run the steady traffic of --requests and SIGKILL one node once this many have finished; 0: no such run.",
+    )
+    parser.add_argument("--requests", type=int, default=300, help="Requests of the steady run (--kill-node-after).")
+    parser.add_argument("--concurrency", type=int, default=16, help="Clients of the steady run.")
     args = parser.parse_args()
     if "MINT_HOME" not in os.environ:
         os.environ["MINT_HOME"] = tempfile.mkdtemp(prefix="mint-serve-load-")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    api_port, node_port = free_port(), free_port()
+    api_port = free_port()
     os.environ["MINT_API_PORT"] = str(api_port)
 
     from mint.config import get_settings
@@ -165,28 +290,24 @@ def main() -> None:
     assert result.admin_key is not None, "MINT_HOME is already initialized; use a fresh one"
     models = [BASE, *register_adapters(settings, result.organization_id, args.adapters)]
     env = os.environ.copy()
-    processes = [
-        subprocess.Popen([sys.executable, "-m", "mint", "api"], env=env, stdout=subprocess.DEVNULL),
-        subprocess.Popen(
-            [sys.executable, "-m", "mint", "serve", "--base", BASE, "--port", str(node_port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        ),
-    ]
+    api = subprocess.Popen([sys.executable, "-m", "mint", "api"], env=env, stdout=subprocess.DEVNULL)
+    nodes = Nodes(env, args.nodes)
     try:
 
-        def node_up() -> bool:
+        def nodes_up() -> bool:
             with session_scope(settings.database) as session:
-                return bool(live_nodes(session, BASE))
+                return len(live_nodes(session, BASE)) >= args.nodes
 
-        wait_for(node_up, "the serving node to register")
+        wait_for(nodes_up, "the serving nodes to register")
         api_url = f"http://127.0.0.1:{api_port}"
         wait_for(lambda: _ready(api_url), "the API")
-        print(f"database {settings.database.split('://')[0]}; models {', '.join(models)}; half the requests stream")
+        print(
+            f"database {settings.database.split('://')[0]}; {args.nodes} node(s) of {BASE}; "
+            f"models {', '.join(models)}; half the requests stream"
+        )
         asyncio.run(level(api_url, result.admin_key, models, 8, args.max_tokens))  # warm the adapter cache
         print(f"{'concurrency':>11} {'errors':>14} {'p50':>8} {'p95':>8} {'tokens/s':>9} {'wall':>7}")
-        for concurrency in (int(n) for n in args.levels.split(",")):
+        for concurrency in (int(n) for n in args.levels.split(",") if n.strip()):
             row = asyncio.run(level(api_url, result.admin_key, models, concurrency, args.max_tokens))
             errors = sum(row["errors"].values())
             shown = f"{errors} {row['errors']}" if errors else "0"
@@ -196,14 +317,15 @@ def main() -> None:
             )
         if args.capture_level:
             capture_cost(api_url, result.admin_key, models[1], args.capture_level, args.max_tokens, args.rounds)
+        if args.kill_node_after:
+            node_death(api_url, result.admin_key, models, nodes, settings, args)
     finally:
-        for process in processes:
-            process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        nodes.stop()
+        api.send_signal(signal.SIGTERM)
+        try:
+            api.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            api.kill()
 
 
 def capture_cost(api_url: str, key: str, version: str, concurrency: int, max_tokens: int, rounds: int) -> None:

@@ -1,11 +1,13 @@
-"""Health endpoints: liveness, readiness of each backing service, Prometheus metrics."""
+"""Health endpoints: liveness, readiness of each backing service and of the bases to serve, Prometheus metrics."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import logging
+import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -14,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from mint.api.app import create_app
 from mint.config import Settings
+from tests.conftest import OwnInstall, free_port, wait_for
 
 
 def test_healthz(client: TestClient) -> None:
@@ -49,6 +52,50 @@ def test_readyz_names_the_services_that_are_down(prepared: Settings, caplog: pyt
     assert body["checks"]["object_store"]["detail"].startswith("object store unreachable")
     assert "127.0.0.1" not in response.text and "no-such-bucket" not in response.text
     assert any("readiness check broker failed" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.torch
+def test_readyz_waits_until_a_node_has_loaded_each_base_it_must_serve(own_install: OwnInstall) -> None:
+    """`mint up` names the bases it starts nodes for (MINT_READY_BASES): /readyz answers 503
+    naming each base until a serving node has loaded it and registered, then 200."""
+    base = "tiny-glm-moe"
+    settings = own_install.settings.model_copy(update={"ready_bases": f"{base}, {base}"})
+    with TestClient(create_app(settings)) as client:
+        loading = client.get("/readyz")
+        assert loading.status_code == 503, loading.text
+        body = loading.json()
+        assert body["status"] == "unavailable" and body["failed"] == [] and body["loading"] == [base]
+        assert body["serving"] == {
+            base: {"ready": False, "live_nodes": 0, "detail": f"loading: no live serving node has loaded {base} yet"}
+        }
+
+        node = subprocess.Popen(
+            [sys.executable, "-m", "mint", "serve", "--base", base, "--port", str(free_port())],
+            env={**os.environ, **own_install.env},
+        )
+        try:
+
+            def ready() -> dict | None:
+                assert node.poll() is None, f"the serving node exited with {node.returncode}"
+                response = client.get("/readyz")
+                if response.status_code == 503:  # still loading: says so, and names the base
+                    assert response.json()["loading"] == [base], response.text
+                    return None
+                assert response.status_code == 200, response.text
+                return dict(response.json())
+
+            body = wait_for(ready, "the node to load its base and /readyz to say so")
+            assert body["status"] == "ok" and body["loading"] == [] and body["failed"] == []
+            assert body["serving"] == {base: {"ready": True, "live_nodes": 1, "detail": ""}}
+        finally:
+            node.send_signal(signal.SIGTERM)
+            try:
+                node.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                node.kill()
+                node.wait()
+        # A node that stops unregisters: the base is loading again (until `mint up` restarts it).
+        assert client.get("/readyz").json()["loading"] == [base]
 
 
 def test_metrics_count_requests_by_route_template(client: TestClient) -> None:

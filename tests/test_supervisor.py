@@ -1,5 +1,7 @@
 """`mint up`'s supervisor on real short-lived processes: a dead child is restarted with a
 doubling backoff (reset once it has stayed up), and a child that keeps dying makes it give up.
+And the children `mint up` asks it to run: several serving nodes of one base, each a child of
+its own, and the API told which bases its readiness waits for.
 
 The clock is a counter the test moves, so backoffs are exact and nothing waits for them.
 """
@@ -8,10 +10,14 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import typer
 
+from mint.cli.processes import serving_children, serving_plan
 from mint.cli.supervisor import ChildKeepsDying, ChildSpec, RestartPolicy, Supervisor
 from tests.conftest import wait_for
 
@@ -120,3 +126,41 @@ def test_restarts_spread_wider_than_the_window_never_give_up(
         clock.now += 11  # restarts 11 s apart: never two within 10 s
         supervisor.poll()
     assert len(logged) == 6
+
+
+def test_a_child_gets_its_own_environment_on_top_of_the_supervisors(
+    supervise: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    written = tmp_path / "env.txt"
+    code = f"import os; open({str(written)!r}, 'w').write(os.environ['MINT_READY_BASES'] + '|' + os.environ['PATH'])"
+    supervisor = supervise([ChildSpec("api", (sys.executable, "-c", code), env={"MINT_READY_BASES": "a,b"})])
+    process = supervisor.processes()["api"]
+    assert process is not None and process.wait() == 0
+    ready_bases, path = written.read_text().split("|")
+    assert ready_bases == "a,b" and path  # the supervisor's own environment is kept
+
+
+def test_children_with_the_same_name_are_refused() -> None:
+    with pytest.raises(ValueError, match="names of their own"):
+        Supervisor([SLEEPS, SLEEPS])
+
+
+ENABLED = ["smollm2-135m-instruct", "tiny-glm-moe", "tiny-qwen3-moe"]
+
+
+def test_up_runs_as_many_nodes_of_a_base_as_it_is_named_times_nodes_per_base() -> None:
+    assert serving_plan(None, 1, ENABLED) == Counter(dict.fromkeys(ENABLED, 1))
+    assert serving_plan(["tiny-glm-moe", "tiny-glm-moe"], 1, ENABLED) == Counter({"tiny-glm-moe": 2})
+    both = Counter({"tiny-glm-moe": 3, "tiny-qwen3-moe": 3})
+    assert serving_plan(["tiny-glm-moe,tiny-qwen3-moe"], 3, ENABLED) == both
+    with pytest.raises(typer.BadParameter, match="unknown or disabled base 'nope'"):
+        serving_plan(["tiny-glm-moe,nope"], 1, ENABLED)
+
+    children = serving_children(Counter({"tiny-glm-moe": 2, "tiny-qwen3-moe": 1}), api_port=8000)
+    names = ["serve tiny-glm-moe #1", "serve tiny-glm-moe #2", "serve tiny-qwen3-moe"]
+    assert [child.name for child in children] == names
+    assert [child.argv[-4:] for child in children] == [
+        ("--base", "tiny-glm-moe", "--port", "8100"),
+        ("--base", "tiny-glm-moe", "--port", "8101"),
+        ("--base", "tiny-qwen3-moe", "--port", "8102"),
+    ]

@@ -36,6 +36,8 @@ from mint.api.routes import (
 from mint.config import Settings, get_settings
 from mint.services.captures import CaptureWriter
 from mint.services.dispatch import Dispatch
+from mint.services.quotas import QuotaDefaults
+from mint.services.signed_urls import install_log_redaction
 
 DESCRIPTION = """Mint: evaluate, fine-tune, re-evaluate and deploy LoRA adapters on your own base models.
 
@@ -52,13 +54,19 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
     other route works."""
     settings = settings or get_settings()
     logging.basicConfig(level=settings.log_level)
+    # Download URLs carry their credential in the query string: the access log shows it redacted.
+    install_log_redaction()
     # FastAPI's /docs and /redoc load their scripts from a CDN: mint.api.docs serves Swagger UI itself.
     app = FastAPI(title="Mint", version=__version__, description=DESCRIPTION, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.dispatch = dispatch
-    # Captured traffic is written on a thread of its own, behind the request path.
+    # Captured traffic is written on a thread of its own, in batches, within each organization's
+    # capture storage quota; a captured answer is sent once its row is written.
     app.state.capture_writer = CaptureWriter(
-        settings.database, on_written=CAPTURES_WRITTEN.inc, on_dropped=CAPTURES_DROPPED.inc
+        settings.database,
+        quotas=QuotaDefaults.of(settings),
+        on_written=CAPTURES_WRITTEN.inc,
+        on_dropped=CAPTURES_DROPPED.inc,
     )
     install_error_handlers(app)
     # Outermost first: metrics count every answer, the gate's 401s and 413s included; the gate

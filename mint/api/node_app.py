@@ -4,7 +4,12 @@ It holds one `mint.serving.node.ServingNode` (loaded at start-up; torch is impor
 never in the public API process) and answers the public API, which forwards each inference
 request with its model already resolved. Replies stream as JSON lines: first what served the
 request (`{"served": ...}`), then one line per batch of new tokens of one choice. The node
-registers itself in the database with its URL and heartbeats, so the API finds it.
+registers itself in the database with its URL once its base is loaded (so a registered node
+is one that can serve: `/readyz` of the API counts them) and heartbeats, so the API finds it.
+
+Several nodes of one base may run on one machine (`mint up --serve BASE --serve BASE`): each
+claims an adapter-cache folder of its own on the SSD (`claim_cache_folder`), since a node
+empties its folder's unfinished writes at start and evicts what is over its budget.
 
 Every route but `/healthz` and `/metrics` requires the node's credential (`mint.api.node_guard`):
 the shared MINT_NODE_TOKEN, or, where that is unset, a random token the node issues at start
@@ -16,6 +21,7 @@ Routes: `POST /internal/v1/complete`, `GET /internal/v1/cache`, `POST /internal/
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -26,7 +32,8 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from itertools import chain
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -38,6 +45,7 @@ from mint.api.errors import install_error_handlers
 from mint.api.node_guard import NodeCredentialGuard
 from mint.chat.tool_calls import parse_tool_calls
 from mint.config import Settings
+from mint.errors import ConfigurationError
 from mint.schemas.base_models import get_base_model_spec
 from mint.schemas.inference import AdapterOnNode
 from mint.services.serving_nodes import (
@@ -52,6 +60,32 @@ from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 
 log = logging.getLogger(__name__)
+
+# Nodes of one base on one machine, each with its own adapter-cache folder.
+MAX_NODES_PER_BASE_HERE = 64
+
+
+def claim_cache_folder(root: Path, base_model: str) -> tuple[Path, IO[bytes]]:
+    """An adapter-cache folder under `root` that no other live node of `base_model` on this
+    machine uses, and the open lock file that holds it (the claim ends when it is closed, or
+    when the process dies, even by SIGKILL).
+
+    The first node takes `<root>/<base>`, others `<root>/<base>.1`, `.2`, ...; a restarted node
+    takes the first free one, usually the one it had, and adopts the copies left there."""
+    locks = root / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    for slot in range(MAX_NODES_PER_BASE_HERE):
+        lock = (locks / f"{base_model}.{slot}.lock").open("ab")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        return root / (base_model if slot == 0 else f"{base_model}.{slot}"), lock
+    raise ConfigurationError(
+        f"{MAX_NODES_PER_BASE_HERE} serving nodes of {base_model} already run on this machine, each with its own "
+        f"adapter cache under {root}; run more on other machines"
+    )
 
 
 class PinRequest(BaseModel):
@@ -110,12 +144,13 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
             max_batch_size=settings.serving_batch_size,
             compute_dtype=settings.compute_dtype,
         )
+        ssd_dir, cache_claim = claim_cache_folder(settings.home / "adapter-cache", base_model)
         node = await run_in_threadpool(
             ServingNode,
             spec,
             engine,
             object_store_for(settings),
-            ssd_dir=settings.home / "adapter-cache" / base_model,
+            ssd_dir=ssd_dir,
             max_waiting=settings.serving_max_waiting,
         )
         log.info("serving %s with the %s engine", base_model, type(engine).__name__)
@@ -140,6 +175,7 @@ def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
             state["stop"].set()
             node.close()
             engine.close()
+            cache_claim.close()
             with session_scope(settings.database) as session:
                 unregister_node(session, node_id)
 

@@ -1,8 +1,11 @@
 """OpenAI-compatible inference: `/v1/models`, `/v1/chat/completions`, `/v1/completions`.
 
 The API resolves `model` (a base, `adapter@version` or a deployment) to what must serve it,
-picks a live serving node of that base (`mint serve --base NAME`), and forwards the request;
-the node streams back JSON lines, which become OpenAI's response or its server-sent events.
+orders the live serving nodes of that base (`mint serve --base NAME`; the least busy of those
+sharing the model first, `serving_nodes.nodes_for`) and forwards the request to the first that
+answers: a node that died is passed over without failing the request as long as the client has
+been sent nothing (`node_client.open_stream`, `complete_lines`). The node streams back JSON
+lines, which become OpenAI's response or its server-sent events.
 Every response says which adapter version served it: the `mint` field of the body (and of
 the first streamed chunk) and the `X-Mint-Adapter` header. Tokens served are recorded as
 usage of the caller's organization.
@@ -11,6 +14,10 @@ No database connection is held while a node generates: the caller is authenticat
 model resolved, each in a short session closed before the node is called, and usage is
 recorded in another once the node has answered (at the end of a stream, likewise). A node
 whose queue is full answers 429, and so does the API, with the node's Retry-After.
+
+A deployment that captures chooses each request at random at its rate, before it is served; a
+chosen one's answer (the whole body, or a stream's last chunk) is sent once the capture writer
+has committed its row (`mint.services.captures`), so feedback posted on receipt finds it.
 
 Logprobs are OpenAI's: the node, which has the tokenizer, sends each token's text, bytes,
 logprob and top-k list as chat's `logprobs.content` entries; chat returns them as they are,
@@ -24,7 +31,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from concurrent.futures import Future
 from typing import Annotated, Any
 
 import anyio
@@ -46,9 +54,9 @@ from mint.schemas.inference import (
 )
 from mint.services.captures import CaptureRecord, CaptureWriter
 from mint.services.inference import ServingPlan, available_models, plan_for
-from mint.services.node_client import complete_stream
+from mint.services.node_client import TRAFFIC, complete_lines, open_stream
 from mint.services.principal import Principal
-from mint.services.serving_nodes import NodeAddress, node_for
+from mint.services.serving_nodes import NodeAddress, nodes_for
 from mint.services.usage import record_usage
 from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
@@ -59,10 +67,21 @@ router = APIRouter(tags=["inference"])
 ModelName = Annotated[str, id_path("A base, `adapter@version`, or a deployment name.")]
 
 
-def _plan(settings: Settings, principal: Principal, model: str) -> tuple[ServingPlan, NodeAddress]:
+def _plan(settings: Settings, principal: Principal, model: str) -> tuple[ServingPlan, list[NodeAddress]]:
+    """What serves `model`, and the live nodes of its base in the order to ask them."""
     with session_scope(settings.database) as session:
         plan = plan_for(session, principal.organization_id, model)
-        return plan, node_for(session, plan.base_model, plan.affinity, settings.shared_node_token)
+        nodes = nodes_for(
+            session,
+            plan.base_model,
+            plan.affinity,
+            settings.shared_node_token,
+            share=plan.share,
+            in_flight=TRAFFIC.in_flight(),
+            down=TRAFFIC.down(),
+            turn=TRAFFIC.next_turn(),
+        )
+        return plan, nodes
 
 
 def _record(settings: Settings, principal: Principal, plan: ServingPlan, served: str | None, tokens: int) -> None:
@@ -133,14 +152,14 @@ def _capture(
     choices: _Choices,
     usage: dict[str, int],
     started: float,
-) -> None:
-    """Hand the request to the capture writer when its deployment captures and chose it."""
-    if plan.capture is None or not plan.capture.chosen():
-        return
+) -> Future[bool]:
+    """Hand a request its deployment chose to capture to the capture writer; the receipt says
+    when its row is written."""
+    assert plan.capture is not None
     chat = isinstance(body, ChatCompletionCreate)
     asked = body.model_dump(mode="json", exclude_none=True, exclude={"stream", "stream_options", "model"})
     answers = [_choice(index, choice, body, with_logprobs=False) for index, choice in choices.in_order()]
-    writer.offer(
+    return writer.offer(
         CaptureRecord(
             id=completion_id,
             organization_id=principal.organization_id,
@@ -239,28 +258,40 @@ async def _serve(
         and not request_body.logprobs
     ):
         raise InvalidRequest("top_logprobs needs logprobs: set logprobs to true to use it", param="top_logprobs")
-    plan, node = await run_in_threadpool(_plan, settings, principal, request_body.model)
+    plan, nodes = await run_in_threadpool(_plan, settings, principal, request_body.model)
+    capturing = plan.capture is not None and plan.capture.chosen()  # decided once, before serving
     node_body = _node_request(plan, request_body)
     completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
-    lines = complete_stream(node, node_body)
-    first = await anext(lines)  # a node's refusal is raised here, before any response starts
+    # A node's refusal is raised here, before any response starts; a node that died is passed
+    # over: until the first line of a stream, and until the last of a whole answer.
+    if request_body.stream:
+        first, lines = await open_stream(nodes, node_body)
+    else:
+        first, *rest = await complete_lines(nodes, node_body)
     served = first["served"]
     mint = _mint_field(plan, served)
     headers = {"X-Mint-Adapter": served.get("adapter") or plan.base_model}
     if request_body.stream:
+        writer = captures if capturing else None
         events = _sse(
-            lines, request_body, plan, mint, settings, principal, completion_id, created, chat, captures, started
+            lines, request_body, plan, mint, settings, principal, completion_id, created, chat, writer, started
         )
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     choices = _Choices()
     counted = _StreamedUsage()
-    async for line in lines:
+    for line in rest:
         counted.add(line)
         choices.add(line)
     usage = counted.usage()
+    receipt = None
+    if capturing:
+        receipt = _capture(
+            captures, principal, plan, served.get("adapter"), request_body, completion_id, choices, usage, started
+        )
     await run_in_threadpool(_record, settings, principal, plan, served.get("adapter"), usage["total_tokens"])
-    _capture(captures, principal, plan, served.get("adapter"), request_body, completion_id, choices, usage, started)
+    if receipt is not None:  # the row is written before the answer goes out
+        await captures.landed(receipt, settings.capture_wait_s)
     body: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion" if chat else "text_completion",
@@ -295,7 +326,7 @@ def _choice(
 
 
 async def _sse(
-    lines: AsyncIterator[dict[str, Any]],
+    lines: AsyncGenerator[dict[str, Any], None],
     request_body: ChatCompletionCreate | CompletionCreate,
     plan: ServingPlan,
     mint: dict[str, Any],
@@ -304,16 +335,17 @@ async def _sse(
     completion_id: str,
     created: int,
     chat: bool,
-    captures: CaptureWriter,
+    captures: CaptureWriter | None,
     began: float,
 ) -> AsyncIterator[bytes]:
     """OpenAI's server-sent events; the first chunk of each choice carries the role and `mint`.
-    A stream that ends whole is captured (when its deployment captures) from the node's lines."""
+    A stream that ends whole is captured (when `captures`: its deployment chose it) from the
+    node's lines, its last chunk sent once the capture is written."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     started: set[int] = set()
     offsets: dict[int, int] = {}  # each choice's characters of token text streamed so far
     served = _StreamedUsage()
-    answer = _Choices() if plan.capture is not None else None
+    answer = _Choices() if captures is not None else None
     recorded = False
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -353,16 +385,22 @@ async def _sse(
             yield chunk([piece], **extra)
         usage = served.usage()
         recorded = True
+        receipt = None
+        if captures is not None and answer is not None:
+            receipt = _capture(
+                captures, principal, plan, mint.get("adapter"), request_body, completion_id, answer, usage, began
+            )
         await run_in_threadpool(_record, settings, principal, plan, mint.get("adapter"), usage["total_tokens"])
-        if answer is not None:
-            _capture(captures, principal, plan, mint.get("adapter"), request_body, completion_id, answer, usage, began)
+        if captures is not None and receipt is not None:
+            await captures.landed(receipt, settings.capture_wait_s)
         yield chunk([], usage=usage)
         yield b"data: [DONE]\n\n"
     except MintError as error:
         yield f"data: {json.dumps({'error': {'type': error.type, 'message': error.message}})}\n\n".encode()
     finally:
-        if not recorded:  # the client went away, or the node failed mid-stream: what was sent is counted
-            with anyio.CancelScope(shield=True):  # a disconnect cancels this task
+        with anyio.CancelScope(shield=True):  # a disconnect cancels this task
+            await lines.aclose()  # the node's connection, and its count of requests in flight
+            if not recorded:  # the client went away, or the node failed mid-stream: what was sent is counted
                 tokens = served.usage()["total_tokens"]
                 await run_in_threadpool(_record, settings, principal, plan, mint.get("adapter"), tokens)
 

@@ -26,7 +26,6 @@ from mint.api.deps import CurrentPrincipal, DispatchDep, QuotasDep, SessionDep, 
 from mint.api.downloads import TAR_MEDIA_TYPE, binary_response, stream_object
 from mint.api.errors import error_response
 from mint.api.pagination import id_path
-from mint.config import Settings
 from mint.errors import InvalidRequest
 from mint.schemas import tinker as wire
 from mint.schemas import tinker_proto as proto
@@ -141,17 +140,17 @@ def get_session(session_id: SessionId, session: SessionDep, principal: CurrentPr
 
 @router.get("/sessions/{session_id}/trace_export", response_model=wire.TraceExportResponse)
 def export_session_trace(
-    session_id: SessionId, request: Request, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
+    session_id: SessionId, session: SessionDep, settings: SettingsDep, principal: CurrentPrincipal
 ) -> wire.TraceExportResponse:
     """The session's requests on a timeline (Chrome trace JSON, for https://ui.perfetto.dev), as a
-    download URL that needs no key (`tinker session export-trace`)."""
+    download URL that needs no key (`tinker session export-trace`), valid while this key is."""
     return tinker_traces.export_session_trace(
         session,
         settings,
         object_store_for(settings),
         principal.organization_id,
         session_id,
-        _api_url(settings, request),
+        signed_urls.Grant.of(principal),
     )
 
 
@@ -180,11 +179,6 @@ def copy_weights(
     trained on; the copy shares the source's stored objects."""
     path = tinker_projects.copy_weights(session, principal.organization_id, body)
     return wire.CopyWeightsResponse(tinker_path=str(path))
-
-
-def _api_url(settings: Settings, request: Request) -> str:
-    """Where clients reach this API: MINT_PUBLIC_URL, else the URL this request came to."""
-    return (settings.public_url or str(request.base_url)).rstrip("/")
 
 
 # ---- training models --------------------------------------------------------------------------
@@ -431,20 +425,14 @@ CheckpointId = Annotated[
 def external_weights_urls(
     model_id: ModelId,
     checkpoint_id: CheckpointId,
-    request: Request,
     session: SessionDep,
     settings: SettingsDep,
     principal: CurrentPrincipal,
 ) -> wire.ExternalWeightsUrlsResponse:
-    """Short-lived signed URLs of exported weights' files, one per file, that need no key."""
+    """Short-lived signed URLs of exported weights' files, one per file, that need no key; each
+    works while this key is valid and, for weights read through a publication, while it stands."""
     return tinker_checkpoints.external_weights_urls(
-        session,
-        settings,
-        object_store_for(settings),
-        principal.organization_id,
-        model_id,
-        checkpoint_id,
-        _api_url(settings, request),
+        session, settings, object_store_for(settings), principal, model_id, checkpoint_id
     )
 
 
@@ -467,7 +455,8 @@ def set_checkpoint_ttl(
 def publish_checkpoint(
     model_id: ModelId, checkpoint_id: CheckpointId, session: SessionDep, principal: CurrentPrincipal
 ) -> wire.Checkpoint:
-    """Let every organization read the checkpoint (load, sample, download it); only this one changes it."""
+    """Let every organization read the checkpoint (load, sample, download it); only this one changes it.
+    A copy of weights another organization published cannot be published (403)."""
     return tinker_checkpoints.checkpoint_view(
         tinker_checkpoints.set_published(session, principal, model_id, checkpoint_id, True)
     )
@@ -477,7 +466,8 @@ def publish_checkpoint(
 def unpublish_checkpoint(
     model_id: ModelId, checkpoint_id: CheckpointId, session: SessionDep, principal: CurrentPrincipal
 ) -> wire.Checkpoint:
-    """Make a published checkpoint this organization's alone again."""
+    """Make a published checkpoint this organization's alone again: the copies other organizations
+    took of it, and the download URLs they were given, end with the publication."""
     return tinker_checkpoints.checkpoint_view(
         tinker_checkpoints.set_published(session, principal, model_id, checkpoint_id, False)
     )
@@ -537,13 +527,25 @@ def download_tokenizer(base_model: BaseName, settings: SettingsDep, _: CurrentPr
 )
 def download_signed_object(
     object_key: Annotated[str, Path(max_length=1024, description="The object's key, as the signed URL names it.")],
+    key_id: Annotated[
+        str, Query(pattern=signed_urls.GRANT_ID_PATTERN, description="The API key the URL was issued to.")
+    ],
     expires: Annotated[int, Query(ge=0, lt=2**40, description="When the URL expires (Unix seconds).")],
     signature: Annotated[str, Query(pattern="^[0-9a-f]{64}$", description="The URL's HMAC-SHA256, hex.")],
+    session: SessionDep,
     settings: SettingsDep,
+    publication: Annotated[
+        str | None,
+        Query(pattern=signed_urls.GRANT_ID_PATTERN, description="The published checkpoint the URL reads through."),
+    ] = None,
 ) -> StreamingResponse:
     """An object for a download URL the API signed (exported weights' files, session traces): the
-    URL is the credential (no key), valid until `expires`."""
-    stream = signed_urls.signed_object(settings, object_store_for(settings), object_key, expires, signature)
+    URL is the credential (no key), valid until `expires` while the key it was issued to is, and
+    the publication it reads through (if any) stands."""
+    grant = signed_urls.Grant(key_id, publication)
+    stream = signed_urls.signed_object(
+        session, settings, object_store_for(settings), object_key, expires, signature, grant
+    )
     return stream_object(stream, media_type="application/octet-stream", filename=object_key.rsplit("/", 1)[-1])
 
 

@@ -126,6 +126,12 @@ TinkerModelsOpt = Annotated[
 ]
 JobsOpt = Annotated[str | None, _quota_option("--jobs", "Fine-tuning jobs queued or running", "MINT_QUOTA_JOBS")]
 EvalRunsOpt = Annotated[str | None, _quota_option("--eval-runs", "Eval runs queued or running", "MINT_QUOTA_EVAL_RUNS")]
+CaptureStorageOpt = Annotated[
+    str | None,
+    _quota_option(
+        "--capture-storage-mib", "MiB of captured completions and feedback kept", "MINT_QUOTA_CAPTURE_STORAGE_MIB"
+    ),
+]
 
 
 def _quota_value(option: str, value: str) -> int | None:
@@ -145,12 +151,14 @@ def orgs_quota(
     tinker_models: TinkerModelsOpt = None,
     jobs: JobsOpt = None,
     eval_runs: EvalRunsOpt = None,
+    capture_storage_mib: CaptureStorageOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show an organization's quotas and what is in use; with options, set them first (audited).
 
     Live Tinker sessions, live Tinker training models, fine-tuning jobs queued or running, eval
-    runs queued or running: a create beyond a quota is answered 429.
+    runs queued or running: a create beyond a quota is answered 429. MiB of captured completions
+    and their feedback kept: beyond it new captures are dropped and feedback is answered 429.
     """
     from mint.schemas.auth import QuotaKind
     from mint.services.quotas import QuotaDefaults, quotas_of, set_quotas
@@ -160,6 +168,7 @@ def orgs_quota(
         "tinker_models": tinker_models,
         "jobs": jobs,
         "eval_runs": eval_runs,
+        "capture_storage_mib": capture_storage_mib,
     }
     changes = {
         kind: _quota_value("--" + kind.replace("_", "-"), value) for kind, value in given.items() if value is not None

@@ -32,23 +32,31 @@ from rich.table import Table
 from mint.cli.output import console
 from mint.config import get_settings
 from mint.schemas.evals import MAX_BUILTIN_TASKS
+from mint.sdk._http import Call, SyncHTTP
+from mint.sdk.errors import MintAPIError
 
 BASE = "smollm2-135m-instruct"
 POLL_S = 1.0
 
 
+def _json(response: httpx.Response) -> Any:
+    return response.json()
+
+
 class Demo:
-    """The REST calls of the loop, with progress shown while each long step runs."""
+    """The REST calls of the loop, with progress shown while each long step runs. They go
+    through the SDK's transport, as every `mint` command's do: a 429 is waited out as its
+    Retry-After says, a failure retried."""
 
     def __init__(self, api_url: str, key: str) -> None:
-        self.http = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+        self.http = SyncHTTP(api_url, key, timeout_s=120, max_retries=3)
 
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self.http.request(method, path, **kwargs)
-        if response.status_code >= 400:
-            console.print(f"[red]{method} {path} failed ({response.status_code}): {response.text}[/red]")
-            raise typer.Exit(1)
-        return response.json()
+    def call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None) -> Any:
+        try:
+            return self.http.send(Call(method, path, _json, params=params, json=json))
+        except MintAPIError as error:
+            console.print(f"[red]{method} {path} failed ({error.status_code}): {error.message}[/red]")
+            raise typer.Exit(1) from error
 
     def wait(self, path: str, label: str, progress: Progress, *, total_of: str, done_of: str) -> dict[str, Any]:
         """Poll a job or an eval run until it finishes, advancing a progress bar."""

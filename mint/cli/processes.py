@@ -8,8 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -36,11 +37,15 @@ def api(
     from mint.worker.dispatch import CeleryDispatch
 
     settings = get_settings()
+    # The address given here is the one the settings carry: download URLs are built from them.
+    settings = settings.model_copy(
+        update={"api_host": host or settings.api_host, "api_port": port or settings.api_port}
+    )
     configure_pool(settings)
     uvicorn.run(
         create_app(settings, dispatch=CeleryDispatch(settings)),
-        host=host or settings.api_host,
-        port=port or settings.api_port,
+        host=settings.api_host,
+        port=settings.api_port,
         log_level=settings.log_level.lower(),
     )
 
@@ -184,21 +189,60 @@ def serve(
     uvicorn.run(app, host=bind, port=port, log_level=settings.log_level.lower())
 
 
+def serving_plan(named: list[str] | None, nodes_per_base: int, enabled: list[str]) -> Counter[str]:
+    """How many serving nodes `mint up` runs of each base: a base runs as many nodes as it is
+    named in `--serve` (each value a comma-separated list) times `--nodes-per-base`; with no
+    `--serve`, every enabled base is named once. An unknown or disabled base is refused."""
+    chosen = enabled if named is None else [base.strip() for value in named for base in value.split(",")]
+    counts: Counter[str] = Counter()
+    for base in chosen:
+        if not base:
+            continue
+        if base not in enabled:
+            raise typer.BadParameter(
+                f"unknown or disabled base {base!r}; enabled: {', '.join(enabled)}", param_hint="--serve"
+            )
+        counts[base] += nodes_per_base
+    return counts
+
+
+def serving_children(counts: Counter[str], api_port: int) -> list[ChildSpec]:
+    """One `mint serve` child per node, on consecutive ports from `api_port + 100`; the nodes of
+    a base that runs several are named `serve BASE #1`, `#2`, ... in the log."""
+    children = []
+    for base, count in counts.items():
+        for number in range(1, count + 1):
+            port = api_port + 100 + len(children)
+            name = f"serve {base}" if count == 1 else f"serve {base} #{number}"
+            children.append(ChildSpec(name, _mint_argv("serve", "--base", base, "--port", str(port))))
+    return children
+
+
 def up(
     org: Annotated[str, typer.Option("--org", help="First organization, on a new installation.")] = "default",
     serve_bases: Annotated[
-        str | None,
-        typer.Option("--serve", help="Comma-separated bases to run serving nodes for (default: every enabled base)."),
+        list[str] | None,
+        typer.Option(
+            "--serve",
+            help="Bases to run serving nodes for, comma-separated or repeated (default: every enabled base); "
+            "a base named twice runs two nodes, which share its requests and stand in for each other.",
+        ),
     ] = None,
+    nodes_per_base: Annotated[
+        int, typer.Option(min=1, max=16, help="Serving nodes of each base named (or of every enabled base).")
+    ] = 1,
 ) -> None:
     """Run the API, a worker for every queue (and one more for the system queue alone), beat, and
     serving nodes, on the current settings
     (the embedded defaults under MINT_HOME unless set otherwise). A child that dies is restarted
-    with backoff; Ctrl-C or SIGTERM stops all, as does a child that keeps dying (exit status 1)."""
+    with backoff; Ctrl-C or SIGTERM stops all, as does a child that keeps dying (exit status 1).
+    Mint is up once the API is ready and every base served has a node that has loaded it."""
+    from mint.schemas.base_models import enabled_base_names
     from mint.services.setup import initialize
     from mint.worker.app import declare_broker_queues
 
     settings = get_settings()
+    counts = serving_plan(serve_bases, nodes_per_base, enabled_base_names(settings.model_configs_dir))
     result = initialize(settings, organization_name=org)
     declare_broker_queues(settings)  # before the workers and the API that share them start
     key_file = settings.home / ADMIN_KEY_FILE
@@ -208,22 +252,19 @@ def up(
     # does SIGINT even where it was ignored (a shell script's background job inherits SIG_IGN).
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
-    from mint.schemas.base_models import enabled_base_names
-
-    served = enabled_base_names(settings.model_configs_dir) if serve_bases is None else serve_bases.split(",")
-    nodes = [
-        ChildSpec(f"serve {base}", _mint_argv("serve", "--base", base, "--port", str(settings.api_port + 100 + index)))
-        for index, base in enumerate(name for name in served if name)
-    ]
+    nodes = serving_children(counts, settings.api_port)
+    # The API's /readyz waits for every base served here: until each has a node that has
+    # loaded it, requests for it would be refused (503).
+    api_child = ChildSpec("api", _mint_argv("api"), env={"MINT_READY_BASES": ",".join(counts)})
     # A second worker for the system queue alone, holding no base: auto-mode drivers, webhook
     # deliveries and upkeep go on while the main worker spends minutes on one training job
     # (each worker runs one task at a time), so an auto run's cancel and cost keep up.
     system_worker = ChildSpec("system worker", _mint_argv("worker", "--queues", SYSTEM_QUEUE, "--name", "system@%h"))
-    specs = [ChildSpec(name, _mint_argv(name)) for name in ("api", "worker", "beat")] + [system_worker] + nodes
+    specs = [api_child] + [ChildSpec(name, _mint_argv(name)) for name in ("worker", "beat")] + [system_worker] + nodes
     supervisor = Supervisor(specs, spawn=_spawn, log=_log_restart)
     supervisor.start()
     try:
-        _wait_ready(settings, supervisor)
+        _wait_ready(settings, supervisor, counts)
         console.print(
             f"[bold green]Mint is up[/bold green] at {settings.api_url}  (API reference: {settings.api_url}/docs)"
         )
@@ -261,27 +302,49 @@ def _mint_argv(*command: str) -> tuple[str, ...]:
 
 
 def _spawn(spec: ChildSpec) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(list(spec.argv), env=os.environ.copy(), preexec_fn=_die_with_parent)
+    return subprocess.Popen(list(spec.argv), env={**os.environ, **spec.env}, preexec_fn=_die_with_parent)
 
 
 def _log_restart(message: str) -> None:
     errors.print(f"[yellow]mint up: {escape(message)}[/yellow]")
 
 
-def _wait_ready(settings: Settings, supervisor: Supervisor) -> None:
-    """Wait for the API's /readyz, restarting children that die meanwhile."""
-    deadline = time.monotonic() + READY_WAIT_S
-    with console.status("starting the API, a worker, beat and the serving nodes ..."):
-        while time.monotonic() < deadline:
+def _readiness(settings: Settings) -> tuple[int, dict[str, Any]] | None:
+    """The API's /readyz: its status code and body, or None while it does not answer."""
+    try:
+        response = httpx.get(f"{settings.api_url}/readyz", timeout=2.0)
+        return response.status_code, dict(response.json())
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def _wait_ready(settings: Settings, supervisor: Supervisor, served: Counter[str]) -> None:
+    """Wait for the API's /readyz, restarting children that die meanwhile, and print each base
+    served as soon as a node has loaded it. The backing services must answer within
+    READY_WAIT_S; loading the bases has no deadline (a large one takes minutes, and a node that
+    keeps dying makes the supervisor give up)."""
+    deadline: float | None = time.monotonic() + READY_WAIT_S
+    can_serve: set[str] = set()
+    with console.status("starting the API, a worker, beat and the serving nodes ...") as status:
+        while True:
             supervisor.poll()
-            try:
-                if httpx.get(f"{settings.api_url}/readyz", timeout=2.0).status_code == 200:
+            answer = _readiness(settings)
+            if answer is not None:
+                code, body = answer
+                for base, state in body.get("serving", {}).items():
+                    if base in served and state.get("ready") and base not in can_serve:
+                        can_serve.add(base)
+                        nodes = state.get("live_nodes", 0)
+                        console.print(f"{base} can serve: {nodes} of its {served[base]} serving node(s) loaded it")
+                if code == 200:
                     return
-            except httpx.HTTPError:
-                pass
+                if not body.get("failed"):
+                    deadline = None  # the services are up: the rest is loading bases
+                    status.update(f"loading {', '.join(body.get('loading', []))} on the serving nodes ...")
+            if deadline is not None and time.monotonic() > deadline:
+                console.print(f"[red]The API was not ready within {READY_WAIT_S:.0f} s; see the logs above.[/red]")
+                raise typer.Exit(1)
             time.sleep(0.5)
-    console.print(f"[red]The API did not become ready within {READY_WAIT_S:.0f} s; see the logs above.[/red]")
-    raise typer.Exit(1)
 
 
 def _write_secret(path: Path, secret: str) -> None:

@@ -12,6 +12,7 @@ short-lived processes without waiting for production backoffs.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -22,10 +23,12 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """One child: a name for the log (`worker`, `serve tiny-glm-moe`) and its command line."""
+    """One child: a name for the log (`worker`, `serve tiny-glm-moe #2`), its command line, and
+    environment variables it gets on top of the supervisor's own (the API's MINT_READY_BASES)."""
 
     name: str
     argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class _Child:
 
 
 def _spawn(spec: ChildSpec) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(list(spec.argv))
+    return subprocess.Popen(list(spec.argv), env={**os.environ, **spec.env})
 
 
 class Supervisor:
@@ -84,6 +87,9 @@ class Supervisor:
         log: Callable[[str], None] = print,
         stop_timeout_s: float = 20.0,
     ) -> None:
+        names = [spec.name for spec in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"children need names of their own, for the log and `processes()`: {names}")
         self.policy = policy or RestartPolicy()
         self._children = [_Child(spec) for spec in specs]
         self._spawn = spawn

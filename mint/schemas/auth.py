@@ -59,16 +59,19 @@ class AuditEntryPublic(WireModel):
     created_at: datetime
 
 
-QuotaKind = Literal["tinker_sessions", "tinker_models", "jobs", "eval_runs"]
+QuotaKind = Literal["tinker_sessions", "tinker_models", "jobs", "eval_runs", "capture_storage_mib"]
 
 
 class QuotaPublic(BaseModel):
     """One quota of an organization and how much of it is in use."""
 
-    kind: QuotaKind = Field(description="tinker_sessions | tinker_models | jobs | eval_runs.")
+    kind: QuotaKind = Field(description="tinker_sessions | tinker_models | jobs | eval_runs | capture_storage_mib.")
     description: str = Field(description="What the quota counts.")
-    limit: int = Field(description="How many the organization may have at once; a create beyond it gets a 429.")
-    used: int = Field(description="How many it has now.")
+    limit: int = Field(
+        description="How many the organization may have at once (for `capture_storage_mib`, MiB it may keep); "
+        "a create beyond it gets a 429."
+    )
+    used: int = Field(description="How many it has now (MiB, rounded up, for a storage quota).")
     is_default: bool = Field(description="True when the limit is the platform default (MINT_QUOTA_*).")
 
 

@@ -8,9 +8,16 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from mint.schemas.common import RequestModel, WireModel
+from mint.schemas.common import FiniteJson, RequestModel, WireModel
 
 MAX_COMMENT = 10_000
+# One feedback is about a message's worth: its score, label, comment and correction, as JSON
+# (UTF-8), at most this; more is refused (400) naming the limit. Any key of the organization,
+# viewers included, may give feedback, so it is bounded like every other write.
+MAX_FEEDBACK_BYTES = 64 * 1024
+# Feedback entries one capture keeps; one more is refused (409). Feedback also counts against
+# the organization's capture storage quota (`capture_storage_mib`, 429 past it).
+MAX_FEEDBACK_PER_CAPTURE = 20
 
 
 class CaptureSettings(BaseModel):
@@ -30,17 +37,19 @@ class CaptureUpdate(RequestModel):
 
 
 class FeedbackCreate(RequestModel):
-    """Feedback on a captured completion; at least one field."""
+    """Feedback on a captured completion; at least one field. At most 64 KiB of JSON in all
+    (MAX_FEEDBACK_BYTES), at most 20 entries per capture (MAX_FEEDBACK_PER_CAPTURE), counted
+    against the organization's capture storage quota."""
 
     model_config = ConfigDict(extra="forbid")
 
     score: float | None = Field(default=None, ge=0, le=1, description="How good the answer was, 0 to 1.")
     label: str | None = Field(default=None, min_length=1, max_length=100, description="e.g. `wrong_tool`.")
     comment: str | None = Field(default=None, max_length=MAX_COMMENT)
-    correction: dict[str, Any] | None = Field(
+    correction: FiniteJson | None = Field(
         default=None,
         description='The answer it should have been: `{"message": {"role": "assistant", ...}}` for a chat '
-        'completion, `{"text": ...}` for a text completion.',
+        'completion, `{"text": ...}` for a text completion. The whole feedback is at most 64 KiB of JSON.',
     )
 
 

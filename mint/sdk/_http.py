@@ -2,9 +2,20 @@
 
 A resource method describes its request as a `Call` (method, path, body, and how to parse the
 answer), and hands it to `SyncHTTP` or `AsyncHTTP`; the two share everything but the waiting,
-so `Mint` and `AsyncMint` behave the same. Requests that get 429 or a 5xx answer, or no answer
-at all, are sent again a bounded number of times with exponential backoff, honouring the
-server's `Retry-After`; error answers become the typed errors of `mint.sdk.errors`.
+so `Mint` and `AsyncMint` behave the same, and so does every command of `mint`, which uses the
+SDK. This is the one place where requests are retried:
+
+- a 429 (the key's rate limit, the organization's quota, a serving node's full queue) means
+  "not now": the request is sent again after the pause its `Retry-After` asks for (backing off
+  when it gives none), as long as the pauses of one request add up to at most
+  `max_rate_limit_wait_s` (300 s by default); a longer ask is raised at once as
+  `RateLimitError`, whose `retry_after_s` says how long the server asked to wait;
+- a 5xx answer, or no answer at all, is sent again at most `max_retries` times with exponential
+  backoff (honouring a `Retry-After` up to a minute);
+- `max_retries=0` turns both off.
+
+A 429 is answered before anything is done, so sending the request again is safe whatever its
+method. Error answers become the typed errors of `mint.sdk.errors`.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ import contextlib
 import email.utils
 import io
 import logging
+import math
 import os
 import random
 import time
@@ -26,7 +38,7 @@ from typing import IO, Any, Generic, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from mint import __version__
+from mint import __version__, errors
 from mint.sdk.errors import (
     APIConnectionError,
     APITimeoutError,
@@ -48,8 +60,14 @@ CONNECT_TIMEOUT_S = 10.0
 DEFAULT_MAX_RETRIES = 3
 INITIAL_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
-# A server asking for a longer pause than this gets this; a client should not sleep for hours.
+# A failing server (5xx) asking for a longer pause than this gets this; a client should not
+# sleep for hours on a server that is down.
 MAX_RETRY_AFTER_S = 60.0
+# How long one request may wait out 429s, in all, before the RateLimitError is raised.
+DEFAULT_MAX_RATE_LIMIT_WAIT_S = 300.0
+# The shortest pause after a 429, whatever its Retry-After says: a request sent straight back
+# is refused again.
+MIN_RATE_LIMIT_PAUSE_S = 0.5
 
 # What an upload accepts: a path, the bytes themselves, or an open binary file.
 FileInput = str | os.PathLike[str] | bytes | IO[bytes]
@@ -183,6 +201,15 @@ def should_retry(status_code: int) -> bool:
     return status_code == 429 or status_code >= 500
 
 
+@dataclass
+class Attempts:
+    """What one request has spent on retries so far: failures retried, and seconds paused on 429s."""
+
+    failures: int = 0
+    rate_limited: int = 0
+    rate_limited_s: float = 0.0
+
+
 def retry_after_s(value: str | None) -> float | None:
     """`Retry-After` as seconds: a number, or an HTTP date; None if absent or unreadable."""
     if not value:
@@ -215,12 +242,17 @@ def backoff_s(attempt: int, retry_after: str | None) -> float:
 
 
 def error_for(response: httpx.Response) -> MintAPIError:
-    """The typed error of an error answer (its body must have been read)."""
+    """The typed error of an error answer (its body must have been read); a 429's
+    `retry_after_s` is its `Retry-After`."""
     try:
         body = response.json()
     except ValueError:
         body = None
-    return error_from_body(response.status_code, body, response.text)
+    error = error_from_body(response.status_code, body, response.text)
+    if isinstance(error, errors.RateLimited):
+        asked = retry_after_s(response.headers.get("retry-after"))
+        error.retry_after_s = max(1, math.ceil(asked)) if asked is not None else 1
+    return error
 
 
 def _transport_error(exc: httpx.TransportError, url: str) -> APIConnectionError:
@@ -244,34 +276,63 @@ def _timeout(timeout_s: float) -> httpx.Timeout:
 class _Retrying:
     """What both transports share: settings, and the decision after each attempt."""
 
-    def __init__(self, base_url: str, max_retries: int) -> None:
+    def __init__(self, base_url: str, max_retries: int, max_rate_limit_wait_s: float) -> None:
         self.base_url = base_url
         self.max_retries = max_retries
+        self.max_rate_limit_wait_s = max_rate_limit_wait_s
 
-    def _next_delay(self, call: Call[Any], attempt: int, outcome: httpx.Response | httpx.TransportError) -> float:
-        """The pause before retrying, or raise the error if this outcome is final."""
+    def _next_delay(self, call: Call[Any], spent: Attempts, outcome: httpx.Response | httpx.TransportError) -> float:
+        """The pause before retrying (counted in `spent`), or raise the error if this outcome is final."""
         if isinstance(outcome, httpx.TransportError):
-            if attempt >= self.max_retries:
+            if spent.failures >= self.max_retries:
                 raise _transport_error(outcome, self.base_url) from outcome
-            delay = backoff_s(attempt, None)
+            delay = backoff_s(spent.failures, None)
             reason = type(outcome).__name__
+        elif outcome.status_code == 429:  # an answer of any httpx-like client (Starlette's TestClient too)
+            return self._rate_limit_pause(call, spent, outcome)
         else:
-            if not should_retry(outcome.status_code) or attempt >= self.max_retries:
+            if not should_retry(outcome.status_code) or spent.failures >= self.max_retries:
                 raise error_for(outcome)
-            delay = backoff_s(attempt, outcome.headers.get("retry-after"))
+            delay = backoff_s(spent.failures, outcome.headers.get("retry-after"))
             reason = f"HTTP {outcome.status_code}"
-        log.info(
-            "%s %s: %s; retry %d of %d in %.2fs", call.method, call.path, reason, attempt + 1, self.max_retries, delay
-        )
+        spent.failures += 1
+        what = f"{call.method} {call.path}: {reason}"
+        log.info("%s; retry %d of %d in %.2fs", what, spent.failures, self.max_retries, delay)
+        return delay
+
+    def _rate_limit_pause(self, call: Call[Any], spent: Attempts, refused: httpx.Response) -> float:
+        """Wait as a 429 asks (its Retry-After, else backing off), within the request's budget of
+        `max_rate_limit_wait_s`; past it, or with retries off, the RateLimitError is raised."""
+        asked = retry_after_s(refused.headers.get("retry-after"))
+        if asked is None:
+            asked = min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * float(2**spent.rate_limited))
+        delay = max(MIN_RATE_LIMIT_PAUSE_S, asked)
+        if self.max_retries <= 0 or spent.rate_limited_s + delay > self.max_rate_limit_wait_s:
+            raise error_for(refused)
+        spent.rate_limited += 1
+        spent.rate_limited_s += delay
+        log.info("%s %s: HTTP 429; waiting %.2fs as asked, then again", call.method, call.path, delay)
         return delay
 
 
 class SyncHTTP(_Retrying):
     """Sends `Call`s with httpx's blocking client."""
 
-    def __init__(self, base_url: str, api_key: str, *, timeout_s: float, max_retries: int) -> None:
-        super().__init__(base_url, max_retries)
-        self.client = httpx.Client(base_url=base_url, headers=_headers(api_key), timeout=_timeout(timeout_s))
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout_s: float,
+        max_retries: int,
+        max_rate_limit_wait_s: float = DEFAULT_MAX_RATE_LIMIT_WAIT_S,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        super().__init__(base_url, max_retries, max_rate_limit_wait_s)
+        if http_client is None:
+            http_client = httpx.Client(base_url=base_url, timeout=_timeout(timeout_s))
+        http_client.headers.update(_headers(api_key))
+        self.client = http_client
 
     def send(self, call: Call[T]) -> T:
         """Send `call` (retrying as needed) and parse its answer."""
@@ -282,7 +343,7 @@ class SyncHTTP(_Retrying):
         return self._send(call, stream=True)
 
     def _send(self, call: Call[Any], *, stream: bool) -> httpx.Response:
-        attempt = 0
+        spent = Attempts()
         while True:
             outcome: httpx.Response | httpx.TransportError
             try:
@@ -304,8 +365,7 @@ class SyncHTTP(_Retrying):
                 outcome.close()
             except httpx.TransportError as exc:
                 outcome = exc
-            time.sleep(self._next_delay(call, attempt, outcome))
-            attempt += 1
+            time.sleep(self._next_delay(call, spent, outcome))
 
     def close(self) -> None:
         self.client.close()
@@ -314,9 +374,21 @@ class SyncHTTP(_Retrying):
 class AsyncHTTP(_Retrying):
     """Sends `Call`s with httpx's asyncio client."""
 
-    def __init__(self, base_url: str, api_key: str, *, timeout_s: float, max_retries: int) -> None:
-        super().__init__(base_url, max_retries)
-        self.client = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key), timeout=_timeout(timeout_s))
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout_s: float,
+        max_retries: int,
+        max_rate_limit_wait_s: float = DEFAULT_MAX_RATE_LIMIT_WAIT_S,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        super().__init__(base_url, max_retries, max_rate_limit_wait_s)
+        if http_client is None:
+            http_client = httpx.AsyncClient(base_url=base_url, timeout=_timeout(timeout_s))
+        http_client.headers.update(_headers(api_key))
+        self.client = http_client
 
     async def send(self, call: Call[T]) -> T:
         """Send `call` (retrying as needed) and parse its answer."""
@@ -327,7 +399,7 @@ class AsyncHTTP(_Retrying):
         return await self._send(call, stream=True)
 
     async def _send(self, call: Call[Any], *, stream: bool) -> httpx.Response:
-        attempt = 0
+        spent = Attempts()
         while True:
             outcome: httpx.Response | httpx.TransportError
             try:
@@ -350,8 +422,7 @@ class AsyncHTTP(_Retrying):
                 await outcome.aclose()
             except httpx.TransportError as exc:
                 outcome = exc
-            await asyncio.sleep(self._next_delay(call, attempt, outcome))
-            attempt += 1
+            await asyncio.sleep(self._next_delay(call, spent, outcome))
 
     async def close(self) -> None:
         await self.client.aclose()

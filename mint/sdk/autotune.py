@@ -19,7 +19,7 @@ from mint.schemas.autotune import AutotuneCreate, AutotunePublic
 from mint.schemas.common import Page
 from mint.sdk._http import AsyncHTTP, Call, SyncHTTP, parse_model, request_body
 from mint.sdk.pagination import AsyncPager, PageCall, SyncPager
-from mint.sdk.progress import Deadline
+from mint.sdk.progress import Deadline, apatiently, patiently, poll_pause
 
 ACTIVE = frozenset({"queued", "running"})
 
@@ -65,10 +65,10 @@ class Autotune:
 
     def wait(self, run_id: str, *, poll_interval_s: float = 2.0, timeout_s: float | None = None) -> AutotunePublic:
         """Poll until the run has finished (succeeded, stopped, failed or cancelled) and return it."""
-        deadline = Deadline(timeout_s)
-        while (run := self.get(run_id)).status in ACTIVE:
-            deadline.check(f"auto run {run_id}")
-            time.sleep(poll_interval_s)
+        deadline, what = Deadline(timeout_s), f"auto run {run_id}"
+        while (run := patiently(lambda: self.get(run_id), deadline, what)).status in ACTIVE:
+            deadline.check(what)
+            time.sleep(poll_pause(poll_interval_s))
         return run
 
 
@@ -93,8 +93,8 @@ class AsyncAutotune:
     async def wait(
         self, run_id: str, *, poll_interval_s: float = 2.0, timeout_s: float | None = None
     ) -> AutotunePublic:
-        deadline = Deadline(timeout_s)
-        while (run := await self.get(run_id)).status in ACTIVE:
-            deadline.check(f"auto run {run_id}")
-            await asyncio.sleep(poll_interval_s)
+        deadline, what = Deadline(timeout_s), f"auto run {run_id}"
+        while (run := await apatiently(lambda: self.get(run_id), deadline, what)).status in ACTIVE:
+            deadline.check(what)
+            await asyncio.sleep(poll_pause(poll_interval_s))
         return run

@@ -10,15 +10,19 @@ reply = client.chat.create(job.fine_tuned_model, [{"role": "user", "content": "H
 ```
 
 Every answer is typed with the server's own schemas (`mint.schemas`); lists page themselves;
-429s, 5xx answers and dropped connections are retried (`max_retries`, honouring
-`Retry-After`); errors are the typed classes of `mint.sdk.errors`.
+a 429 is waited out as its `Retry-After` says (up to `max_rate_limit_wait_s` per request), 5xx
+answers and dropped connections are retried (`max_retries`); `wait()` polls no faster than
+every half second; errors are the typed classes of `mint.sdk.errors`.
 """
 
 from __future__ import annotations
 
 from types import TracebackType
 
+import httpx
+
 from mint.sdk._http import (
+    DEFAULT_MAX_RATE_LIMIT_WAIT_S,
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT_S,
     AsyncHTTP,
@@ -45,7 +49,11 @@ class Mint:
 
     `base_url` defaults to `MINT_BASE_URL` (else http://127.0.0.1:8000), `api_key` to
     `MINT_API_KEY` (else the admin key that `mint up` writes to `$MINT_HOME/admin.key`).
-    `timeout_s` bounds each request; `max_retries` bounds the retries of one request.
+    `timeout_s` bounds each request; `max_retries` bounds the retries of one request that failed
+    (a 5xx answer, or none; 0 also turns off waiting out 429s); `max_rate_limit_wait_s` bounds
+    how long one request waits out 429s as their `Retry-After` asks. `http_client` sends the
+    requests instead of a client of the SDK's own (e.g. FastAPI's `TestClient` of an app in
+    this process); the key is added to its headers, and `close()` closes it.
     """
 
     def __init__(
@@ -55,9 +63,18 @@ class Mint:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_retries: int = DEFAULT_MAX_RETRIES,
+        max_rate_limit_wait_s: float = DEFAULT_MAX_RATE_LIMIT_WAIT_S,
+        http_client: httpx.Client | None = None,
     ) -> None:
         self.base_url = resolve_base_url(base_url)
-        self._http = SyncHTTP(self.base_url, resolve_api_key(api_key), timeout_s=timeout_s, max_retries=max_retries)
+        self._http = SyncHTTP(
+            self.base_url,
+            resolve_api_key(api_key),
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            max_rate_limit_wait_s=max_rate_limit_wait_s,
+            http_client=http_client,
+        )
         self.files = Files(self._http)
         self.datasets = Datasets(self._http)
         self.benchmarks = Benchmarks(self._http)
@@ -103,9 +120,18 @@ class AsyncMint:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_retries: int = DEFAULT_MAX_RETRIES,
+        max_rate_limit_wait_s: float = DEFAULT_MAX_RATE_LIMIT_WAIT_S,
+        http_client: httpx.AsyncClient | None = None,
     ) -> None:
         self.base_url = resolve_base_url(base_url)
-        self._http = AsyncHTTP(self.base_url, resolve_api_key(api_key), timeout_s=timeout_s, max_retries=max_retries)
+        self._http = AsyncHTTP(
+            self.base_url,
+            resolve_api_key(api_key),
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            max_rate_limit_wait_s=max_rate_limit_wait_s,
+            http_client=http_client,
+        )
         self.files = AsyncFiles(self._http)
         self.datasets = AsyncDatasets(self._http)
         self.benchmarks = AsyncBenchmarks(self._http)

@@ -29,7 +29,7 @@ from mint.schemas.evals import (
 from mint.sdk._http import AsyncHTTP, Call, SyncHTTP, parse_model, request_body
 from mint.sdk.benchmarks import list_versions
 from mint.sdk.pagination import AsyncPager, PageCall, SyncPager, bind_items
-from mint.sdk.progress import Deadline, WaitProgress
+from mint.sdk.progress import Deadline, WaitProgress, apatiently, patiently, poll_pause
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 TRAJECTORY_PAGE = 100  # the API's largest page: fewest requests while counting progress
@@ -250,20 +250,21 @@ class Evals:
         With `progress`, a bar on stderr shows tasks graded out of the total, the pass rate
         so far and the time left. `timeout_s` (none by default) raises WaitTimeoutError.
         """
-        deadline = Deadline(timeout_s)
+        deadline, what = Deadline(timeout_s), f"eval run {run_id}"
         tally = EvalTally()
         with WaitProgress(run_id, enabled=progress) as bar:
             while True:
-                run = self.get(run_id)
+                run = patiently(lambda: self.get(run_id), deadline, what)
                 if progress:
                     if tally.total is None:
-                        tally.total = task_total(run, [*self._versions(run.benchmark_id)])
-                    self._count(run_id, tally)
+                        versions = patiently(lambda run=run: [*self._versions(run.benchmark_id)], deadline, what)
+                        tally.total = task_total(run, versions)
+                    patiently(lambda: self._count(run_id, tally), deadline, what)  # resumes at tally.cursor
                     tally.show(run, bar)
                 if run.status in FINISHED:
                     return run
-                deadline.check(f"eval run {run_id}")
-                time.sleep(poll_interval_s)
+                deadline.check(what)
+                time.sleep(poll_pause(poll_interval_s))
 
     def _versions(self, benchmark_id: str) -> SyncPager[BenchmarkVersionPublic]:
         return SyncPager(self._http, list_versions(benchmark_id, 100))
@@ -350,23 +351,28 @@ class AsyncEvals:
     async def wait(
         self, run_id: str, *, progress: bool = True, poll_interval_s: float = 1.0, timeout_s: float | None = None
     ) -> AsyncEvalRun:
-        deadline = Deadline(timeout_s)
+        deadline, what = Deadline(timeout_s), f"eval run {run_id}"
         tally = EvalTally()
+
+        async def count() -> None:
+            """Read the trajectories written since the last poll (resuming at `tally.cursor`)."""
+            fetch = list_trajectories(run_id, None, TRAJECTORY_PAGE)
+            while True:
+                page: Page[TrajectoryPublic] = await self._http.send(fetch(tally.cursor))
+                tally.add(page)
+                if not page.has_more:
+                    return
+
         with WaitProgress(run_id, enabled=progress) as bar:
             while True:
-                run = await self.get(run_id)
+                run = await apatiently(lambda: self.get(run_id), deadline, what)
                 if progress:
                     if tally.total is None:
-                        versions = AsyncPager[BenchmarkVersionPublic](self._http, list_versions(run.benchmark_id, 100))
-                        tally.total = task_total(run, await versions.to_list())
-                    fetch = list_trajectories(run_id, None, TRAJECTORY_PAGE)
-                    while True:
-                        page: Page[TrajectoryPublic] = await self._http.send(fetch(tally.cursor))
-                        tally.add(page)
-                        if not page.has_more:
-                            break
+                        pager = AsyncPager[BenchmarkVersionPublic](self._http, list_versions(run.benchmark_id, 100))
+                        tally.total = task_total(run, await apatiently(pager.to_list, deadline, what))
+                    await apatiently(count, deadline, what)
                     tally.show(run, bar)
                 if run.status in FINISHED:
                     return run
-                deadline.check(f"eval run {run_id}")
-                await asyncio.sleep(poll_interval_s)
+                deadline.check(what)
+                await asyncio.sleep(poll_pause(poll_interval_s))

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pydantic import PrivateAttr
@@ -37,7 +38,7 @@ from mint.schemas.fine_tuning import (
 from mint.sdk._http import AsyncHTTP, Call, SyncHTTP, parse_model, request_body
 from mint.sdk.errors import BadRequestError
 from mint.sdk.pagination import AsyncPager, PageCall, SyncPager, bind_items
-from mint.sdk.progress import Deadline, WaitProgress
+from mint.sdk.progress import Deadline, WaitProgress, apatiently, patiently, poll_pause
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 # Events to read for the latest loss: metrics are written once per step, messages rarely.
@@ -332,19 +333,24 @@ class Jobs:
         """Resumable checkpoints of the job, newest first."""
         return self._http.send(list_checkpoints(job_id)).data
 
+    def _events_after(self, job_id: str, seen: int) -> builtins.list[FineTuningJobEvent]:
+        """The job's events after event `seen`, oldest first."""
+        return new_events(self.events(job_id, limit=100).pages(), seen)
+
     def follow(self, job_id: str, *, poll_interval_s: float = 1.0) -> Iterator[FineTuningJobEvent]:
         """The job's events oldest first, then new ones as they are written, until it has finished."""
         seen = 0
+        endless, what = Deadline(None), f"job {job_id}"
         while True:
-            job = self.get(job_id)
+            job = patiently(lambda: self.get(job_id), endless, what)
             # Read after the status, so that every event written before a finish is included.
-            fresh = new_events(self.events(job_id, limit=100).pages(), seen)
+            fresh = patiently(partial(self._events_after, job_id, seen), endless, what)
             yield from fresh
             if fresh:
                 seen = int(fresh[-1].id)
             if job.status in FINISHED:
                 return
-            time.sleep(poll_interval_s)
+            time.sleep(poll_pause(poll_interval_s))
 
     def wait(
         self, job_id: str, *, progress: bool = True, poll_interval_s: float = 1.0, timeout_s: float | None = None
@@ -353,21 +359,23 @@ class Jobs:
 
         With `progress`, a bar on stderr shows the status, steps done out of the total, the
         latest loss and the time left. `timeout_s` (none by default) raises WaitTimeoutError.
+        Polls come at most every `poll_interval_s` (0.5 s at the least); a poll refused with a
+        429 is waited out as the server asks.
         """
-        deadline = Deadline(timeout_s)
+        deadline, what = Deadline(timeout_s), f"job {job_id}"
         tally = JobTally()
         with WaitProgress(job_id, enabled=progress) as bar:
             while True:
-                job = self.get(job_id)
+                job = patiently(lambda: self.get(job_id), deadline, what)
                 if progress:
                     if tally.stale(job):
-                        page = self.events(job_id, limit=RECENT_EVENTS).first_page()
+                        page = patiently(lambda: self.events(job_id, limit=RECENT_EVENTS).first_page(), deadline, what)
                         tally.step, tally.metric = job.completed_steps, latest_metric(page.data) or tally.metric
                     tally.show(job, bar)
                 if job.status in FINISHED:
                     return job
-                deadline.check(f"job {job_id}")
-                time.sleep(poll_interval_s)
+                deadline.check(what)
+                time.sleep(poll_pause(poll_interval_s))
 
 
 class FineTuning:
@@ -461,14 +469,20 @@ class AsyncJobs:
 
     async def follow(self, job_id: str, *, poll_interval_s: float = 1.0) -> AsyncIterator[FineTuningJobEvent]:
         seen = 0
-        while True:
-            job = await self.get(job_id)
-            fresh: builtins.list[FineTuningJobEvent] = []
+        endless, what = Deadline(None), f"job {job_id}"
+
+        async def newer() -> builtins.list[FineTuningJobEvent]:
+            found: builtins.list[FineTuningJobEvent] = []
             async for page in self.events(job_id, limit=100).pages():
                 older = [event for event in page.data if int(event.id) <= seen]
-                fresh += [event for event in page.data if int(event.id) > seen]
+                found += [event for event in page.data if int(event.id) > seen]
                 if older:
                     break
+            return found
+
+        while True:
+            job = await apatiently(lambda: self.get(job_id), endless, what)
+            fresh = await apatiently(newer, endless, what)
             fresh.reverse()
             for event in fresh:
                 yield event
@@ -476,25 +490,27 @@ class AsyncJobs:
                 seen = int(fresh[-1].id)
             if job.status in FINISHED:
                 return
-            await asyncio.sleep(poll_interval_s)
+            await asyncio.sleep(poll_pause(poll_interval_s))
 
     async def wait(
         self, job_id: str, *, progress: bool = True, poll_interval_s: float = 1.0, timeout_s: float | None = None
     ) -> AsyncJob:
-        deadline = Deadline(timeout_s)
+        deadline, what = Deadline(timeout_s), f"job {job_id}"
         tally = JobTally()
         with WaitProgress(job_id, enabled=progress) as bar:
             while True:
-                job = await self.get(job_id)
+                job = await apatiently(lambda: self.get(job_id), deadline, what)
                 if progress:
                     if tally.stale(job):
-                        page = await self.events(job_id, limit=RECENT_EVENTS).first_page()
+                        page = await apatiently(
+                            lambda: self.events(job_id, limit=RECENT_EVENTS).first_page(), deadline, what
+                        )
                         tally.step, tally.metric = job.completed_steps, latest_metric(page.data) or tally.metric
                     tally.show(job, bar)
                 if job.status in FINISHED:
                     return job
-                deadline.check(f"job {job_id}")
-                await asyncio.sleep(poll_interval_s)
+                deadline.check(what)
+                await asyncio.sleep(poll_pause(poll_interval_s))
 
 
 class AsyncFineTuning:

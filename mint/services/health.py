@@ -1,21 +1,30 @@
-"""Readiness: can this process reach the database, the broker and the object store?
+"""Readiness: can this process reach the database, the broker and the object store, and can
+the bases it must serve be served?
 
 Each check is timed and reports its own failure, so `/readyz` says which service is down.
 The probe is public, so it says so in a fixed sentence per service; the exception, which can
 name hosts, users and paths, goes to the log.
+
+A base can serve once a live serving node has loaded it (a node registers only then). The
+bases named in MINT_READY_BASES (`mint up` names those it starts nodes for) must each have one
+for the process to be ready; until then `/readyz` answers 503 and names them in `loading`.
+Every base with a live node is listed too, with its count of nodes.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from kombu import Connection
 
 from mint.config import Settings
-from mint.schemas.health import CheckResult, Readiness
+from mint.schemas.health import BaseServing, CheckResult, Readiness
+from mint.services.serving_nodes import live_nodes
 from mint.storage import db
+from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 
 log = logging.getLogger(__name__)
@@ -48,6 +57,25 @@ FAILURE_DETAILS = {
 }
 
 
+def serving_readiness(settings: Settings, database_ok: bool) -> dict[str, BaseServing]:
+    """Each base that must serve (MINT_READY_BASES) or has a live node: its live nodes, and
+    whether it can serve. Nothing can be told of the bases without the database."""
+    required = settings.ready_base_names
+    if not database_ok:
+        unknown = "database unreachable: cannot tell whether a serving node has loaded this base"
+        return {base: BaseServing(ready=False, live_nodes=0, detail=unknown) for base in required}
+    with session_scope(settings.database) as session:
+        counts = Counter(node.base_model for node in live_nodes(session))
+    return {
+        base: BaseServing(
+            ready=counts[base] > 0,
+            live_nodes=counts[base],
+            detail="" if counts[base] else f"loading: no live serving node has loaded {base} yet",
+        )
+        for base in [*required, *sorted(set(counts) - set(required))]
+    }
+
+
 def readiness(settings: Settings) -> Readiness:
     results: dict[str, CheckResult] = {}
     for name, check in CHECKS.items():
@@ -59,7 +87,19 @@ def readiness(settings: Settings) -> Readiness:
             log.warning("readiness check %s failed: %s: %s", name, type(exc).__name__, exc)
             results[name] = CheckResult(ok=False, detail=FAILURE_DETAILS[name], latency_ms=_ms_since(started))
     failed = [name for name, result in results.items() if not result.ok]
-    return Readiness(status="unavailable" if failed else "ok", checks=results, failed=failed)
+    try:
+        serving = serving_readiness(settings, database_ok=results["database"].ok)
+    except Exception as exc:  # the database went away between the checks: the bases are unknown
+        log.warning("readiness of the serving nodes failed: %s: %s", type(exc).__name__, exc)
+        serving = serving_readiness(settings, database_ok=False)
+    loading = [base for base, state in serving.items() if not state.ready]
+    return Readiness(
+        status="unavailable" if failed or loading else "ok",
+        checks=results,
+        failed=failed,
+        serving=serving,
+        loading=loading,
+    )
 
 
 def _ms_since(started: float) -> float:

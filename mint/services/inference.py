@@ -20,6 +20,7 @@ from mint.schemas.inference import AdapterOnNode
 from mint.services.adapters import model_ref_of, require_lora, resolve_model_ref
 from mint.services.captures import CaptureTarget, capture_target
 from mint.services.deployments import deployment_of_model
+from mint.services.serving_nodes import ADAPTER_SHARE
 from mint.serving.mixture import MixtureTarget
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Deployment
 
@@ -43,6 +44,16 @@ class ServingPlan:
         if self.adapter is not None:
             return self.adapter.sha256
         return f"{self.deployment}#{self.revision}" if self.mixture is not None else self.base_model
+
+    @property
+    def share(self) -> int | None:
+        """How many of the base's nodes share requests of this affinity (`serving_nodes.serving_order`):
+        all for the base itself (no cache to keep warm), two for an adapter version, one for a
+        mixture, whose router remembers tool calls so that their continuations return to the
+        adapter that made them (the other nodes stand by, asked when it does not answer)."""
+        if self.adapter is not None:
+            return ADAPTER_SHARE
+        return 1 if self.mixture is not None else None
 
 
 def on_node(adapter: Adapter, version: AdapterVersion) -> AdapterOnNode:

@@ -1,19 +1,30 @@
 """Every call to a serving node's internal routes, and the one reading of a node's replies.
 
-The API forwards inference (`complete_stream`, JSON lines as the node writes them), the eval
-runner sends its batches (`complete`), and the API and `mint admin` manage nodes' adapter
-caches (`call_node`: statistics, pins, evictions, prefetch hints). Every call presents the
-node's credential (`Authorization: Bearer`). A node's errors come back as Mint's: a refusal
-keeps its type and message (so the client sees what the node said, and the CLI its exit
-code); anything else, including no answer, is ServiceUnavailable, which names the node by its
-id and never by its URL.
+The API forwards inference to the nodes of a base in the order `serving_nodes.nodes_for`
+gives (`open_stream` for a streamed answer, `complete_lines` for a whole one, both JSON lines
+as the node writes them), the eval runner sends its batches (`complete`), and the API and
+`mint admin` manage nodes' adapter caches (`call_node`: statistics, pins, evictions, prefetch
+hints). Every call presents the node's credential (`Authorization: Bearer`). A node's errors
+come back as Mint's: a refusal keeps its type and message (so the client sees what the node
+said, and the CLI its exit code); anything else, including no answer, is ServiceUnavailable,
+which names the node by its id and never by its URL.
+
+A node that dies takes no request down with it where another node can answer: a connection
+refused, reset or closed before the client was sent any byte of the answer is retried on the
+next node in the order (for a streamed answer, until its first line arrives; for a whole one,
+until its last, since the client is sent nothing before). The dead node is marked down in this
+process's `NodeTraffic`, which puts it last for later requests until it answers its
+`/healthz` again. A node that answers slowly (a read timeout) is not dead: it is not retried.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import httpx
@@ -37,6 +48,104 @@ COMPLETE_PATH = "/internal/v1/complete"
 REFUSALS: dict[str, type[MintError]] = {
     cls.type: cls for cls in (errors.InvalidRequest, errors.NotFound, errors.Conflict, errors.PayloadTooLarge)
 }
+
+
+# Failures that mean the node's process is gone (or its host unreachable): nothing was
+# generated that the client saw, so the next node is asked. A read timeout is a slow node,
+# not a dead one, and is not among them.
+NODE_DOWN_ERRORS: tuple[type[httpx.HTTPError], ...] = (
+    httpx.NetworkError,  # connection refused or reset, a broken pipe
+    httpx.RemoteProtocolError,  # closed before the reply, or within its body
+    httpx.ConnectTimeout,
+)
+# A node marked down is asked for its /healthz this often, and forgotten (tried as any other
+# again, and marked again if it still fails) when it has not answered for this long: by then
+# its row is no longer live unless its process still heartbeats.
+PROBE_EVERY_S = 1.0
+PROBE_TIMEOUT_S = 2.0
+FORGET_DOWN_AFTER_S = 120.0
+
+
+class NodeTraffic:
+    """This process's view of the serving nodes it calls: the requests in flight on each (the
+    least busy node of a base is asked first), the requests asked of each so far, and the nodes
+    that failed to answer, which are tried last until their `/healthz` answers again (a thread
+    per such node probes it)."""
+
+    def __init__(self, *, probe_every_s: float = PROBE_EVERY_S, forget_after_s: float = FORGET_DOWN_AFTER_S) -> None:
+        self.probe_every_s = probe_every_s
+        self.forget_after_s = forget_after_s
+        self._lock = threading.Lock()
+        self._in_flight: Counter[str] = Counter()
+        self._asked: Counter[str] = Counter()
+        self._down: dict[str, NodeAddress] = {}
+        self._turns = 0
+
+    def in_flight(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._in_flight)
+
+    def asked(self) -> dict[str, int]:
+        """Requests this process has asked of each node, answered or not: how the load spread."""
+        with self._lock:
+            return dict(self._asked)
+
+    def down(self) -> set[str]:
+        """Ids of the nodes marked down: they go last in every order until they answer again."""
+        with self._lock:
+            return set(self._down)
+
+    def next_turn(self) -> int:
+        """A counter advanced per request, which rotates equally busy nodes (`serving_order`)."""
+        with self._lock:
+            self._turns += 1
+            return self._turns
+
+    def started(self, node: NodeAddress) -> None:
+        with self._lock:
+            self._in_flight[node.id] += 1
+            self._asked[node.id] += 1
+
+    def finished(self, node: NodeAddress) -> None:
+        with self._lock:
+            self._in_flight[node.id] -= 1
+            if self._in_flight[node.id] <= 0:
+                del self._in_flight[node.id]
+
+    def mark_down(self, node: NodeAddress, error: BaseException) -> None:
+        """Put `node` last in every order until its /healthz answers again."""
+        with self._lock:
+            if node.id in self._down:
+                return
+            self._down[node.id] = node
+        log.warning(
+            "serving node %s at %s is down (%s); asking other nodes of its base until it answers again",
+            node.id,
+            node.url,
+            type(error).__name__,
+        )
+        threading.Thread(target=self._probe, args=(node,), name=f"probe {node.id}", daemon=True).start()
+
+    def _probe(self, node: NodeAddress) -> None:
+        """Ask a node marked down for its /healthz until it answers (then it is tried as any
+        other) or until `forget_after_s` has passed (then it is forgotten, tried again, and marked
+        again if it still fails: a row whose process is gone stops being live meanwhile)."""
+        given_up_at = time.monotonic() + self.forget_after_s
+        while time.monotonic() < given_up_at:
+            time.sleep(self.probe_every_s)
+            try:
+                answered = httpx.get(f"{node.url}/healthz", timeout=PROBE_TIMEOUT_S).status_code == 200
+            except httpx.HTTPError:
+                answered = False
+            if answered:
+                log.info("serving node %s answers again", node.id)
+                break
+        with self._lock:
+            self._down.pop(node.id, None)
+
+
+# The one view per process: the API's requests and the eval runner's share it.
+TRAFFIC = NodeTraffic()
 
 
 def _headers(node: NodeAddress) -> dict[str, str]:
@@ -107,21 +216,101 @@ def complete(node: NodeAddress, body: NodeCompletion) -> list[dict[str, Any]]:
     return list(response.json())
 
 
-async def complete_stream(node: NodeAddress, body: NodeCompletion) -> AsyncIterator[dict[str, Any]]:
-    """A completion's lines as the node writes them (`body.stream` set)."""
-    async with httpx.AsyncClient(timeout=COMPLETION_TIMEOUT, headers=_headers(node)) as client:
+async def _node_lines(
+    node: NodeAddress, body: NodeCompletion, traffic: NodeTraffic
+) -> AsyncGenerator[dict[str, Any], None]:
+    """A completion's lines as `node` writes them (`body.stream` set); its transport errors as
+    httpx raises them, for the caller to tell a dead node from a slow one. Counted in flight."""
+    traffic.started(node)
+    try:
+        async with (
+            httpx.AsyncClient(timeout=COMPLETION_TIMEOUT, headers=_headers(node)) as client,
+            client.stream("POST", f"{node.url}{COMPLETE_PATH}", json=body.model_dump(mode="json")) as response,
+        ):
+            if response.status_code >= 400:
+                text = (await response.aread()).decode()
+                raise node_error(node, response.status_code, text, response.headers.get("retry-after"))
+            async for line in response.aiter_lines():
+                if line.strip():
+                    yield json.loads(line)
+    finally:
+        traffic.finished(node)
+
+
+def _none_answered(failures: list[tuple[NodeAddress, httpx.HTTPError]]) -> ServiceUnavailable:
+    """The error when no node of a base answered: each named by id (the URLs go to the log)."""
+    if not failures:
+        return ServiceUnavailable("no serving node of the base was given to ask; retry")
+    if len(failures) == 1:
+        return _no_answer(*failures[0])
+    for node, exc in failures:
+        log.warning("serving node %s at %s did not answer: %r", node.id, node.url, exc)
+    named = ", ".join(f"{node.id} ({type(exc).__name__})" for node, exc in failures)
+    return ServiceUnavailable(f"serving nodes {named} did not answer; retry")
+
+
+async def _rest(
+    node: NodeAddress, lines: AsyncGenerator[dict[str, Any], None], traffic: NodeTraffic
+) -> AsyncGenerator[dict[str, Any], None]:
+    """The lines after the first: the client has been sent the answer's start, so a node that
+    fails now ends the answer with ServiceUnavailable, and is marked down if it died."""
+    try:
+        async for line in lines:
+            yield line
+    except httpx.TransportError as exc:
+        if isinstance(exc, NODE_DOWN_ERRORS):
+            traffic.mark_down(node, exc)
+        raise _no_answer(node, exc) from exc
+    finally:
+        await lines.aclose()
+
+
+async def open_stream(
+    nodes: Sequence[NodeAddress], body: NodeCompletion, traffic: NodeTraffic = TRAFFIC
+) -> tuple[dict[str, Any], AsyncGenerator[dict[str, Any], None]]:
+    """A completion streamed from the first of `nodes` that answers: its first line (what
+    served it) and an iterator of the rest. A node that dies before its first line is marked
+    down and the next is asked; one that dies later ends the stream with ServiceUnavailable.
+    A node's refusal (its queue full, a bad request) is raised as it is, without asking another."""
+    failures: list[tuple[NodeAddress, httpx.HTTPError]] = []
+    for node in nodes:
+        lines = _node_lines(node, body, traffic)
         try:
-            async with client.stream(
-                "POST", f"{node.url}{COMPLETE_PATH}", json=body.model_dump(mode="json")
-            ) as response:
-                if response.status_code >= 400:
-                    text = (await response.aread()).decode()
-                    raise node_error(node, response.status_code, text, response.headers.get("retry-after"))
-                async for line in response.aiter_lines():
-                    if line.strip():
-                        yield json.loads(line)
+            first = await anext(lines)
+        except NODE_DOWN_ERRORS as exc:
+            await lines.aclose()
+            traffic.mark_down(node, exc)
+            failures.append((node, exc))
+            continue
+        except httpx.TransportError as exc:
+            await lines.aclose()
+            raise _no_answer(node, exc) from exc
+        except StopAsyncIteration:
+            raise ServiceUnavailable(f"serving node {node.id} answered with nothing; retry") from None
+        return first, _rest(node, lines, traffic)
+    raise _none_answered(failures)
+
+
+async def complete_lines(
+    nodes: Sequence[NodeAddress], body: NodeCompletion, traffic: NodeTraffic = TRAFFIC
+) -> list[dict[str, Any]]:
+    """A whole completion's lines (what served it first) from the first of `nodes` that answers
+    to the end (`body.stream` set, as for `open_stream`): the client is sent nothing before, so a
+    node that dies at any point is marked down and the request is asked of the next. Refusals
+    are raised as they are."""
+    failures: list[tuple[NodeAddress, httpx.HTTPError]] = []
+    for node in nodes:
+        lines = _node_lines(node, body, traffic)
+        try:
+            return [line async for line in lines]
+        except NODE_DOWN_ERRORS as exc:
+            traffic.mark_down(node, exc)
+            failures.append((node, exc))
         except httpx.TransportError as exc:
             raise _no_answer(node, exc) from exc
+        finally:
+            await lines.aclose()
+    raise _none_answered(failures)
 
 
 def prefetch_on_nodes(nodes: list[NodeAddress], adapters: list[AdapterOnNode]) -> None:

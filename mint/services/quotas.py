@@ -1,13 +1,19 @@
 """Per-organization quotas: how much work one organization may hold at once, so that it cannot
 starve the others (a worker holds a bounded number of LoRA sessions for every organization).
 
-Four quotas, each counted from the rows that are the truth:
+Five quotas, each counted from the rows that are the truth:
 - `tinker_sessions`: live Tinker sessions (`tinker_sessions.status == "active"`);
 - `tinker_models`: live Tinker training models over all those sessions (`training_sessions`
   of kind `training`, active): each holds a LoRA slot (weights and optimizer state) on a
   worker of its base, so counting sessions alone let one session fill every slot of a base;
 - `jobs`: fine-tuning jobs validating, queued or running;
-- `eval_runs`: eval runs queued or running.
+- `eval_runs`: eval runs queued or running;
+- `capture_storage_mib`: MiB of captured completions and their feedback kept (the sum of their
+  `stored_bytes`, each row's size as JSON). Captures are written by the API's capture writer,
+  which drops those of an organization past this quota (`room`, checked per batch without the
+  lock: replicas writing at once may pass it by a batch each); feedback, written by any key of
+  the organization (viewers too), is refused past it (`hold` with the feedback's size). Space
+  comes back as captures pass their deployment's retention and are deleted with their feedback.
 
 An organization's row may set each (`mint admin orgs quota`); a null is the platform default
 from the settings (`MINT_QUOTA_*`). `hold` is called by the use cases that create such work,
@@ -23,6 +29,7 @@ for fine-tuning jobs, so another tenant's job never waits on one tenant's models
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,17 +37,29 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from mint.config import MAX_QUOTA, Settings
+from mint.config import MAX_QUOTA, MAX_STORAGE_QUOTA_MIB, Settings
 from mint.errors import InvalidRequest, PermissionDenied, QuotaExceeded
 from mint.schemas.auth import QuotaKind, QuotaPublic
 from mint.services.audit import record_audit
 from mint.services.principal import Principal
 from mint.services.workers import workers_of_base
-from mint.storage.tables import EvalRun, Organization, TinkerSession, TrainingJob, TrainingSession
+from mint.storage.tables import (
+    Capture,
+    EvalRun,
+    Feedback,
+    Organization,
+    TinkerSession,
+    TrainingJob,
+    TrainingSession,
+)
 
 # Work of an organization ends as its jobs and runs finish and its sessions are finished or
 # expire; clients that retry a 429 (the Tinker and OpenAI SDKs do) try again after this.
 QUOTA_RETRY_AFTER_S = 10
+# Stored captures free their space only as they pass their retention (days): a client told to
+# retry sooner would only be refused again, and the SDK raises at once rather than wait an hour.
+STORAGE_RETRY_AFTER_S = 3600
+MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -54,6 +73,7 @@ class QuotaDefaults:
     # A base's slots per worker, and how many of them one organization's models leave to others.
     slots_per_worker: int = 64
     reserved_slots: int = 8
+    capture_storage_mib: int = 10 * 1024
 
     @classmethod
     def of(cls, settings: Settings) -> QuotaDefaults:
@@ -64,12 +84,14 @@ class QuotaDefaults:
             settings.quota_eval_runs,
             slots_per_worker=settings.worker_max_sessions,
             reserved_slots=settings.tinker_reserved_slots,
+            capture_storage_mib=settings.quota_capture_storage_mib,
         )
 
 
 @dataclass(frozen=True)
 class QuotaRule:
-    """What one quota counts, and the words its messages use."""
+    """What one quota counts, and the words its messages use. A quota counts rows (`model` rows
+    meeting `active`), one per create."""
 
     kind: QuotaKind
     description: str
@@ -78,10 +100,76 @@ class QuotaRule:
     free_one: str  # how the caller frees one
     model: Any
     active: Any  # the SQL condition of a row that counts
+    maximum: int = MAX_QUOTA  # the largest value a setting or an operator may give
+    retry_after_s: int = QUOTA_RETRY_AFTER_S
 
-    def used(self, session: Session, organization_id: str) -> int:
+    def held(self, session: Session, organization_id: str) -> int:
+        """What the organization holds now, in the units `hold` adds (rows here)."""
         query = select(func.count()).select_from(self.model).where(self.model.organization_id == organization_id)
         return int(session.execute(query.where(self.active)).scalar_one())
+
+    def used(self, session: Session, organization_id: str) -> int:
+        """What the organization holds now, in the quota's own unit (as `quotas_of` shows it)."""
+        return self.held(session, organization_id)
+
+    def capacity(self, limit: int) -> int:
+        """A quota of `limit`, in the units `held` counts."""
+        return limit
+
+    def refusal(self, organization: Organization, held: int, adding: int, limit: int) -> QuotaExceeded:
+        return QuotaExceeded(
+            f"Quota exceeded: organization {organization.name!r} has {held} {self.noun}, and its {self.kind} quota "
+            f"is {limit}. {self.free_one.capitalize()}, or ask an operator to raise it: "
+            f"`mint admin orgs quota {organization.name} {self.option} N`.",
+            param=self.kind,
+            retry_after_s=self.retry_after_s,
+        )
+
+
+def _sentence(text: str) -> str:
+    """`text` with its first letter capitalized and the rest as written (paths and names kept)."""
+    return text[:1].upper() + text[1:]
+
+
+def _size(size_bytes: float) -> str:
+    """A size as people read it: bytes, KiB or MiB."""
+    if size_bytes < 1024:
+        return f"{int(size_bytes)} bytes"
+    if size_bytes < MiB:
+        return f"{size_bytes / 1024:.1f} KiB"
+    return f"{size_bytes / MiB:.1f} MiB"
+
+
+@dataclass(frozen=True)
+class StorageQuotaRule(QuotaRule):
+    """A quota of bytes kept: the sum of `stored_bytes` over the rows of `models`, whose limit is
+    in MiB; `hold` adds the size of what is about to be written."""
+
+    models: tuple[Any, ...] = ()
+
+    def held(self, session: Session, organization_id: str) -> int:
+        total = 0
+        for model in self.models:
+            query = select(func.coalesce(func.sum(model.stored_bytes), 0)).where(
+                model.organization_id == organization_id
+            )
+            total += int(session.execute(query).scalar_one())
+        return total
+
+    def used(self, session: Session, organization_id: str) -> int:
+        return math.ceil(self.held(session, organization_id) / MiB)
+
+    def capacity(self, limit: int) -> int:
+        return limit * MiB
+
+    def refusal(self, organization: Organization, held: int, adding: int, limit: int) -> QuotaExceeded:
+        return QuotaExceeded(
+            f"Quota exceeded: organization {organization.name!r} keeps {_size(held)} of {self.noun}, and "
+            f"{_size(adding)} more would pass its {self.kind} quota of {limit} MiB. {_sentence(self.free_one)}, "
+            f"or ask an operator to raise it: `mint admin orgs quota {organization.name} {self.option} N`.",
+            param=self.kind,
+            retry_after_s=self.retry_after_s,
+        )
 
 
 RULES: dict[QuotaKind, QuotaRule] = {
@@ -123,6 +211,19 @@ RULES: dict[QuotaKind, QuotaRule] = {
             EvalRun,
             EvalRun.status.in_(("queued", "running")),
         ),
+        StorageQuotaRule(
+            "capture_storage_mib",
+            "MiB of captured completions and their feedback kept (deleted after each deployment's retention)",
+            "captured completions and their feedback",
+            "--capture-storage-mib",
+            "space comes back as captures pass their deployment's retention and are deleted with their feedback; "
+            "lower a deployment's capture rate or retention_days (PATCH /v1/deployments/{id}/capture)",
+            Capture,
+            None,
+            maximum=MAX_STORAGE_QUOTA_MIB,
+            retry_after_s=STORAGE_RETRY_AFTER_S,
+            models=(Capture, Feedback),
+        ),
     )
 }
 
@@ -153,24 +254,32 @@ def _lock_organization(session: Session, organization_id: str) -> Organization:
     return session.execute(query.execution_options(populate_existing=True)).scalar_one()
 
 
-def hold(session: Session, organization_id: str, kind: QuotaKind, defaults: QuotaDefaults) -> Organization:
+def hold(
+    session: Session, organization_id: str, kind: QuotaKind, defaults: QuotaDefaults, *, adding: int = 1
+) -> Organization:
     """Refuse (QuotaExceeded, a 429) a create that would take the organization past its quota of
-    `kind`. Call it in the transaction that then inserts the row; the lock it takes on the
-    organization is held until that transaction commits or rolls back. Returns the locked row
-    (so a spend check made next sees no concurrent create of the organization)."""
+    `kind`: one more row, or for a storage quota `adding` more bytes. Call it in the transaction
+    that then inserts the row; the lock it takes on the organization is held until that
+    transaction commits or rolls back. Returns the locked row (so a spend check made next sees
+    no concurrent create of the organization)."""
     organization = _lock_organization(session, organization_id)
     limit, _ = limit_of(organization, kind, defaults)
     rule = RULES[kind]
-    used = rule.used(session, organization_id)
-    if used >= limit:
-        raise QuotaExceeded(
-            f"Quota exceeded: organization {organization.name!r} has {used} {rule.noun}, and its {kind} quota "
-            f"is {limit}. {rule.free_one.capitalize()}, or ask an operator to raise it: "
-            f"`mint admin orgs quota {organization.name} {rule.option} N`.",
-            param=kind,
-            retry_after_s=QUOTA_RETRY_AFTER_S,
-        )
+    held = rule.held(session, organization_id)
+    if held + adding > rule.capacity(limit):
+        raise rule.refusal(organization, held, adding, limit)
     return organization
+
+
+def room(session: Session, organization_id: str, kind: QuotaKind, defaults: QuotaDefaults) -> int:
+    """How much more of `kind` the organization may take now (bytes, for a storage quota), read
+    without the lock `hold` takes: for writers that drop what does not fit (capture)."""
+    organization = session.get(Organization, organization_id)
+    if organization is None:
+        return 0
+    limit, _ = limit_of(organization, kind, defaults)
+    rule = RULES[kind]
+    return max(0, rule.capacity(limit) - rule.held(session, organization_id))
 
 
 def hold_base_slot(session: Session, organization: Organization, base_model: str, defaults: QuotaDefaults) -> None:
@@ -228,8 +337,9 @@ def set_quotas(
     for kind, value in changes.items():
         if kind not in RULES:
             raise InvalidRequest(f"Unknown quota {kind!r}; use one of {', '.join(RULES)}.", param="kind")
-        if value is not None and not 0 <= value <= MAX_QUOTA:
-            raise InvalidRequest(f"A {kind} quota is a number from 0 to {MAX_QUOTA}, not {value}.", param=kind)
+        maximum = RULES[kind].maximum
+        if value is not None and not 0 <= value <= maximum:
+            raise InvalidRequest(f"A {kind} quota is a number from 0 to {maximum}, not {value}.", param=kind)
         before = getattr(organization, _column(kind))
         if before != value:
             setattr(organization, _column(kind), value)

@@ -11,6 +11,14 @@
   lifetime of and deletes them.
 - **Publishing**: a published checkpoint can be read by every organization (loaded, sampled,
   described, downloaded) and changed only by its own; publishing and unpublishing are audited.
+  A publication is lent, not given: a `copy_weights` copy another organization takes of it
+  records it as its origin (`origin_checkpoint_id`, kept through copies of the copy), stands
+  only while the publication does, and cannot be published by its holder (403): only the
+  weights' own organization decides who reads them. Unpublishing or deleting the checkpoint
+  deletes those copies (`end_foreign_copies`); a copy whose origin went another way (retention)
+  can no longer be read (`readable_checkpoint`). The organization's own copies of its own
+  weights are ordinary checkpoints. Download URLs of a checkpoint read through a publication
+  are tied to it (`signed_urls.Grant`): they stop working when it is unpublished.
 - **Tokenizers** travel with no hub: the first worker of a base to serve a Tinker model saves
   the base's tokenizer (`save_pretrained`) as `tokenizers/<base>.tar` in the object store; the
   API unpacks it under `MINT_HOME/tokenizers/<base>/` and answers that folder as the model's
@@ -37,7 +45,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import InvalidRequest, NotFound
+from mint.errors import InvalidRequest, NotFound, PermissionDenied
 from mint.schemas import tinker as wire
 from mint.services import signed_urls
 from mint.services.adapters import PEFT_FILES
@@ -99,11 +107,48 @@ def owned_checkpoint(session: Session, organization_id: str, path: wire.TinkerPa
 def readable_checkpoint(
     session: Session, organization_id: str, path: wire.TinkerPath, *, param: str = "path"
 ) -> TinkerCheckpoint:
-    """The checkpoint at a `tinker://` path if this organization may read it: its own, or published."""
+    """The checkpoint at a `tinker://` path if this organization may read it: its own, or
+    published; and, for a copy of another organization's weights, only while they are published."""
     row = checkpoint_at(session, path)
     if row is None or not (row.organization_id == organization_id or row.public):
         raise NotFound(f"no checkpoint {path} in this organization, nor published", param=param)
+    if not origin_stands(session, row):
+        raise NotFound(
+            f"{path} is a copy of weights another organization published, and they are no longer published; "
+            "the copy has ended (delete it)",
+            param=param,
+        )
     return row
+
+
+def origin_stands(session: Session, row: TinkerCheckpoint) -> bool:
+    """Whether the publication a copy of another organization's weights stands on is still up
+    (always, for an organization's own weights)."""
+    if row.origin_checkpoint_id is None:
+        return True
+    origin = session.get(TinkerCheckpoint, row.origin_checkpoint_id)
+    return origin is not None and origin.public
+
+
+def copy_origin(source: TinkerCheckpoint, organization_id: str) -> str | None:
+    """What a copy of `source` into `organization_id` stands on (`copy_weights` records it):
+    the publication `source` itself stands on, else `source` when it is another organization's,
+    else None (the organization's own weights)."""
+    if source.origin_checkpoint_id is not None:
+        return source.origin_checkpoint_id
+    return source.id if source.organization_id != organization_id else None
+
+
+def end_foreign_copies(session: Session, row: TinkerCheckpoint) -> int:
+    """Delete the copies other organizations took of `row` while it was published (and the
+    copies of those): its publication is withdrawn. Their objects are `row`'s and stay with it;
+    the caller deletes whatever no row names any more. How many copies were ended."""
+    query = select(TinkerCheckpoint).where(TinkerCheckpoint.origin_checkpoint_id == row.id)
+    copies = list(session.execute(query).scalars())
+    for copy in copies:
+        session.delete(copy)
+    session.flush()
+    return len(copies)
 
 
 def newest_checkpoint(session: Session, model_id: str, kind: str) -> TinkerCheckpoint | None:
@@ -220,8 +265,9 @@ def delete_checkpoint(
     session: Session, store: ObjectStore, organization_id: str, model_id: str, checkpoint_id: str
 ) -> wire.TinkerPath:
     """Forget a checkpoint. A training state's object, or exported weights' files, go with it,
-    unless a copy still names them (`copy_weights` shares them); sampler weights stay an adapter
-    version (retire that through /v1/adapters).
+    unless a copy of this organization still names them (`copy_weights` shares them); copies
+    other organizations took while it was published end with it (`end_foreign_copies`).
+    Sampler weights stay an adapter version (retire that through /v1/adapters).
 
     The row is deleted and committed first: a crash before the objects are deleted leaves
     objects no row references, which `mint admin gc` collects, never a path to nothing."""
@@ -231,6 +277,7 @@ def delete_checkpoint(
     path = wire.TinkerPath.of_checkpoint(model_id, checkpoint_id)
     row = owned_checkpoint(session, organization_id, path)
     keys = checkpoint_objects(row)
+    end_foreign_copies(session, row)
     session.delete(row)
     session.commit()
     for key in keys:
@@ -278,12 +325,28 @@ def set_checkpoint_ttl(
 def set_published(
     session: Session, actor: Principal, model_id: str, checkpoint_id: str, public: bool
 ) -> TinkerCheckpoint:
-    """Publish (every organization may read it) or unpublish one of the organization's checkpoints."""
+    """Publish (every organization may read it) or unpublish one of the organization's checkpoints.
+
+    A copy of another organization's weights is refused publication (PermissionDenied): only
+    their own organization says who reads them. Unpublishing ends the copies other
+    organizations took meanwhile (`end_foreign_copies`), as it ends the download URLs they were
+    given (`signed_urls.Grant`)."""
     row = owned_checkpoint(session, actor.organization_id, wire.TinkerPath.of_checkpoint(model_id, checkpoint_id))
+    if public and row.origin_checkpoint_id is not None:
+        origin = session.get(TinkerCheckpoint, row.origin_checkpoint_id)
+        source = str(path_of(origin)) if origin is not None else "since withdrawn"
+        raise PermissionDenied(
+            f"{path_of(row)} is a copy of weights another organization published ({source}); only that "
+            "organization can publish them. Publish weights this organization trained, or ask the owners to "
+            "keep theirs published"
+        )
     if row.public != public:
         row.public = public
+        details: dict[str, Any] = {"path": str(path_of(row))}
+        if not public:
+            details["copies_ended"] = end_foreign_copies(session, row)
         action = "tinker_checkpoint.publish" if public else "tinker_checkpoint.unpublish"
-        record_audit(session, actor, action, "tinker_checkpoint", row.id, {"path": str(path_of(row))})
+        record_audit(session, actor, action, "tinker_checkpoint", row.id, details)
     return row
 
 
@@ -305,26 +368,28 @@ def external_weights_urls(
     session: Session,
     settings: Settings,
     store: ObjectStore,
-    organization_id: str,
+    principal: Principal,
     model_id: str,
     checkpoint_id: str,
-    api_url: str,
 ) -> wire.ExternalWeightsUrlsResponse:
     """A download URL per file of exported weights (`external_weights/<name>`) that needs no key,
-    all expiring together (`signed_urls.download_url`)."""
+    all expiring together (`signed_urls.download_url`). Each stands on what let this request
+    read them: the key that asked, and the publication they were read through, if any (another
+    organization's checkpoint, or the origin of a copy of one); revoke the one or withdraw the
+    other and the URLs stop working."""
     path = wire.TinkerPath.of_checkpoint(model_id, checkpoint_id)
-    row = readable_checkpoint(session, organization_id, path)
+    row = readable_checkpoint(session, principal.organization_id, path)
     if path.kind != "external":
         raise InvalidRequest(
             f"{path} is not exported weights; export them with save_weights_external (`tinker checkpoint "
             "download` does this for a tinker://.../weights/... path)",
             param="checkpoint_id",
         )
+    publication = row.id if row.organization_id != principal.organization_id else row.origin_checkpoint_id
+    grant = signed_urls.Grant.of(principal, publication_id=publication)
     urls, expires = {}, utcnow()
     for name in EXTERNAL_FILES:
-        urls[name], expires = signed_urls.download_url(
-            settings, store, api_url, external_file_key(row.object_key, name)
-        )
+        urls[name], expires = signed_urls.download_url(settings, store, external_file_key(row.object_key, name), grant)
     return wire.ExternalWeightsUrlsResponse(urls=urls, expires=expires)
 
 

@@ -14,7 +14,9 @@ project is a boundary of access: every key of the organization sees them all.
   published) is copied into a new training run that cannot be trained on (closed), in the named
   project or in a given session's run slot. The copy's row names the same objects as the
   source's: no bytes are duplicated, and deleting either keeps the objects the other still
-  names (`tinker_checkpoints.delete_checkpoint`, retention and `mint admin gc` all check).
+  names (`tinker_checkpoints.delete_checkpoint`, retention and `mint admin gc` all check). A
+  copy of another organization's published checkpoint records it as its origin: it ends when
+  that checkpoint is unpublished or deleted, and cannot be published by the copier.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from sqlalchemy.orm import Session
 from mint.errors import Conflict, InvalidRequest
 from mint.schemas import tinker as wire
 from mint.services.tinker import get_tinker_session, model_id_of
-from mint.services.tinker_checkpoints import readable_checkpoint, str_dict
+from mint.services.tinker_checkpoints import copy_origin, readable_checkpoint, str_dict
 from mint.storage.tables import TinkerCheckpoint, TinkerSession, TrainingSession, as_utc, new_id, utcnow
 
 DEFAULT_PROJECT = "default"
@@ -229,6 +231,9 @@ def copy_weights(session: Session, organization_id: str, body: wire.CopyWeightsR
         adapter_version_id=source.adapter_version_id,
         user_metadata=dict(source.user_metadata or {}),
         expires_at=utcnow() + timedelta(seconds=body.ttl_seconds) if body.ttl_seconds is not None else None,
+        # Another organization's published weights: the copy stands on that publication, and
+        # only their organization may publish them (tinker_checkpoints, "Publishing").
+        origin_checkpoint_id=copy_origin(source, organization_id),
     )
     session.add(copy)
     session.flush()

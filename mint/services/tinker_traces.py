@@ -62,9 +62,14 @@ def trace_events(members: list[TrainingSession], futures: list[Future], now: dat
 
 
 def export_session_trace(
-    session: Session, settings: Settings, store: ObjectStore, organization_id: str, session_id: str, api_url: str
+    session: Session,
+    settings: Settings,
+    store: ObjectStore,
+    organization_id: str,
+    session_id: str,
+    grant: signed_urls.Grant,
 ) -> wire.TraceExportResponse:
-    """Build the session's trace now and answer a download URL for it."""
+    """Build the session's trace now and answer a download URL for it, standing on `grant`."""
     row = get_tinker_session(session, organization_id, session_id)
     members = list(
         session.execute(
@@ -82,5 +87,5 @@ def export_session_trace(
     key = f"tinker/traces/{row.id}-{hashlib.sha256(data).hexdigest()[:16]}.json"
     if not store.exists(key):
         store.put_bytes(key, data)
-    url, _ = signed_urls.download_url(settings, store, api_url, key)
+    url, _ = signed_urls.download_url(settings, store, key, grant)
     return wire.TraceExportResponse(status="ready", url=url)

@@ -117,6 +117,7 @@ class Organization(Base):
     quota_tinker_models: Mapped[int | None] = mapped_column(Integer)
     quota_jobs: Mapped[int | None] = mapped_column(Integer)
     quota_eval_runs: Mapped[int | None] = mapped_column(Integer)
+    quota_capture_storage_mib: Mapped[int | None] = mapped_column(Integer)
     # Spend limits the organization's admins set (`PATCH /v1/organization/spend_limits`); None: no limit.
     spend_limit_month_usd: Mapped[float | None] = mapped_column(Float)
     spend_limit_job_usd: Mapped[float | None] = mapped_column(Float)
@@ -538,6 +539,8 @@ class Capture(Base):
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    # Bytes of its request and response as JSON: what it counts against the capture storage quota.
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = _created()
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
 
@@ -555,6 +558,8 @@ class Feedback(Base):
     label: Mapped[str | None] = mapped_column(String(100))
     comment: Mapped[str | None] = mapped_column(Text)
     correction: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Bytes of it as JSON: what it counts against the capture storage quota.
+    stored_bytes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_by: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = _created()
 
@@ -690,6 +695,10 @@ class TinkerCheckpoint(Base):
     user_metadata: Mapped[dict[str, Any]] = mapped_column(default=dict)
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # A `copy_weights` copy of another organization's published checkpoint: that checkpoint's id
+    # (no foreign key: the copy is ended with it, but retention may delete it first). The copy
+    # stands only while that publication does, and its holder cannot publish it.
+    origin_checkpoint_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), index=True)
     created_at: Mapped[datetime] = _created()
 
 

@@ -16,6 +16,16 @@ the same call. Calls are sent and run under the base's lock, so every rank runs 
 collectives in the same order. Randomness a call would draw (sampling seeds, session ids,
 LoRA init seeds) is drawn on rank 0 before the call is sent.
 
+The command channel is torch.distributed's, which authenticates no one: whatever reaches the
+group's ports (MASTER_PORT and the gloo connections) can put bytes on it, so those ports belong
+on a network only the group's hosts share. A follower still never unpickles what it is sent
+blindly (`decode_command`): the only globals a command may name are Mint's own call types
+(`COMMAND_TYPES`), tensors travel as typed bytes (dtype, shape, raw data) rather than through
+torch's pickling (whose storages call `torch.load` on nested pickles), losses by their registry
+name, bases and sessions by reference, and the method called must be one that is `mirrored`.
+Anything else is refused (`ForbiddenCommand`) before any of it runs, and the follower leaves
+the group: it can no longer be in step with rank 0.
+
 A rank that dies takes the group down: the collective it was part of fails on every other
 rank, which then exits (`GROUP_LOST_EXIT`) without touching the job it was running. The
 agent stops the rest; the job's lease lapses and the reconciler queues it again, to resume
@@ -27,9 +37,11 @@ from __future__ import annotations
 import functools
 import io
 import logging
+import math
 import os
 import pickle
 import threading
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,6 +53,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mint.errors import MintError
+from mint.trainer.losses import LOSSES, Loss, get_loss
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +64,34 @@ GROUP_LOST_EXIT = 75
 # receives nothing for hours.
 COMMAND_TIMEOUT = timedelta(days=30)
 _STOP = "__stop__"
+# The pickle protocol of commands: every rank runs the same Python, so the newest is fine.
+COMMAND_PROTOCOL = 5
+
+# The globals a command may name: the types of the mirrored calls' arguments (pydantic models and
+# dataclasses, rebuilt field by field, never by running code of the sender's choosing) and the
+# default `train_mode` of `ResidentBase._score`. Builtin containers, numbers, strings and bytes
+# need none. A new mirrored call whose arguments have a new type adds it here; a test runs every
+# real call through `encode_command` / `decode_command`.
+COMMAND_TYPES: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("contextlib", "nullcontext"),
+        ("mint.trainer.prompt_scores", "PromptQuery"),
+        ("mint.trainer.sampling", "Decoding"),
+        ("mint.trainer.sampling", "StopRule"),
+        ("mint.trainer.scoring", "ScoreRequest"),
+        ("mint.trainer.session", "BackwardCall"),
+        ("mint.trainer.types", "AdamParams"),
+        ("mint.trainer.types", "Datum"),
+        ("mint.trainer.types", "LoraOptions"),
+        ("mint.trainer.types", "SampleRequest"),
+        ("mint.trainer.types", "SamplingParams"),
+    }
+)
+# Methods of a base or session that may travel as a value (a bound method, by reference): the
+# LoRA-dropout context `ResidentBase._score` runs a session's pass in.
+REFERABLE_METHODS = frozenset({"_lora_dropout"})
+# The names of `mirrored` methods: the only ones a follower calls (filled by the decorator).
+MIRRORED_METHODS: set[str] = set()
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -139,20 +180,19 @@ class Group:
         return getattr(self._local, "depth", 0) > 0
 
     def send(self, message: Any) -> None:
-        """Rank 0: broadcast one pickled message to the followers."""
-        buffer = io.BytesIO()
-        _Pickler(buffer).dump(message)
-        payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        """Rank 0: broadcast one command (`encode_command`) to the followers."""
+        payload = torch.frombuffer(bytearray(encode_command(message)), dtype=torch.uint8)
         self._broadcast(torch.tensor([payload.numel()], dtype=torch.int64))
         self._broadcast(payload)
 
     def receive(self, resolve: Callable[[tuple[str, ...]], Any]) -> Any:
-        """A follower: the next message from rank 0, its object references resolved by `resolve`."""
+        """A follower: the next command from rank 0 (`decode_command`), its base and session
+        references resolved by `resolve`."""
         size = torch.zeros(1, dtype=torch.int64)
         self._broadcast(size)
         payload = torch.empty(int(size.item()), dtype=torch.uint8)
         self._broadcast(payload)
-        return _Unpickler(io.BytesIO(payload.numpy().tobytes()), resolve).load()
+        return decode_command(payload.numpy().tobytes(), resolve)
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         try:
@@ -181,6 +221,9 @@ class Group:
                 name, target, args, kwargs = self.receive(resolve)
             except MintError:  # the call names a session closed here and on rank 0, which reports it
                 continue
+            except ForbiddenCommand as exc:  # not a command rank 0 sends: this rank is out of step
+                self.abandon(exc)
+                return
             if name == _STOP:
                 return
             with self.running_command():
@@ -211,6 +254,7 @@ def lost_a_member(error: BaseException) -> bool:
 
 def mirrored(method: Callable[P, R]) -> Callable[P, R]:
     """Run `method` on every rank of the owner's group: rank 0 sends it, then runs it (see module doc)."""
+    MIRRORED_METHODS.add(method.__name__)
 
     @functools.wraps(method)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -231,18 +275,133 @@ def mirrored(method: Callable[P, R]) -> Callable[P, R]:
     return run
 
 
-class _Pickler(pickle.Pickler):
-    """Pickles a base or session as a reference (`_mirror_ref`), which each follower resolves to its own."""
+# ---- the wire form of commands ------------------------------------------------------------
+
+
+class ForbiddenCommand(pickle.UnpicklingError):
+    """A command that names something other than Mint's call types, a mirrored method or a
+    known reference: not something rank 0 sends, so it is refused before any of it runs."""
+
+
+def encode_command(message: Any) -> bytes:
+    """The bytes of one command (`(method name, target, args, kwargs)`) as followers decode it."""
+    buffer = io.BytesIO()
+    _CommandPickler(buffer, protocol=COMMAND_PROTOCOL).dump(message)
+    return buffer.getvalue()
+
+
+def decode_command(payload: bytes, resolve: Callable[[tuple[str, ...]], Any]) -> Any:
+    """The command `payload` holds, with its base and session references resolved by `resolve`;
+    ForbiddenCommand if it names a global outside `COMMAND_TYPES`, a method that is not
+    mirrored, or a reference of an unknown kind. Nothing the payload names runs before then."""
+    try:
+        message = _CommandUnpickler(io.BytesIO(payload), resolve).load()
+    except (MintError, ForbiddenCommand):
+        raise
+    except Exception as exc:  # truncated or garbled bytes, or fields its types refuse
+        raise ForbiddenCommand(f"a worker group command cannot be read ({exc}); refused") from exc
+    if not (isinstance(message, tuple) and len(message) == 4 and isinstance(message[0], str)):
+        raise ForbiddenCommand("a worker group command is (method name, target, args, kwargs); refused")
+    name, _, args, kwargs = message
+    if name != _STOP and name not in MIRRORED_METHODS:
+        raise ForbiddenCommand(f"a worker group command calls {name!r}, which is not a mirrored method; refused")
+    if not (isinstance(args, tuple) and isinstance(kwargs, dict)):
+        raise ForbiddenCommand("a worker group command's arguments are a tuple and a dict; refused")
+    return message
+
+
+def _tensor_reference(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """A tensor as typed bytes: its dtype's name, shape, raw data, device type and grad flag."""
+    data = tensor.detach().to("cpu").contiguous().reshape(-1)
+    raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    return ("tensor", dtype, tuple(tensor.shape), raw, tensor.device.type, tensor.requires_grad)
+
+
+def _tensor_of(dtype_name: Any, shape: Any, raw: Any, device_type: Any, requires_grad: Any) -> torch.Tensor:
+    """The tensor `_tensor_reference` described, after checking every field of the description."""
+    dtype = getattr(torch, dtype_name, None) if isinstance(dtype_name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ForbiddenCommand(f"a worker group command holds a tensor of unknown dtype {dtype_name!r}; refused")
+    if not (isinstance(shape, tuple) and all(isinstance(size, int) and size >= 0 for size in shape)):
+        raise ForbiddenCommand("a worker group command holds a tensor with a malformed shape; refused")
+    element_bytes = torch.empty((), dtype=dtype).element_size()
+    if not isinstance(raw, bytes) or len(raw) != math.prod(shape) * element_bytes:
+        raise ForbiddenCommand("a worker group command holds a tensor whose bytes do not match its shape; refused")
+    if device_type not in ("cpu", "cuda") or not isinstance(requires_grad, bool):
+        raise ForbiddenCommand("a worker group command holds a tensor with a malformed device or grad flag; refused")
+    if raw:
+        tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
+    else:
+        tensor = torch.empty(shape, dtype=dtype)
+    if device_type == "cuda":  # this rank's own device (rank 0's index means another GPU here)
+        tensor = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+    return tensor.requires_grad_(requires_grad) if requires_grad else tensor
+
+
+class _CommandPickler(pickle.Pickler):
+    """Pickles a command: bases and sessions as references (`_mirror_ref`), which each follower
+    resolves to its own; tensors as typed bytes; losses by their registry name; a base's or
+    session's method in `REFERABLE_METHODS` as its owner's reference and its name."""
 
     def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return _tensor_reference(obj)
+        if isinstance(obj, Loss):
+            if LOSSES.get(obj.name) is not obj:  # followers look it up by name: it must be the registry's
+                raise pickle.PicklingError(f"loss {obj.name!r} is not the registered loss of that name")
+            return ("loss", obj.name)
+        if isinstance(obj, types.MethodType) and obj.__name__ in REFERABLE_METHODS:
+            owner_ref = getattr(obj.__self__, "_mirror_ref", None)
+            if callable(owner_ref):
+                return ("method", tuple(owner_ref()), obj.__name__)
         ref = getattr(obj, "_mirror_ref", None)
-        return ref() if callable(ref) and not isinstance(obj, type) else None
+        if callable(ref) and not isinstance(obj, type):
+            return ("object", tuple(ref()))
+        return None
 
 
-class _Unpickler(pickle.Unpickler):
+class _CommandUnpickler(pickle.Unpickler):
+    """Unpickles a command: globals only from `COMMAND_TYPES`, references only of the kinds
+    `_CommandPickler` writes."""
+
     def __init__(self, file: io.BytesIO, resolve: Callable[[tuple[str, ...]], Any]) -> None:
         super().__init__(file)
         self._resolve = resolve
 
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in COMMAND_TYPES:
+            raise ForbiddenCommand(
+                f"a worker group command names {module}.{name}, which is not one of Mint's call types; refused"
+            )
+        return super().find_class(module, name)
+
     def persistent_load(self, pid: Any) -> Any:
-        return self._resolve(tuple(pid))
+        kind = pid[0] if isinstance(pid, tuple) and pid else None
+        if kind == "object" and len(pid) == 2 and _is_reference(pid[1]):
+            return self._resolved(pid[1])
+        if kind == "method" and len(pid) == 3 and _is_reference(pid[1]) and pid[2] in REFERABLE_METHODS:
+            return getattr(self._resolved(pid[1]), pid[2])
+        if kind == "tensor" and len(pid) == 6:
+            return _tensor_of(*pid[1:])
+        if kind == "loss" and len(pid) == 2 and isinstance(pid[1], str):
+            try:
+                return get_loss(pid[1])
+            except MintError:
+                raise ForbiddenCommand(f"a worker group command names unknown loss {pid[1]!r}; refused") from None
+        raise ForbiddenCommand(f"a worker group command holds a reference of unknown kind {kind!r}; refused")
+
+    def _resolved(self, ref: tuple[str, ...]) -> Any:
+        """The base or session `ref` names here; MintError (a session closed) passes through."""
+        try:
+            return self._resolve(ref)
+        except MintError:
+            raise
+        except Exception as exc:
+            message = f"a worker group command names {ref!r}, which is no base or session here; refused"
+            raise ForbiddenCommand(message) from exc
+
+
+def _is_reference(ref: Any) -> bool:
+    """Whether `ref` is a base or session reference as `_mirror_ref` makes them: a tuple of strings."""
+    return isinstance(ref, tuple) and bool(ref) and all(isinstance(part, str) for part in ref)

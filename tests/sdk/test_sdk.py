@@ -229,6 +229,82 @@ def test_retries_honour_retry_after_and_stop_after_max_retries(flaky: str) -> No
     assert isinstance(unreachable.value, errors.ServiceUnavailable) and closed in unreachable.value.message
 
 
+def test_429s_are_waited_out_as_asked_apart_from_failures_and_a_longer_ask_is_raised_at_once(flaky: str) -> None:
+    """A 429 means "not now": it is retried after its Retry-After however many it takes (within
+    `max_rate_limit_wait_s`), not counted against `max_retries`, which bounds failures; asked to
+    wait longer than that budget, the SDK raises at once, saying how long the server asked."""
+    Flaky.script = [(429, "0"), (429, "0"), (429, "1"), (429, "0"), (200, None)]
+    with Mint(flaky, "tml-key", max_retries=1) as client:
+        assert client.organization.get().name == "flaky"
+    assert len(Flaky.seen) == 5
+    # Retry-After: 0 still pauses a little (a request sent straight back is refused again); 1 waits 1 s.
+    assert Flaky.seen[1][0] - Flaky.seen[0][0] >= 0.45 and Flaky.seen[3][0] - Flaky.seen[2][0] >= 0.95
+
+    Flaky.seen, Flaky.script = [], [(429, "3600")]
+    with Mint(flaky, "tml-key", max_rate_limit_wait_s=60) as client, pytest.raises(RateLimitError) as refused:
+        client.organization.get()
+    assert len(Flaky.seen) == 1 and refused.value.retry_after_s == 3600
+
+
+@pytest.fixture
+def rate_limited_url(prepared: Any) -> Iterator[str]:
+    """The API with a very low per-key rate limit (2 requests per 10 s), on a socket of its own."""
+    import uvicorn
+
+    from mint.api.app import create_app
+    from mint.worker.dispatch import CeleryDispatch
+
+    app = create_app(prepared.model_copy(update={"rate_limit": "2/10 seconds"}), dispatch=CeleryDispatch(prepared))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, name="rate-limited-api", daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive(), "the rate-limited API did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{server.config.port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.mark.torch
+def test_a_wait_loop_under_a_very_low_rate_limit_waits_out_its_429s_and_completes(
+    sdk: Mint, worker: subprocess.Popen[bytes], owner: Tenant, rate_limited_url: str, caplog: Any
+) -> None:
+    """`job.wait()` against an API that allows 2 requests per 10 s: polls are refused with 429,
+    each is waited out as its Retry-After says, and the wait returns the finished job; whether
+    each request waits out its own 429s (the default) or, when it may not wait at all
+    (`max_rate_limit_wait_s=0`), the wait loop does."""
+    import logging
+    import re
+
+    def waits_logged() -> list[float]:
+        found = [re.search(r"HTTP 429.*waiting ([0-9.]+)s", record.getMessage()) for record in caplog.records]
+        return [float(match.group(1)) for match in found if match]
+
+    def use_up_the_window(client: Mint) -> None:
+        """Two requests: the key's whole window, so the next request is refused."""
+        for _ in range(2):
+            client.organization.get()
+
+    dataset = sdk.datasets.upload(jsonl(chat_rows(8, "limited")), filename="limited.jsonl")
+    job = sdk.jobs.create(BASE, dataset.id, suffix="limited-bot", steps=3, seed=5)
+    with caplog.at_level(logging.INFO, "mint.sdk"):
+        with Mint(rate_limited_url, owner.keys["developer"], max_rate_limit_wait_s=0) as impatient:
+            use_up_the_window(impatient)
+            done = impatient.jobs.wait(job.id, progress=True, poll_interval_s=0.5)
+        assert done.status == "succeeded" and done.completed_steps == 3
+        by_the_loop = waits_logged()
+        assert by_the_loop, "no poll met the rate limit"
+        caplog.clear()
+        with Mint(rate_limited_url, owner.keys["developer"]) as patient:
+            use_up_the_window(patient)
+            assert patient.jobs.wait(job.id, progress=False).status == "succeeded"
+        by_the_request = waits_logged()
+    assert by_the_request, "the wait's poll did not meet the rate limit"
+    # Every pause is what the server asked: Retry-After is whole seconds, 1 to 10 for this limit.
+    assert all(1.0 <= pause <= 10.0 for pause in by_the_loop + by_the_request), (by_the_loop, by_the_request)
+
+
 @pytest.mark.torch
 def test_a_job_waited_for_succeeds_with_events_checkpoints_and_an_adapter(
     sdk: Mint, trained: list[Job], tmp_path: Path

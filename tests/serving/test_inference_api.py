@@ -708,6 +708,71 @@ def test_a_capturing_deployment_records_what_it_served_and_takes_feedback_even_f
     assert again.status_code == 400 and "already a task of this benchmark" in again.text
 
 
+class HeldCaptureWriter:
+    """The app's capture writer, made slower than any client: each batch is held until a request
+    waits for its capture (an answer sent only once its capture is written) or until the test
+    has posted its feedback (a writer left behind the request path, as it was)."""
+
+    def __init__(self, settings: Settings) -> None:
+        from mint.services.captures import CaptureWriter
+
+        self.release = threading.Event()
+        release = self.release
+
+        class Held(CaptureWriter):
+            def _write(self, batch: list[Any]) -> None:
+                release.wait()
+                super()._write(batch)
+
+            async def landed(self, receipt: Any, timeout_s: float) -> bool:
+                release.set()  # a request waits for its capture: the writer goes on
+                return await super().landed(receipt, timeout_s)
+
+        self.writer = Held(settings.database)
+
+
+def test_feedback_posted_the_moment_the_answer_arrives_finds_its_capture(
+    client: Any, versions: list[str], owner: Tenant, live_server: LiveServer, app: Any
+) -> None:
+    """An application posting feedback as soon as it shows a completion of a capturing deployment
+    got "no captured completion": the capture was written behind the request path, after the
+    answer. The writer here is held until the feedback has been posted, unless a request waits
+    for it; the answer (whole, or a stream's last chunk) now comes only once its capture is
+    written, so the feedback finds it every time."""
+    import httpx
+
+    held = HeldCaptureWriter(get_settings())
+    # Set and put back by hand: the app's state keeps its attributes outside `__dict__`, where
+    # pytest's monkeypatch would look for the one to put back, and delete it instead.
+    original, app.state.capture_writer = app.state.capture_writer, held.writer
+    api = httpx.Client(base_url=live_server.url, headers=owner.headers("developer"), timeout=60)
+    viewer = httpx.Client(base_url=live_server.url, headers=owner.headers("viewer"), timeout=60)
+    created = api.post("/v1/deployments", json={"name": "feedback-at-once", "model": versions[0]}).json()
+    api.patch(f"/v1/deployments/{created['id']}/capture", json={"rate": 1.0}).raise_for_status()
+    try:
+        whole = _ask(client, "feedback-at-once")
+        given = viewer.post(f"/v1/captures/{whole.id}/feedback", json={"score": 0.0, "label": "at-once"})
+        assert given.status_code == 201, given.text
+        streamed = list(_ask(client, "feedback-at-once", stream=True))
+        given = viewer.post(f"/v1/captures/{streamed[0].id}/feedback", json={"score": 1.0})
+        assert given.status_code == 201, given.text
+        assert held.writer.written == 2 and held.writer.dropped == 0
+
+        # A completion the deployment did not choose says so, and why, rather than "not yet".
+        api.patch(f"/v1/deployments/{created['id']}/capture", json={"rate": 1e-9}).raise_for_status()
+        unchosen = _ask(client, "feedback-at-once")
+        refused = viewer.post(f"/v1/captures/{unchosen.id}/feedback", json={"score": 0.0})
+        assert refused.status_code == 404, refused.text
+        message = refused.json()["error"]["message"]
+        assert f"completion {unchosen.id!r} was not captured" in message, message
+        assert "'feedback-at-once' a share of 1e-09" in message, message
+        assert held.writer.written == 2  # nothing was offered for it
+    finally:
+        held.release.set()
+        held.writer.flush()
+        app.state.capture_writer = original
+
+
 PRODUCTION_REQUESTS = ["Confirm the order.", "Is the service up?", "Acknowledge this.", "Can you hear me?",
                        "Ready?", "Did it arrive?", "Reply please.", "All set?"]  # fmt: skip
 

@@ -13,6 +13,7 @@ import subprocess
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -77,6 +78,15 @@ def tinker_worker(prepared: Settings) -> Iterator[TinkerWorker]:
         yield worker
     finally:
         worker.stop()
+
+
+@pytest.fixture(scope="package")
+def live_server(live_server: LiveServer, app: Any) -> LiveServer:
+    """The session's live server, whose address the app's settings carry as MINT_PUBLIC_URL:
+    download URLs are built from settings alone (never from a request's Host header), and this
+    server listens on a port of its own rather than MINT_API_PORT."""
+    app.state.settings = app.state.settings.model_copy(update={"public_url": live_server.url})
+    return live_server
 
 
 @pytest.fixture(scope="package")

@@ -4,8 +4,8 @@ key check of `tinker auth login`.
 
 `checkpoint download` of a training state runs the whole export path: a training client made
 from the state, `save_weights_external`, signed URLs (`external_weights_urls`, served by the API
-on the embedded backend, presigned by S3 on the services one), each file fetched with no key,
-and the temporary export deleted. The files are the PEFT folder that `peft` loads.
+on both backends: S3 presigns only where MINT_PRESIGNED_URL_S asks it to), each file fetched with
+no key, and the temporary export deleted. The files are the PEFT folder that `peft` loads.
 """
 
 from __future__ import annotations
@@ -122,10 +122,11 @@ def test_the_tinker_cli_lists_downloads_publishes_and_expires_checkpoints(
     assert urls.expires > datetime.now(UTC) + timedelta(minutes=30)
     with httpx.Client(timeout=60) as anyone:
         assert json.loads(anyone.get(urls.urls["adapter_config.json"]).content)["r"] == 4
+        assert all(url.startswith(f"{live_server.url}/api/v1/signed/") for url in urls.urls.values())
         tampered = tamper(urls.urls["adapter_model.safetensors"])
-        if tampered is not None:  # URLs the API signs itself (S3 checks its own presigned ones)
-            refused = anyone.get(tampered)
-            assert refused.status_code == 404 and "expired" in refused.json()["error"]["message"]
+        assert tampered is not None
+        refused = anyone.get(tampered)
+        assert refused.status_code == 404 and "expired" in refused.json()["error"]["message"]
     with api(live_server, bob) as http:
         hidden = http.get(f"/api/v1/training_runs/{model_id}/checkpoints/external_weights/mine/external_weights_urls")
     assert hidden.status_code == 404

@@ -13,7 +13,7 @@ from typing import Annotated
 
 from fastapi import APIRouter
 
-from mint.api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from mint.api.deps import CurrentPrincipal, QuotasDep, SessionDep, SettingsDep
 from mint.api.pagination import id_path
 from mint.api.routes.benchmarks import BenchmarkId
 from mint.api.routes.evals import mined_dataset
@@ -56,10 +56,17 @@ def get_capture(completion_id: CompletionId, session: SessionDep, principal: Cur
 
 @router.post("/v1/captures/{completion_id}/feedback", response_model=FeedbackPublic, status_code=201)
 def add_feedback(
-    completion_id: CompletionId, body: FeedbackCreate, session: SessionDep, principal: CurrentPrincipal
+    completion_id: CompletionId,
+    body: FeedbackCreate,
+    session: SessionDep,
+    principal: CurrentPrincipal,
+    quotas: QuotasDep,
 ) -> FeedbackPublic:
     """Say how good a captured answer was (a score from 0 to 1, a label, a comment) and what it
-    should have been (`correction`). Any key of the organization, viewers included."""
+    should have been (`correction`). Any key of the organization, viewers included. At most
+    64 KiB of JSON per feedback (400 past it) and 20 per capture (409); feedback counts against
+    the organization's capture storage quota (429 past it). A completion that was not captured
+    is a 404 saying why."""
     feedback = captures.add_feedback(
         session,
         principal,
@@ -68,6 +75,7 @@ def add_feedback(
         label=body.label,
         comment=body.comment,
         correction=body.correction,
+        quotas=quotas,
     )
     return FeedbackPublic.model_validate(feedback)
 

@@ -22,9 +22,11 @@ def healthz() -> Liveness:
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(settings: SettingsDep, response: Response) -> Readiness:
-    """Database, broker and object store all reachable; 503 naming those that are not."""
+    """Database, broker and object store all reachable, and each base of MINT_READY_BASES loaded by
+    a live serving node; 503 naming the services that are down (`failed`) and the bases still
+    loading (`loading`). `serving` lists each such base, and each with live nodes, with their count."""
     result = await run_in_threadpool(readiness, settings)
-    if result.failed:
+    if result.status != "ok":
         response.status_code = 503
     return result
 
