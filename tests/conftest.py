@@ -168,6 +168,10 @@ def settings(
         "HF_HUB_OFFLINE": "1",
         "MINT_RATE_LIMIT": "",
         "MINT_ORG_RATE_LIMIT": "",
+        # The Tinker suites share a few organizations over many tests whose sessions stay open:
+        # far more live models than one organization's default quota. tests/test_quotas.py
+        # checks the quota with its own.
+        "MINT_QUOTA_TINKER_MODELS": "10000",
         "MINT_WEBHOOK_ALLOW_PRIVATE_NETWORKS": "1",
     }
     database: PostgresDatabase | None = None
