@@ -61,7 +61,7 @@ def test_a_copy_of_published_weights_cannot_be_republished_and_ends_with_the_pub
     assert not any(c.public for c in bobs.list_checkpoints(run_of(copy)).result().checkpoints)
 
     # Alice's own copy of her own weights is hers to publish.
-    own_copy = alices.copy_weights(original, "archive").result()
+    own_copy = alices.copy_weights(original, "provenance-archive").result()
     alices.publish_checkpoint_from_tinker_path(own_copy).result()
     alices.unpublish_checkpoint_from_tinker_path(own_copy).result()
 
