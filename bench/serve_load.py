@@ -76,7 +76,7 @@ def register_adapters(settings: Any, organization_id: str, count: int) -> list[s
     """`count` adapter versions of BASE (fresh LoRA sessions, seeded), as a finished job stores them."""
     from mint.config import PROJECT_ROOT
     from mint.schemas.base_models import get_base_model_spec
-    from mint.services import adapters
+    from mint.services.models import adapters
     from mint.storage.db import session_scope
     from mint.storage.objects import object_store_for
     from mint.storage.tables import Adapter
@@ -172,7 +172,7 @@ class Nodes:
     def kill_and_restart(self, index: int, settings: Any, report: dict[str, float]) -> None:
         """SIGKILL node `index`, start it again RESTART_AFTER_S later at its port, and record in
         `report` when it was killed and how long until it registered again."""
-        from mint.services.serving_nodes import live_nodes
+        from mint.services.serving.nodes import live_nodes
         from mint.storage.db import session_scope
 
         killed_at = time.perf_counter()
@@ -281,7 +281,7 @@ def main() -> None:
     os.environ["MINT_API_PORT"] = str(api_port)
 
     from mint.config import get_settings
-    from mint.services.serving_nodes import live_nodes
+    from mint.services.serving.nodes import live_nodes
     from mint.services.setup import initialize
     from mint.storage.db import session_scope
 

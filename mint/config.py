@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     # A job or eval run is claimed at most this many times; work whose worker keeps dying
     # (a poison job) then fails with its last error instead of being queued again forever.
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1)
-    # Retention (mint.services.retention), enforced by beat: expired Tinker checkpoints, and the
+    # Retention (mint.services.upkeep.retention), enforced by beat: expired Tinker checkpoints, and the
     # intermediate checkpoints of finished jobs, are deleted, rows first, then their objects.
     retention_every_s: float = Field(
         default=600.0, gt=0, description="How often beat deletes expired Tinker checkpoints and old job checkpoints."
@@ -113,7 +113,7 @@ class Settings(BaseSettings):
         le=7 * 24 * 3600,
         description="Seconds without a heartbeat before a Tinker session expires.",
     )
-    # Webhooks (mint.services.webhook_delivery): each delivery is tried up to
+    # Webhooks (mint.services.webhooks.delivery): each delivery is tried up to
     # `webhook_max_attempts` times; after a network error or a non-2xx answer the next attempt
     # waits `webhook_retry_s`, doubling per attempt up to `webhook_retry_max_s`.
     webhook_max_attempts: int = Field(default=8, ge=1, le=50, description="Attempts of one webhook delivery.")
@@ -133,7 +133,7 @@ class Settings(BaseSettings):
         "before it counts as failed.",
     )
     # Endpoints whose host resolves to a loopback, private or link-local address are refused
-    # (mint.services.egress) unless this allows them: for endpoints inside the operator's network.
+    # (mint.services.webhooks.egress) unless this allows them: for endpoints inside the operator's network.
     webhook_allow_private_networks: bool = Field(
         default=False, description="Allow webhook endpoints on private, loopback and link-local addresses."
     )

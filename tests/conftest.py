@@ -308,7 +308,7 @@ def record_capture(
 ) -> str:
     """Record one captured chat request of a deployment as the API's capture writer would, for
     tests that run no serving node (tests/serving/test_inference_api.py captures real traffic)."""
-    from mint.services.captures import CaptureRecord, CaptureTarget
+    from mint.services.serving.captures import CaptureRecord, CaptureTarget
     from mint.storage.db import session_scope
     from mint.storage.tables import utcnow
 
@@ -336,7 +336,7 @@ def register_versions(
 ) -> list[str]:
     """Register `count` versions (random content, rank 2, alpha 4) of the tenant's adapter `name`
     through the adapters service, without training; returns their `name@N` references."""
-    from mint.services.adapters import register_version
+    from mint.services.models.adapters import register_version
     from mint.storage.db import session_scope
     from mint.storage.objects import object_store_for
 
@@ -511,7 +511,7 @@ def reconcile_after(
 ) -> tuple[Any, list[tuple[str, list[str]]]]:
     """Set columns of `model` rows (id -> values), then run one reconciler pass (an empty broker,
     `settings.max_attempts`); returns its report and the (task, args) it sent."""
-    from mint.services.reconciler import reconcile_jobs
+    from mint.services.upkeep.reconciler import reconcile_jobs
     from mint.storage.db import session_scope
 
     with session_scope(settings.database) as db:
@@ -536,7 +536,7 @@ def serving_node(
     settings: Settings, base: str, env: dict[str, str] | None = None, *, timeout: float = 180.0
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A serving node of `base` (settings from `env` on top of the session's), once registered."""
-    from mint.services.serving_nodes import live_nodes
+    from mint.services.serving.nodes import live_nodes
     from mint.storage.db import session_scope
 
     port = free_port()

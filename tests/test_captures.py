@@ -21,9 +21,9 @@ from sqlalchemy import func, select
 from mint.config import Settings
 from mint.schemas.captures import MAX_FEEDBACK_BYTES, MAX_FEEDBACK_PER_CAPTURE
 from mint.services import auth
-from mint.services.captures import CaptureRecord, CaptureTarget, CaptureWriter
+from mint.services.billing.quotas import STORAGE_RETRY_AFTER_S, QuotaDefaults, set_quotas
 from mint.services.principal import operator
-from mint.services.quotas import STORAGE_RETRY_AFTER_S, QuotaDefaults, set_quotas
+from mint.services.serving.captures import CaptureRecord, CaptureTarget, CaptureWriter
 from mint.storage.db import session_scope
 from mint.storage.tables import Capture, Feedback, utcnow
 from tests.conftest import Tenant, record_capture, register_versions

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from mint.config import Settings
-from mint.services import adapters
+from mint.services.models import adapters
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectInfo, object_store_for
 from mint.storage.tables import AdapterVersion, Dataset, new_id

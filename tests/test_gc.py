@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import delete, select
 
 from mint.config import Settings
-from mint.services.object_gc import OBJECT_KEY_COLUMNS, collect_garbage, find_orphans
-from mint.services.retention import expire_tinker_checkpoints, prune_job_checkpoints
+from mint.services.models.object_gc import OBJECT_KEY_COLUMNS, collect_garbage, find_orphans
+from mint.services.upkeep.retention import expire_tinker_checkpoints, prune_job_checkpoints
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectInfo, ObjectStore, open_object_store
 from mint.storage.tables import (

@@ -40,7 +40,7 @@ def test_readyz_names_the_services_that_are_down(prepared: Settings, caplog: pyt
             "s3_endpoint_url": "http://127.0.0.1:1",
         }
     )
-    with TestClient(create_app(broken)) as client, caplog.at_level(logging.WARNING, "mint.services.health"):
+    with TestClient(create_app(broken)) as client, caplog.at_level(logging.WARNING, "mint.services.upkeep.health"):
         response = client.get("/readyz")
     assert response.status_code == 503
     body = response.json()

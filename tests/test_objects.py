@@ -431,7 +431,7 @@ def test_s3_check_reports_an_endpoint_that_is_down(s3_endpoint: str) -> None:
         store.check()
 
 
-# Signed download URLs (mint.services.signed_urls) and presigned ones.
+# Signed download URLs (mint.services.tinker.signed_urls) and presigned ones.
 
 
 def test_signed_urls_name_one_object_until_they_expire(backend: Backend, tmp_path: Path) -> None:
@@ -441,7 +441,7 @@ def test_signed_urls_name_one_object_until_they_expire(backend: Backend, tmp_pat
 
     from mint.config import Settings
     from mint.errors import NotFound
-    from mint.services import signed_urls
+    from mint.services.tinker import signed_urls
     from mint.storage.tables import utcnow
 
     def query(url: str) -> tuple[int, str]:

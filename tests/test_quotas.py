@@ -23,8 +23,8 @@ from mint.config import Settings
 from mint.errors import PermissionDenied
 from mint.schemas import tinker as wire
 from mint.services import auth
+from mint.services.billing.quotas import QUOTA_RETRY_AFTER_S, QuotaDefaults, set_quotas
 from mint.services.principal import Principal, operator
-from mint.services.quotas import QUOTA_RETRY_AFTER_S, QuotaDefaults, set_quotas
 from mint.storage.db import session_scope
 from mint.storage.tables import EvalRun, TinkerSession, TrainingJob, TrainingSession
 from tests.conftest import TRAINING_BASE, Tenant
@@ -196,7 +196,7 @@ def test_concurrent_creates_cannot_both_pass_the_count(prepared: Settings, tenan
     """Eight creates at once against a quota of one: the organization's row is locked while each
     counts and inserts, so exactly one passes."""
     from mint.errors import QuotaExceeded
-    from mint.services import tinker
+    from mint.services.tinker import sessions as tinker
 
     set_quota(prepared, tenant, tinker_sessions=1)
     defaults = QuotaDefaults.of(prepared)

@@ -21,8 +21,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from mint.config import Settings
-from mint.services import signed_urls
-from mint.services.tinker_checkpoints import EXTERNAL_FILES
+from mint.services.tinker import signed_urls
+from mint.services.tinker.checkpoints import EXTERNAL_FILES
 from tests.conftest import Tenant, free_port
 from tests.tinker_rows import saved_checkpoint
 

@@ -140,7 +140,7 @@ def _job(client: TestClient, owner: Tenant) -> str:
 def _adapter(client: TestClient, owner: Tenant) -> str:
     """An adapter with one version, registered through the service (jobs make them in real use)."""
     from mint.config import get_settings
-    from mint.services.adapters import register_version
+    from mint.services.models.adapters import register_version
     from mint.storage.db import session_scope
     from mint.storage.objects import object_store_for
 

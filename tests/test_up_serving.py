@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from mint.config import Settings
-from mint.services.serving_nodes import live_nodes
+from mint.services.serving.nodes import live_nodes
 from mint.storage.db import session_scope
 from tests.conftest import free_port, wait_for
 

@@ -38,8 +38,9 @@ import pytest
 from sqlalchemy import update
 
 from mint.config import Settings
-from mint.services import webhook_delivery, webhooks
 from mint.services.principal import operator
+from mint.services.webhooks import delivery as webhook_delivery
+from mint.services.webhooks import events as webhooks
 from mint.storage.db import session_scope
 from mint.storage.tables import WebhookDelivery, utcnow
 from tests.conftest import Tenant

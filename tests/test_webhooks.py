@@ -27,7 +27,8 @@ from standardwebhooks.webhooks import WebhookVerificationError
 
 from mint.config import Settings
 from mint.sdk import BadRequestError, Mint
-from mint.services import webhook_delivery, webhooks
+from mint.services.webhooks import delivery as webhook_delivery
+from mint.services.webhooks import events as webhooks
 from mint.storage.db import session_scope
 from mint.storage.tables import TrainingJob, WebhookDelivery, utcnow
 from tests.conftest import LiveServer, Tenant, Workers, reconcile_after, register_versions, wait_for

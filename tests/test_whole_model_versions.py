@@ -20,7 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from mint.config import Settings
-from mint.services import adapters
+from mint.services.models import adapters
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Adapter
@@ -67,9 +67,9 @@ def benchmark_of(client: TestClient, tenant: Tenant, rows: list[dict[str, Any]],
 def queued_run(settings: Settings, tenant: Tenant, **body: Any) -> Any:
     """An eval run created without a queue message: no worker process runs it; a test may play the worker."""
     from mint.schemas.evals import EvalRunCreate
-    from mint.services import evals
     from mint.services.auth import operator
-    from mint.services.quotas import QuotaDefaults
+    from mint.services.billing.quotas import QuotaDefaults
+    from mint.services.evals import runs as evals
 
     with session_scope(settings.database) as session:
         run = evals.create_eval_run(
@@ -198,7 +198,7 @@ def test_an_eval_of_a_whole_model_runs_it_on_the_worker(
     directly, which are not the base's."""
     from mint.evals.benchmark import parse_benchmark
     from mint.evals.runner import SamplerGenerate, run_tasks
-    from mint.services import eval_runner
+    from mint.services.evals import runner
     from mint.storage.archives import pack_folder
     from mint.trainer.models import spec_with_weights
     from mint.trainer.session import ResidentBase
@@ -213,8 +213,8 @@ def test_an_eval_of_a_whole_model_runs_it_on_the_worker(
     def no_node(self: Any) -> None:
         raise AssertionError("a whole model must not be sent to a serving node")
 
-    monkeypatch.setattr(eval_runner._Model, "_node", no_node)
-    assert eval_runner.execute_eval_run(prepared, run_id, lambda name: base) == "succeeded"
+    monkeypatch.setattr(runner._Model, "_node", no_node)
+    assert runner.execute_eval_run(prepared, run_id, lambda name: base) == "succeeded"
 
     viewer = tenant.headers("viewer")
     run = client.get(f"/v1/evals/{run_id}", headers=viewer).json()

@@ -34,10 +34,10 @@ from mint.api.routes import (
     webhooks,
 )
 from mint.config import Settings, get_settings
-from mint.services.captures import CaptureWriter
+from mint.services.billing.quotas import QuotaDefaults
 from mint.services.dispatch import Dispatch
-from mint.services.quotas import QuotaDefaults
-from mint.services.signed_urls import install_log_redaction
+from mint.services.serving.captures import CaptureWriter
+from mint.services.tinker.signed_urls import install_log_redaction
 
 DESCRIPTION = """Mint: evaluate, fine-tune, re-evaluate and deploy LoRA adapters on your own base models.
 

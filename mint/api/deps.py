@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.errors import ConfigurationError, PermissionDenied
 from mint.services.auth import authenticate
+from mint.services.billing.quotas import QuotaDefaults
 from mint.services.dispatch import Dispatch
 from mint.services.principal import Principal
-from mint.services.quotas import QuotaDefaults
 from mint.storage.db import session_scope
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

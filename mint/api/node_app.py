@@ -48,7 +48,7 @@ from mint.config import Settings
 from mint.errors import ConfigurationError
 from mint.schemas.base_models import get_base_model_spec
 from mint.schemas.inference import AdapterOnNode
-from mint.services.serving_nodes import (
+from mint.services.serving.nodes import (
     HEARTBEAT_EVERY_S,
     heartbeat,
     node_credential,

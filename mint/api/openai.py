@@ -17,7 +17,7 @@ whose queue is full answers 429, and so does the API, with the node's Retry-Afte
 
 A deployment that captures chooses each request at random at its rate, before it is served; a
 chosen one's answer (the whole body, or a stream's last chunk) is sent once the capture writer
-has committed its row (`mint.services.captures`), so feedback posted on receipt finds it.
+has committed its row (`mint.services.serving.captures`), so feedback posted on receipt finds it.
 
 Logprobs are OpenAI's: the node, which has the tokenizer, sends each token's text, bytes,
 logprob and top-k list as chat's `logprobs.content` entries; chat returns them as they are,
@@ -52,12 +52,12 @@ from mint.schemas.inference import (
     ModelList,
     TextCompletion,
 )
-from mint.services.captures import CaptureRecord, CaptureWriter
-from mint.services.inference import ServingPlan, available_models, plan_for
-from mint.services.node_client import TRAFFIC, complete_lines, open_stream
+from mint.services.billing.usage import record_usage
 from mint.services.principal import Principal
-from mint.services.serving_nodes import NodeAddress, nodes_for
-from mint.services.usage import record_usage
+from mint.services.serving.captures import CaptureRecord, CaptureWriter
+from mint.services.serving.inference import ServingPlan, available_models, plan_for
+from mint.services.serving.node_client import TRAFFIC, complete_lines, open_stream
+from mint.services.serving.nodes import NodeAddress, nodes_for
 from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
 from mint.storage.tables import utcnow

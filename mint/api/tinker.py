@@ -7,8 +7,8 @@ Point the SDK at Mint with `ServiceClient(base_url=<Mint URL>, api_key=<a Mint k
 "try again"). The forward/backward request and the results of forward, forward_backward
 and sample are Protocol Buffers, so those two routes stay out of the OpenAPI document.
 
-Routes parse and map; `mint.services.tinker` does the work (see its docstring for how models,
-samplers and futures map onto Mint), and `mint.services.tinker_checkpoints` answers the
+Routes parse and map; `mint.services.tinker.sessions` does the work (see its docstring for how models,
+samplers and futures map onto Mint), and `mint.services.tinker.checkpoints` answers the
 training runs, checkpoints and tokenizers.
 """
 
@@ -29,16 +29,12 @@ from mint.api.pagination import id_path
 from mint.errors import InvalidRequest
 from mint.schemas import tinker as wire
 from mint.schemas import tinker_proto as proto
-from mint.services import (
-    auth,
-    signed_urls,
-    tinker,
-    tinker_checkpoints,
-    tinker_futures,
-    tinker_projects,
-    tinker_sampling,
-    tinker_traces,
-)
+from mint.services import auth
+from mint.services.tinker import checkpoints as tinker_checkpoints
+from mint.services.tinker import futures as tinker_futures
+from mint.services.tinker import projects, sampling, signed_urls
+from mint.services.tinker import sessions as tinker
+from mint.services.tinker import traces as tinker_traces
 from mint.storage.objects import object_store_for
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"])
@@ -159,7 +155,7 @@ def assign_session_project(
     session_id: SessionId, body: wire.AssignProjectRequest, session: SessionDep, principal: CurrentPrincipal
 ) -> wire.AssignProjectResponse:
     """File a session, with its runs and samplers, under a project (a label inside the organization)."""
-    row = tinker_projects.assign_project(session, principal.organization_id, session_id, body.project_id)
+    row = projects.assign_project(session, principal.organization_id, session_id, body.project_id)
     return wire.AssignProjectResponse(session_id=row.id, project_id=body.project_id)
 
 
@@ -168,7 +164,7 @@ def search_sessions(
     body: wire.SessionSearchRequest, session: SessionDep, principal: CurrentPrincipal
 ) -> wire.SessionSearchResponse:
     """The organization's sessions that match, newest first, a page at a time."""
-    return tinker_projects.search_sessions(session, principal.organization_id, body)
+    return projects.search_sessions(session, principal.organization_id, body)
 
 
 @router.post("/copy_weights", response_model=wire.CopyWeightsResponse)
@@ -177,7 +173,7 @@ def copy_weights(
 ) -> wire.CopyWeightsResponse:
     """Copy a checkpoint (yours, or published) into a new run of this organization that cannot be
     trained on; the copy shares the source's stored objects."""
-    path = tinker_projects.copy_weights(session, principal.organization_id, body)
+    path = projects.copy_weights(session, principal.organization_id, body)
     return wire.CopyWeightsResponse(tinker_path=str(path))
 
 
@@ -310,7 +306,7 @@ def create_sampling_session(
 
 @router.get("/samplers/{sampler_id}", response_model=wire.GetSamplerResponse)
 def get_sampler(sampler_id: SamplerId, session: SessionDep, principal: CurrentPrincipal) -> wire.GetSamplerResponse:
-    return tinker_sampling.get_sampler(session, principal.organization_id, sampler_id)
+    return sampling.get_sampler(session, principal.organization_id, sampler_id)
 
 
 @router.post("/asample", response_model=wire.UntypedAPIFuture)
@@ -322,7 +318,7 @@ def asample(
     principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
     """Sample continuations (with their logprobs) on a worker of the sampler's base."""
-    future, sequence_ids = tinker_sampling.submit_sample(session, settings, principal.organization_id, body, dispatch)
+    future, sequence_ids = sampling.submit_sample(session, settings, principal.organization_id, body, dispatch)
     return wire.UntypedAPIFuture(request_id=future.id, model_id=future.model_id, sample_sequence_ids=sequence_ids)
 
 

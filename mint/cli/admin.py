@@ -15,7 +15,7 @@ from mint.config import get_settings
 from mint.errors import InvalidRequest, ServiceUnavailable
 from mint.services import auth
 from mint.services.principal import operator
-from mint.services.serving_nodes import NodeAddress
+from mint.services.serving.nodes import NodeAddress
 from mint.services.setup import initialize, prepare_database
 from mint.services.workers import list_workers
 from mint.storage import migrate
@@ -161,7 +161,7 @@ def orgs_quota(
     and their feedback kept: beyond it new captures are dropped and feedback is answered 429.
     """
     from mint.schemas.auth import QuotaKind
-    from mint.services.quotas import QuotaDefaults, quotas_of, set_quotas
+    from mint.services.billing.quotas import QuotaDefaults, quotas_of, set_quotas
 
     given: dict[QuotaKind, str | None] = {
         "tinker_sessions": tinker_sessions,
@@ -302,7 +302,7 @@ def jobs_list(
     as_json: JsonOpt = False,
 ) -> None:
     """The newest jobs of all organizations, with their progress and worker."""
-    from mint.services.fine_tuning import list_all_jobs
+    from mint.services.jobs.fine_tuning import list_all_jobs
 
     with session_scope(get_settings().database) as session:
         rows = [
@@ -315,7 +315,7 @@ def jobs_list(
 @jobs.command("requeue")
 def jobs_requeue(job_id: str, as_json: JsonOpt = False) -> None:
     """Send a queued job again, or take a running one from its worker to resume from its last checkpoint."""
-    from mint.services.reconciler import requeue_job
+    from mint.services.upkeep.reconciler import requeue_job
     from mint.worker.dispatch import CeleryDispatch
 
     settings = get_settings()
@@ -340,8 +340,8 @@ def cache_stats(
     base: Annotated[str | None, typer.Option(help="Only the nodes of this base.")] = None, as_json: JsonOpt = False
 ) -> None:
     """Per node and tier: hits, misses, promotions, evictions, what it holds, mean promotion time."""
-    from mint.services.node_client import call_node
-    from mint.services.serving_nodes import live_addresses
+    from mint.services.serving.node_client import call_node
+    from mint.services.serving.nodes import live_addresses
 
     settings = get_settings()
     with session_scope(settings.database) as session:
@@ -369,8 +369,8 @@ def cache_stats(
 
 def _pin_target(model: str, org: str) -> tuple[NodeAddress, dict[str, Any]]:
     """The node that serves `model` (an adapter version of organization `org`) and the adapter's wire form."""
-    from mint.services.inference import plan_for
-    from mint.services.serving_nodes import node_for
+    from mint.services.serving.inference import plan_for
+    from mint.services.serving.nodes import node_for
 
     settings = get_settings()
     with session_scope(settings.database) as session:
@@ -385,7 +385,7 @@ def _pin_target(model: str, org: str) -> tuple[NodeAddress, dict[str, Any]]:
 @cache.command("pin")
 def cache_pin(model: str, org: OrgOpt, as_json: JsonOpt = False) -> None:
     """Keep an adapter version loaded on the node that serves it (never evicted until unpinned)."""
-    from mint.services.node_client import call_node
+    from mint.services.serving.node_client import call_node
 
     node, body = _pin_target(model, org)
     emit_one({"node": node.id, **call_node(node, "POST", "/internal/v1/cache/pin", body)}, as_json=as_json)
@@ -394,7 +394,7 @@ def cache_pin(model: str, org: OrgOpt, as_json: JsonOpt = False) -> None:
 @cache.command("unpin")
 def cache_unpin(model: str, org: OrgOpt, as_json: JsonOpt = False) -> None:
     """Undo a pin; the adapter becomes evictable again."""
-    from mint.services.node_client import call_node
+    from mint.services.serving.node_client import call_node
 
     node, body = _pin_target(model, org)
     emit_one({"node": node.id, **call_node(node, "POST", "/internal/v1/cache/unpin", body)}, as_json=as_json)
@@ -408,7 +408,7 @@ def cache_evict(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove an adapter version's cached copies (the object store keeps it); refused while in use or pinned."""
-    from mint.services.node_client import call_node
+    from mint.services.serving.node_client import call_node
 
     node, body = _pin_target(model, org)
     evicted = call_node(node, "POST", "/internal/v1/cache/evict", {**body, "tier": tier})
@@ -421,7 +421,7 @@ PRICE_COLUMNS = ["base_model", "trained", "sampled", "served", "gpu_hour", "sour
 def _price_rows(session: Any) -> list[dict[str, Any]]:
     from dataclasses import asdict
 
-    from mint.services.pricing import price_table
+    from mint.services.billing.prices import price_table
 
     return [
         {"base_model": base, **asdict(line), "source": "default" if is_default else "set"}
@@ -453,7 +453,7 @@ def prices_set(
 ) -> None:
     """Set a base's prices (the others keep theirs), audited. Usage recorded from now on is priced
     at them; what was recorded before keeps its price."""
-    from mint.services.pricing import PRICE_FIELDS, set_prices
+    from mint.services.billing.prices import PRICE_FIELDS, set_prices
 
     given = {"trained": trained, "sampled": sampled, "served": served, "gpu_hour": gpu_hour}
     changes = dict.fromkeys(PRICE_FIELDS) if default else {k: v for k, v in given.items() if v is not None}
@@ -476,7 +476,7 @@ def estimates_command(
 ) -> None:
     """How far the cost model's estimates were from what finished jobs cost and took, newest
     first, with the mean absolute error: the figures to judge the model by."""
-    from mint.services.pricing import estimate_errors
+    from mint.services.billing.prices import estimate_errors
 
     with session_scope(get_settings().database) as session:
         errors = estimate_errors(session, limit=limit)
@@ -504,7 +504,7 @@ def estimates_command(
 @admin.command("usage")
 def usage_command(org: OrgOpt, as_json: JsonOpt = False) -> None:
     """Tokens trained, sampled and served by an organization, per kind and base model, with their cost."""
-    from mint.services.usage import usage_summary
+    from mint.services.billing.usage import usage_summary
 
     with session_scope(get_settings().database) as session:
         organization = auth.find_organization(session, org)
@@ -540,7 +540,7 @@ def gc_command(
     as_json: JsonOpt = False,
 ) -> None:
     """List the objects no row references (orphans left by crashes), older than --grace; --apply deletes them."""
-    from mint.services.object_gc import collect_garbage
+    from mint.services.models.object_gc import collect_garbage
     from mint.storage.objects import object_store_for
 
     grace_s = parse_duration_s(grace)

@@ -198,7 +198,7 @@ class BaseModelRow(Base):
 class Price(Base):
     """What a base costs, per million tokens trained, sampled and served, and per GPU-hour of
     full-parameter training. Operators set a row per base (`mint admin prices set`); a base
-    without one is priced at the platform's defaults (`mint.services.pricing.DEFAULT_PRICES`)."""
+    without one is priced at the platform's defaults (`mint.services.billing.prices.DEFAULT_PRICES`)."""
 
     __tablename__ = "prices"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from mint.config import get_settings
-from mint.services.autotune import TICK_TASK, tick
+from mint.services.autotune.runs import TICK_TASK, tick
 from mint.worker.dispatch import CeleryDispatch
 
 

@@ -9,9 +9,9 @@ holds it; upkeep to the system queue.
 from __future__ import annotations
 
 from mint.config import Settings
-from mint.services.autotune import resend_quiet_runs
+from mint.services.autotune.runs import resend_quiet_runs
 from mint.services.dispatch import WorkerRef
-from mint.services.reconciler import PendingTaskIds, ReconcileReport, reconcile_jobs
+from mint.services.upkeep.reconciler import PendingTaskIds, ReconcileReport, reconcile_jobs
 from mint.storage.broker import queue_states
 from mint.storage.db import session_scope
 from mint.worker.app import celery_for

@@ -10,8 +10,8 @@ from __future__ import annotations
 from celery import shared_task
 
 from mint.config import get_settings
-from mint.services.eval_runner import execute_eval_run
-from mint.services.evals import RUN_EVAL_TASK
+from mint.services.evals.runner import execute_eval_run
+from mint.services.evals.runs import RUN_EVAL_TASK
 from mint.worker import signals
 from mint.worker.dispatch import CeleryDispatch
 from mint.worker.resident import resident_base

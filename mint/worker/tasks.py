@@ -13,10 +13,10 @@ from typing import Any
 from celery import shared_task
 
 from mint.config import get_settings
-from mint.services.adapter_uploads import VALIDATE_ADAPTER_TASK, validate_uploaded_version
-from mint.services.job_runner import run_job
-from mint.services.retention import enforce_retention
-from mint.services.webhook_delivery import deliver, resend_due
+from mint.services.jobs.runner import run_job
+from mint.services.models.uploads import VALIDATE_ADAPTER_TASK, validate_uploaded_version
+from mint.services.upkeep.retention import enforce_retention
+from mint.services.webhooks.delivery import deliver, resend_due
 from mint.services.workers import prune_stale_workers
 from mint.storage.db import session_scope
 from mint.worker import signals

@@ -14,7 +14,8 @@ from typing import Any
 from celery import shared_task
 
 from mint.config import get_settings
-from mint.services import tinker, tinker_runner
+from mint.services.tinker import runner
+from mint.services.tinker import sessions as tinker
 from mint.storage.db import session_scope
 from mint.worker import signals
 from mint.worker.dispatch import CeleryDispatch
@@ -25,9 +26,9 @@ from mint.worker.resident import resident_base
 TASK_TIME_LIMIT_S = 6 * 3600
 
 
-def _me(task: Any) -> tinker_runner.WorkerIdentity:
+def _me(task: Any) -> runner.WorkerIdentity:
     consumed = task.app.amqp.queues.consume_from or {}
-    return tinker_runner.WorkerIdentity(worker_id=signals.process_identity(), reachable=process_queue() in consumed)
+    return runner.WorkerIdentity(worker_id=signals.process_identity(), reachable=process_queue() in consumed)
 
 
 # No automatic retry: a request that fails records why in its future, and the client decides.
@@ -43,7 +44,7 @@ def _me(task: Any) -> tinker_runner.WorkerIdentity:
 )
 def run_model(self: Any, model_id: str) -> str:
     """Run a Tinker model's waiting requests, in seq_id order, on the process that holds it."""
-    return tinker_runner.run_model_requests(get_settings(), model_id, _me(self), resident_base)
+    return runner.run_model_requests(get_settings(), model_id, _me(self), resident_base)
 
 
 @shared_task(
@@ -58,13 +59,13 @@ def run_model(self: Any, model_id: str) -> str:
 def sample(self: Any, future_id: str) -> str:
     """Run a sample request on this worker's resident base, in one batch with the other pending
     requests of its sampler adapter (a message whose request is already taken returns at once)."""
-    return tinker_runner.run_sample(get_settings(), future_id, _me(self), resident_base)
+    return runner.run_sample(get_settings(), future_id, _me(self), resident_base)
 
 
 @shared_task(name=tinker.RELEASE_TASK, acks_late=True, ignore_result=True, max_retries=0, time_limit=300)
 def release(model_id: str) -> int:
     """Free a finished session's model (its adapter and optimizer state) on the process that held it."""
-    return tinker_runner.release(get_settings(), model_id)
+    return runner.release(get_settings(), model_id)
 
 
 @shared_task(name=tinker.EXPIRE_TASK, acks_late=True, ignore_result=True, max_retries=0, time_limit=120)

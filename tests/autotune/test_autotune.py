@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from mint.config import Settings
-from mint.services.autotune_search import choose_methods, next_params, why_params
+from mint.services.autotune.search import choose_methods, next_params, why_params
 from tests.conftest import OwnInstall, Tenant, Workers, make_tenant, wait_for
 
 BASE = "tiny-glm-moe"
@@ -110,7 +110,7 @@ def test_a_budget_that_cannot_pay_for_a_trial_and_the_held_out_evaluation_stops_
     base's evaluations cost) is held back from the search: a budget that cannot pay for the
     first trial (its job and its dev evaluation) on top of it stops the run before any trial
     starts, and says so."""
-    from mint.services import pricing
+    from mint.services.billing import prices
     from mint.storage.db import session_scope
     from mint.storage.tables import AutotuneRun, EvalRun
 
@@ -132,7 +132,7 @@ def test_a_budget_that_cannot_pay_for_a_trial_and_the_held_out_evaluation_stops_
     with session_scope(prepared.database) as session:
         state = session.get(AutotuneRun, run["id"]).state
         base_runs = [session.get(EvalRun, run_id) for run_id in state["base_evals"].values()]
-        per_task = max(pricing.eval_cost(session, r) / r.metrics["tasks"] for r in base_runs)
+        per_task = max(prices.eval_cost(session, r) / r.metrics["tasks"] for r in base_runs)
         heldout_tasks = session.get(EvalRun, state["base_evals"]["heldout"]).metrics["tasks"]
         # The held-out tasks at the most a task of the base's evaluations cost.
         assert state["heldout_reserve"] == pytest.approx(per_task * heldout_tasks) and per_task > 0
@@ -188,7 +188,7 @@ def test_an_auto_run_allowed_full_parameters_trains_them_when_the_budget_affords
     default with every weight trained (a whole-model version, evaluated on dev like any other).
     When the GPU-hour price makes the full-parameter trial cost more than the budget has left,
     the run says so and goes on with LoRA."""
-    from mint.services import pricing
+    from mint.services.billing import prices
     from mint.storage.db import session_scope
     from mint.storage.tables import AdapterVersion, Price
 
@@ -229,14 +229,14 @@ def test_an_auto_run_allowed_full_parameters_trains_them_when_the_budget_affords
     # A GPU-hour price no budget of $100 pays for: the full-parameter default is skipped.
     with session_scope(prepared.database) as session:
         priced_before = session.get(Price, BASE) is not None
-        previous = pricing.prices_for(session, BASE)
-        pricing.set_prices(session, BASE, {"gpu_hour": pricing.MAX_PRICE})
+        previous = prices.prices_for(session, BASE)
+        prices.set_prices(session, BASE, {"gpu_hour": prices.MAX_PRICE})
     try:
         starved = run_to_end()
     finally:
         with session_scope(prepared.database) as session:
-            restore = {"gpu_hour": previous.gpu_hour} if priced_before else dict.fromkeys(pricing.PRICE_FIELDS)
-            pricing.set_prices(session, BASE, restore)
+            restore = {"gpu_hour": previous.gpu_hour} if priced_before else dict.fromkeys(prices.PRICE_FIELDS)
+            prices.set_prices(session, BASE, restore)
     skip = next(d for d in starved["decisions"] if d["decision"] == "skip full-parameter training")
     assert "more than the budget has left" in skip["reason"] and "s of device time" in skip["reason"], skip
     assert [t["params"]["training_type"] for t in starved["trials"]] == ["lora", "lora"]
@@ -336,7 +336,8 @@ def test_a_driver_that_keeps_failing_ends_the_run_with_its_error_instead_of_tick
     """Each tick that raises is retried by the next one, until MAX_TICK_ERRORS in a row: then the
     run fails with the error, and its webhook event is written like any other ending. (The error
     is injected: nothing here can make the driver fail for real on demand.)"""
-    from mint.services import autotune, autotune_driver
+    from mint.services.autotune import driver as autotune_driver
+    from mint.services.autotune import runs as autotune
     from mint.storage.db import session_scope
     from mint.storage.tables import AutotuneRun
 
@@ -366,7 +367,7 @@ def test_a_driver_that_keeps_failing_ends_the_run_with_its_error_instead_of_tick
 @pytest.mark.backend_free
 def test_a_trial_without_a_training_type_of_its_own_trains_full_parameters_only_when_nothing_else_is_allowed() -> None:
     from mint.schemas.autotune import AutotuneCreate
-    from mint.services.autotune_driver import _training_type
+    from mint.services.autotune.driver import _training_type
 
     def request(types: list[str]) -> AutotuneCreate:
         return AutotuneCreate.model_validate(

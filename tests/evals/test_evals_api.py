@@ -240,7 +240,7 @@ def test_versions_are_immutable_once_an_eval_used_them(client: TestClient, tenan
 def test_cancelled_and_missing_runs_leave_the_worker_with_nothing_to_do(
     client: TestClient, tenant: Tenant, prepared: Settings
 ) -> None:
-    from mint.services.eval_runner import execute_eval_run
+    from mint.services.evals.runner import execute_eval_run
 
     dev = tenant.headers("developer")
     benchmark = numeric_benchmark(client, tenant)
@@ -264,7 +264,7 @@ def test_a_run_out_of_attempts_fails_with_its_last_error(
 ) -> None:
     """A poison run (its worker dies at every attempt) is not queued again once it has had
     `max_attempts` claims: the reconciler or the next claim fails it with its last error."""
-    from mint.services.eval_runner import execute_eval_run
+    from mint.services.evals.runner import execute_eval_run
 
     dev, cap = tenant.headers("developer"), prepared.max_attempts
     benchmark = numeric_benchmark(client, tenant)
@@ -317,7 +317,7 @@ def resident(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def register_adapter(prepared: Settings, tenant: Tenant, resident: Any, tmp_path: Path) -> str:
     """An adapter version made by a few training steps on the tiny base, registered as `evals-adapter@1`."""
     from mint.chat.render import render_chat
-    from mint.services import adapters
+    from mint.services.models import adapters
     from mint.trainer.types import AdamParams, Datum
 
     session = resident.create_session()
@@ -526,9 +526,10 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
     """A worker dies after its first batch; the redelivered message finishes the run without
     running those tasks again, and a message for a finished run changes nothing."""
     from mint.schemas.evals import EvalRunCreate
-    from mint.services import eval_runner, evals
     from mint.services.auth import operator
-    from mint.services.quotas import QuotaDefaults
+    from mint.services.billing.quotas import QuotaDefaults
+    from mint.services.evals import runner
+    from mint.services.evals import runs as evals
     from mint.storage.tables import Trajectory
 
     owner, benchmark = worker_runs["owner"], worker_runs["benchmark"]
@@ -564,13 +565,13 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
             return resident.sample_batch(*args)
 
     with pytest.raises(WorkerDies):
-        eval_runner.execute_eval_run(prepared, run_id, lambda name: DyingBase(), batch_tasks=2)
+        runner.execute_eval_run(prepared, run_id, lambda name: DyingBase(), batch_tasks=2)
     with session_scope(prepared.database) as db:
         first = {t.task_id: t.id for t in db.query(Trajectory).filter(Trajectory.eval_run_id == run_id)}
     assert len(first) == 2
     assert client.get(f"/v1/evals/{run_id}", headers=owner.headers("viewer")).json()["status"] == "running"
     # A duplicate message finds the run held by the (dead) worker and leaves it alone ...
-    assert eval_runner.execute_eval_run(prepared, run_id, lambda name: DyingBase()) == "not-claimed"
+    assert runner.execute_eval_run(prepared, run_id, lambda name: DyingBase()) == "not-claimed"
     # ... until its lease runs out: the reconciler queues it again with a new message.
     report, sent = reconcile_after(prepared, EvalRun, {}, lease_s=0, grace_s=1e9)
     assert run_id in report.requeued_eval_runs and (evals.RUN_EVAL_TASK, [run_id]) in sent
@@ -587,7 +588,7 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
             counted.extend(1 for _ in requests)
             return resident.sample_batch(adapter_name, requests)
 
-    assert eval_runner.execute_eval_run(prepared, run_id, lambda name: CountingBase(), batch_tasks=2) == "succeeded"
+    assert runner.execute_eval_run(prepared, run_id, lambda name: CountingBase(), batch_tasks=2) == "succeeded"
     assert len(counted) == 4  # only the four tasks not written yet
     with session_scope(prepared.database) as db:
         after = {t.task_id: t.id for t in db.query(Trajectory).filter(Trajectory.eval_run_id == run_id)}
@@ -595,7 +596,7 @@ def test_a_redelivered_run_skips_the_tasks_already_written(
     view = client.get(f"/v1/evals/{run_id}", headers=owner.headers("viewer")).json()
     assert view["status"] == "succeeded" and view["metrics"]["tasks"] == 6
 
-    assert eval_runner.execute_eval_run(prepared, run_id, lambda name: CountingBase()) == "succeeded"
+    assert runner.execute_eval_run(prepared, run_id, lambda name: CountingBase()) == "succeeded"
     assert len(counted) == 4
 
 
@@ -651,9 +652,10 @@ def test_a_judge_on_the_real_base_keeps_its_prompt_and_its_unparseable_reply(
     while the format part still earns its half."""
     from mint.evals.runner import GenerateRequest, SamplerGenerate
     from mint.schemas.evals import EvalRunCreate
-    from mint.services import eval_runner, evals
     from mint.services.auth import operator
-    from mint.services.quotas import QuotaDefaults
+    from mint.services.billing.quotas import QuotaDefaults
+    from mint.services.evals import runner
+    from mint.services.evals import runs as evals
 
     rows = [judged("j1", BASE), judged("j2", BASE)]
     benchmark = create_benchmark(client, tenant, format="jsonl", content=jsonl(rows)).json()
@@ -667,11 +669,11 @@ def test_a_judge_on_the_real_base_keeps_its_prompt_and_its_unparseable_reply(
             quotas=QuotaDefaults.of(prepared),
             store=object_store_for(prepared),
         ).id
-    assert eval_runner.execute_eval_run(prepared, run_id, lambda name: resident) == "succeeded"
+    assert runner.execute_eval_run(prepared, run_id, lambda name: resident) == "succeeded"
 
     trajectories = client.get(f"/v1/evals/{run_id}/trajectories", headers=tenant.headers("viewer")).json()["data"]
     assert len(trajectories) == 2
-    ask = SamplerGenerate(resident, max_tokens=eval_runner.JUDGE_MAX_TOKENS, temperature=0.0)
+    ask = SamplerGenerate(resident, max_tokens=runner.JUDGE_MAX_TOKENS, temperature=0.0)
     for trajectory in trajectories:
         assert trajectory["error"] is None and trajectory["score"] == 0.5 and not trajectory["passed"]
         format_part, judge_part = trajectory["grade"]["parts"]

@@ -180,7 +180,7 @@ def test_an_upload_whose_validation_message_was_lost_is_sent_again(
 
     from safetensors.torch import save_file
 
-    from mint.services.adapter_uploads import VALIDATE_ADAPTER_TASK
+    from mint.services.models.uploads import VALIDATE_ADAPTER_TASK
     from mint.storage.tables import AdapterVersion, utcnow
     from tests.conftest import reconcile_after
 
@@ -348,7 +348,7 @@ def test_a_config_with_every_number_in_range_is_taken(client: TestClient, tenant
 def test_a_config_larger_than_any_peft_config_is_refused_unparsed(client: TestClient, tenant: Tenant) -> None:
     """Python holds parsed JSON in several times its bytes: a config up to the upload limit of
     `[0,0,...]` would have cost gigabytes to parse."""
-    from mint.services.adapter_uploads import MAX_CONFIG_BYTES
+    from mint.services.models.uploads import MAX_CONFIG_BYTES
 
     config = json.dumps({**LORA_CONFIG, "layers_to_transform": [0] * MAX_CONFIG_BYTES}).encode()
     message = refusal(post_adapter(client, tenant, "big-config", {FILES[0]: config, FILES[1]: lora_weights()}))[

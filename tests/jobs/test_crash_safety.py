@@ -132,7 +132,7 @@ def test_a_job_out_of_attempts_fails_with_its_last_error(
 ) -> None:
     """A poison job (its worker dies at every attempt) is not queued again once it has had
     `max_attempts` claims: the reconciler or the next claim fails it with its last error."""
-    from mint.services.job_runner import run_job
+    from mint.services.jobs.runner import run_job
     from mint.storage.tables import TrainingJob
 
     file = upload(client, tenant, chat_rows(6))

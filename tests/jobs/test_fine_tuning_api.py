@@ -164,7 +164,7 @@ def test_a_plan_the_request_leads_to_is_checked_at_create(client: TestClient, te
 def test_a_stored_plan_that_no_longer_validates_fails_the_job_on_the_worker(
     client: TestClient, tenant: Tenant, prepared: Settings
 ) -> None:
-    from mint.services.job_runner import run_job
+    from mint.services.jobs.runner import run_job
 
     file = upload(client, tenant, chat_rows(4))
     created = _create(client, tenant, {"model": IDLE_BASE, "training_file": file["id"], "steps": 2}).json()
@@ -187,7 +187,7 @@ def test_a_stored_plan_that_no_longer_validates_fails_the_job_on_the_worker(
 def test_a_suffix_that_names_another_bases_adapter_is_refused_at_create(
     client: TestClient, tenant: Tenant, prepared: Settings
 ) -> None:
-    from mint.services.adapters import ensure_adapter
+    from mint.services.models.adapters import ensure_adapter
 
     with session_scope(prepared.database) as session:
         ensure_adapter(session, organization_id=tenant.organization_id, name="shared-name", base_model="tiny-glm-moe")

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from mint.config import Settings
-from mint.services import adapters
-from mint.services.pricing import DEFAULT_PRICES
+from mint.services.billing.prices import DEFAULT_PRICES
+from mint.services.models import adapters
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 from mint.storage.tables import AdapterVersion, UsageRecord

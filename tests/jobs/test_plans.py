@@ -11,7 +11,7 @@ import pytest
 from mint.errors import InvalidRequest
 from mint.schemas.plans import PLAN_TYPES, DpoPlan, RlPlan, SftPlan, parse_plan
 from mint.services.datasets import KIND_OF_METHOD
-from mint.services.job_context import stored_plan
+from mint.services.jobs.context import stored_plan
 from mint.storage.tables import JOB_METHODS
 
 pytestmark = pytest.mark.backend_free

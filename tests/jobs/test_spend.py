@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from mint.config import Settings
-from mint.services.pricing import DEFAULT_PRICES, set_prices
-from mint.services.usage import record_usage
+from mint.services.billing.prices import DEFAULT_PRICES, set_prices
+from mint.services.billing.usage import record_usage
 from mint.storage.db import session_scope
 from mint.storage.tables import Checkpoint, TrainingJob, UsageRecord
 from tests.conftest import Tenant, Workers, make_tenant, wait_for

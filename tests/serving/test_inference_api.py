@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from mint.config import Settings, get_settings
-from mint.services import adapters
+from mint.services.models import adapters
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Adapter, ServingNode, UsageRecord
@@ -714,7 +714,7 @@ class HeldCaptureWriter:
     has posted its feedback (a writer left behind the request path, as it was)."""
 
     def __init__(self, settings: Settings) -> None:
-        from mint.services.captures import CaptureWriter
+        from mint.services.serving.captures import CaptureWriter
 
         self.release = threading.Event()
         release = self.release

@@ -19,7 +19,7 @@ from mint.config import PROJECT_ROOT
 from mint.errors import ConfigurationError
 from mint.schemas.base_models import get_base_model_spec
 from mint.schemas.inference import AdapterOnNode
-from mint.services.adapters import archive_adapter
+from mint.services.models.adapters import archive_adapter
 from mint.serving import engines
 from mint.serving.completion import NodeCompletion
 from mint.serving.engine import Engine

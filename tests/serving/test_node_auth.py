@@ -24,7 +24,7 @@ from sqlalchemy import select
 from mint.api.node_app import create_node_app
 from mint.api.node_guard import OPEN_PATHS
 from mint.config import Settings
-from mint.services.serving_nodes import node_for, register_node, unregister_node
+from mint.services.serving.nodes import node_for, register_node, unregister_node
 from mint.storage.db import session_scope
 from mint.storage.tables import ServingNode
 from tests.conftest import Tenant, free_port
@@ -183,7 +183,7 @@ def test_a_node_that_does_not_answer_is_named_by_id_never_by_url(
     node_id, url = unreachable_node
     port = url.rsplit(":", 1)[1]
     question = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-    with caplog.at_level(logging.WARNING, logger="mint.services.node_client"):
+    with caplog.at_level(logging.WARNING, logger="mint.services.serving.node_client"):
         for stream in (False, True):
             reply = client.post(
                 "/v1/chat/completions", headers=tenant.headers("developer"), json={**question, "stream": stream}

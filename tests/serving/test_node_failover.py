@@ -21,9 +21,9 @@ import pytest
 from sqlalchemy import delete
 
 from mint.config import Settings
-from mint.services import node_client
-from mint.services.node_client import NodeTraffic, complete_lines, open_stream
-from mint.services.serving_nodes import NodeAddress, live_addresses, register_node, serving_order
+from mint.services.serving import node_client
+from mint.services.serving.node_client import NodeTraffic, complete_lines, open_stream
+from mint.services.serving.nodes import NodeAddress, live_addresses, register_node, serving_order
 from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
 from mint.storage.tables import ServingNode

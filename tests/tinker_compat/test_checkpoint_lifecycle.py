@@ -28,7 +28,7 @@ from tinker import types
 from tinker.cli.auth_api import AuthApiError, TinkerAuthApi
 
 from mint.config import Settings
-from mint.services.retention import expire_tinker_checkpoints
+from mint.services.upkeep.retention import expire_tinker_checkpoints
 from mint.storage.objects import object_store_for
 from tests.conftest import LiveServer, Tenant, make_tenant, serving_node
 from tests.tinker_compat.conftest import BASE, HANG_S, TinkerWorker, api

@@ -18,7 +18,7 @@ import pytest
 import tinker
 
 from mint.config import Settings
-from mint.services.retention import expire_tinker_checkpoints
+from mint.services.upkeep.retention import expire_tinker_checkpoints
 from mint.storage.objects import object_store_for
 from tests.conftest import LiveServer, Tenant
 from tests.tinker_compat.conftest import api

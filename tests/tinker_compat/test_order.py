@@ -14,7 +14,7 @@ from sqlalchemy import select
 from tinker.proto.response_conv import deserialize_forward_backward_output
 
 from mint.config import Settings
-from mint.services import tinker_futures
+from mint.services.tinker import futures
 from mint.storage.db import session_scope
 from mint.storage.tables import Future, TrainingSession, Worker
 from tests.conftest import LiveServer, Tenant
@@ -122,7 +122,7 @@ def test_waiting_futures_say_what_they_wait_for(
     monkeypatch: pytest.MonkeyPatch, live_server: LiveServer, alice: Tenant, tinker_worker: TinkerWorker
 ) -> None:
     # retrieve_future holds a waiting request for 25 s; a shorter hold keeps this test quick.
-    monkeypatch.setattr(tinker_futures, "LONG_POLL_S", 0.5)
+    monkeypatch.setattr(futures, "LONG_POLL_S", 0.5)
     with api(live_server, alice) as http:
         session_id = http.post("/api/v1/create_session", json={"tags": []}).json()["session_id"]
         # No worker of this package holds tiny-qwen3-moe: the client is told how to fix it.

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from mint.config import Settings
-from mint.services import tinker as tinker_service
+from mint.services.tinker import sessions as tinker_service
 from mint.storage.db import session_scope
 from mint.storage.tables import TinkerSession, utcnow
 from mint.worker.dispatch import CeleryDispatch

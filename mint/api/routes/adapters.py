@@ -16,7 +16,8 @@ from mint.api.routes.fine_tuning import job_public
 from mint.schemas.adapters import ADAPTER_NAME_PATTERN, AdapterPublic, AdapterVersionPublic, ReplayCreate
 from mint.schemas.common import ID_PATTERN, MAX_VERSION, Page
 from mint.schemas.fine_tuning import FineTuningJob
-from mint.services import adapter_uploads, adapters, replay
+from mint.services.jobs import replay
+from mint.services.models import adapters, uploads
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Adapter, AdapterVersion
 
@@ -62,7 +63,7 @@ def upload_adapter(
     with the reason in `error`."""
     limit = settings.max_upload_bytes
     contents = {upload.filename or "": upload.file.read(limit + 1) for upload in files}
-    version = adapter_uploads.upload_adapter(
+    version = uploads.upload_adapter(
         session,
         object_store_for(settings),
         dispatch,

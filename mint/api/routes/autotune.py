@@ -11,7 +11,7 @@ from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep
 from mint.api.pagination import After, Limit, id_path, page_from
 from mint.schemas.autotune import AutotuneCreate, AutotunePublic
 from mint.schemas.common import Page
-from mint.services import autotune
+from mint.services.autotune import runs as autotune
 from mint.storage.tables import AutotuneRun
 
 router = APIRouter(tags=["autotune"])

@@ -25,7 +25,7 @@ from mint.schemas.captures import (
     FeedbackPublic,
 )
 from mint.schemas.evals import BenchmarkVersionPublic, MinedDatasetPublic
-from mint.services import captures, production
+from mint.services.serving import captures, production
 from mint.storage.objects import object_store_for
 from mint.storage.tables import BenchmarkVersion, Capture
 

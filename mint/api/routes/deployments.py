@@ -24,8 +24,8 @@ from mint.schemas.deployments import (
     RollbackRequest,
     WithdrawRequest,
 )
-from mint.services import captures, deployments, inference, node_client
-from mint.services.serving_nodes import live_addresses
+from mint.services.serving import captures, deployments, inference, node_client
+from mint.services.serving.nodes import live_addresses
 from mint.storage.tables import Deployment
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"])

@@ -22,7 +22,7 @@ from mint.schemas.evals import (
     SkippedTask,
     TrajectoryPublic,
 )
-from mint.services import evals
+from mint.services.evals import runs as evals
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Dataset, EvalRun
 

@@ -22,7 +22,9 @@ from mint.schemas.fine_tuning import (
     FineTuningJobEvent,
     JobEstimate,
 )
-from mint.services import auth, fine_tuning, spend
+from mint.services import auth
+from mint.services.billing import spend
+from mint.services.jobs import fine_tuning
 from mint.storage.tables import TrainingJob
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])

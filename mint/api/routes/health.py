@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from mint import __version__
 from mint.api.deps import SettingsDep
 from mint.schemas.health import Liveness, Readiness
-from mint.services.health import readiness
+from mint.services.upkeep.health import readiness
 
 router = APIRouter(tags=["health"])
 

@@ -11,9 +11,11 @@ from mint.api.pagination import After, Limit, page_of
 from mint.schemas.auth import AuditEntryPublic, OrganizationPublic, QuotasPublic
 from mint.schemas.common import Page
 from mint.schemas.usage import PriceLine, PriceTable, SpendLimits, SpendLimitsUpdate, UsageSummary
-from mint.services import audit, auth, pricing, spend
-from mint.services.quotas import quotas_of
-from mint.services.usage import usage_summary
+from mint.services import audit, auth
+from mint.services.billing import prices as pricing
+from mint.services.billing import spend
+from mint.services.billing.quotas import quotas_of
+from mint.services.billing.usage import usage_summary
 from mint.storage.tables import Organization
 
 router = APIRouter(prefix="/v1", tags=["organization"])

@@ -16,7 +16,7 @@ from mint.api.deps import CurrentPrincipal, DispatchDep, SessionDep, SettingsDep
 from mint.api.pagination import After, Limit, id_path, page_of
 from mint.schemas.common import Page
 from mint.schemas.webhooks import DeliveryPublic, WebhookCreate, WebhookPublic, WebhookUpdate, WebhookWithSecret
-from mint.services import webhooks
+from mint.services.webhooks import events as webhooks
 from mint.storage.tables import Webhook, WebhookDelivery
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])

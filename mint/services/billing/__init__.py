@@ -1,0 +1,1 @@
+"""Prices, spend under budgets, quotas and usage records."""

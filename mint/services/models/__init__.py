@@ -1,0 +1,2 @@
+"""Adapters and their versions, uploads of adapters trained elsewhere, and garbage collection of
+unreferenced objects."""

@@ -1,0 +1,1 @@
+"""Webhook subscriptions and events, their signed delivery, and the egress policy every delivery obeys."""
