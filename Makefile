@@ -61,9 +61,11 @@ bench: install
 	$(PY) bench/train_throughput.py
 	$(PY) bench/rl_throughput.py
 
+# mypy checks the packages that [tool.mypy] in pyproject.toml lists.
 lint: install
 	$(VENV)/bin/ruff check mint tests migrations
 	$(VENV)/bin/ruff format --check mint tests migrations
+	$(VENV)/bin/mypy
 
 format: install
 	$(VENV)/bin/ruff format mint tests migrations
@@ -101,4 +103,4 @@ test-vllm: install vllm-venv
 		--backend=embedded -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -77,8 +77,8 @@ def mint_first_token(node: object, adapter: Path, prompt_messages: list[dict[str
     """Store the version by content hash, lease it into an engine slot (servable), then answer the
     first request. (servable s, first token s, token)."""
     from mint.schemas.inference import AdapterOnNode
+    from mint.schemas.node import NodeCompletion
     from mint.services.models.adapters import archive_adapter
-    from mint.serving.completion import NodeCompletion
 
     started = time.perf_counter()
     archive = archive_adapter(adapter)

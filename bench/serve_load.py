@@ -76,6 +76,7 @@ def register_adapters(settings: Any, organization_id: str, count: int) -> list[s
     """`count` adapter versions of BASE (fresh LoRA sessions, seeded), as a finished job stores them."""
     from mint.config import PROJECT_ROOT
     from mint.schemas.base_models import get_base_model_spec
+    from mint.services import catalog
     from mint.services.models import adapters
     from mint.storage.db import session_scope
     from mint.storage.objects import object_store_for
@@ -100,7 +101,7 @@ def register_adapters(settings: Any, organization_id: str, count: int) -> list[s
                     archive=adapters.archive_adapter(folder),
                     lora={"rank": 16, "alpha": 32},
                 )
-                refs.append(adapters.model_ref_of(db.get(Adapter, version.adapter_id), version))
+                refs.append(catalog.model_ref_of(db.get(Adapter, version.adapter_id), version))
     return refs
 
 

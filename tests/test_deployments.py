@@ -16,7 +16,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from mint.config import Settings
-from mint.services.models.adapters import register_version, resolve_model_ref
+from mint.services.catalog import resolve_model_ref
+from mint.services.models.adapters import register_version
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Benchmark, BenchmarkVersion, EvalRun, Trajectory, new_id

@@ -42,10 +42,11 @@ FORBIDDEN = {
     "trainer": {"api", "worker", "storage", "services", "evals", "serving", "cli"},
     # evals may use trainer's torch-free vocabulary only (see ONLY_THROUGH), never the reverse.
     "evals": {"api", "worker", "storage", "services", "serving", "cli"},
-    "serving": {"api", "worker", "services", "cli"},
+    "serving": {"api", "worker", "services", "evals", "cli"},
     "worker": {"api", "cli"},
-    # The API sends work through the `Dispatch` it is given (DESIGN.md section 3).
-    "api": {"worker", "trainer", "sdk", "cli"},
+    # The API sends work through the `Dispatch` it is given (DESIGN.md section 3); it reads a serving
+    # node through its wire types (`mint.schemas.node`), never through `mint.serving`.
+    "api": {"worker", "trainer", "serving", "sdk", "cli"},
     # The SDK speaks HTTP with the server's schemas: nothing of the server comes with it.
     "sdk": {"api", "worker", "storage", "services", "trainer", "evals", "serving", "chat", "cli", "config"},
 }
@@ -68,9 +69,10 @@ def is_mint_module(module: str) -> bool:
     return module.startswith("mint.") and (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file())
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every module `path` imports, absolute; `from mint import errors` counts as `mint.errors`."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+def imported_modules(path: Path, tree: ast.Module | None = None) -> set[str]:
+    """Every module `path` (or `tree`, a part of it) imports, absolute; `from mint import errors`
+    counts as `mint.errors`."""
+    tree = tree or ast.parse(path.read_text(), filename=str(path))
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -174,3 +176,110 @@ def test_find_cycle() -> None:
         "trainer",
         "evals",
     ]
+
+
+# ---- files and the services' rooms --------------------------------------------------------------
+
+# mint/services, top first: a room may import only the rooms below it (and, inside a package,
+# its own modules). The kernel is every top-level module of services/ but the catalog, the
+# shared read layer at the bottom through which a use case reads another's rows.
+SERVICE_ROOMS: tuple[frozenset[str], ...] = (
+    frozenset({"autotune", "upkeep"}),
+    frozenset({"jobs"}),
+    frozenset({"evals"}),
+    frozenset({"tinker"}),
+    frozenset({"serving"}),
+    frozenset({"models"}),
+    frozenset({"billing"}),
+    frozenset({"webhooks"}),
+    frozenset({"kernel"}),
+    frozenset({"catalog"}),
+)
+SERVICES = PACKAGE / "services"
+
+
+def module_of(imported: str) -> str | None:
+    """The Mint module (file) an imported name lives in: `mint.a.b.name` -> `mint.a.b`."""
+    while imported.startswith("mint.") and not is_mint_module(imported):
+        imported = imported.rpartition(".")[0]
+    return imported if imported.startswith("mint.") else None
+
+
+def file_graph() -> dict[str, dict[str, int]]:
+    """module -> Mint module it imports -> the line of the first such import, every import
+    counted (inside functions and under TYPE_CHECKING too)."""
+    graph: dict[str, dict[str, int]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = module_name(path)
+        edges = graph.setdefault(source, {})
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            for imported in imported_modules_of(node, path):
+                target = module_of(imported)
+                if target is not None and target not in {source, "mint"}:
+                    edges.setdefault(target, node.lineno)
+    return graph
+
+
+def imported_modules_of(node: ast.Import | ast.ImportFrom, path: Path) -> set[str]:
+    """The modules one import statement imports (as `imported_modules` reads a whole file)."""
+    module = ast.Module(body=[node], type_ignores=[])
+    return imported_modules(path, tree=module)
+
+
+def service_room(module: str) -> str | None:
+    """The room of a module under mint/services: its package, `catalog`, or `kernel`."""
+    parts = module.split(".")
+    if parts[:2] != ["mint", "services"] or len(parts) < 3:
+        return None
+    if (SERVICES / parts[2]).is_dir():
+        return parts[2]
+    return "catalog" if parts[2] == "catalog" else "kernel"
+
+
+def test_no_file_imports_itself_back() -> None:
+    """No circle of files anywhere in mint/, imports inside functions included: a circle held
+    open by a function-level import is a circle all the same."""
+    graph = file_graph()
+    cycle = find_cycle({source: set(targets) for source, targets in graph.items()})
+    if cycle is not None:
+        sites = [f"{a} line {graph[a][b]} imports {b}" for a, b in zip(cycle, cycle[1:], strict=False)]
+        pytest.fail("file import circle " + " -> ".join(cycle) + "\n" + "\n".join(sites))
+
+
+def test_services_rooms_point_down() -> None:
+    rank = {room: index for index, rooms in enumerate(SERVICE_ROOMS) for room in rooms}
+    packages = {path.name for path in SERVICES.iterdir() if (path / "__init__.py").is_file()}
+    assert packages <= set(rank), f"place the new services packages {sorted(packages - set(rank))} in SERVICE_ROOMS"
+    problems = []
+    for source, targets in file_graph().items():
+        room = service_room(source)
+        for target, line in targets.items():
+            target_room = service_room(target)
+            if room is None or target_room is None or target_room == room:
+                continue
+            if rank[target_room] <= rank[room]:
+                problems.append(f"{source} line {line} imports {target}: {room} may import only the rooms below it")
+    assert problems == []
+
+
+def test_services_import_each_other_at_the_top_of_the_file() -> None:
+    """A function-level import of one services module by another only hides a circle (the
+    rooms point down, so there is nothing to wait for): imports of services are module-level.
+    Lazy imports of trainer, evals or serving (torch) inside worker-side modules stay allowed."""
+    problems = []
+    for path in sorted(SERVICES.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.Import | ast.ImportFrom) and any(
+                    name.startswith("mint.services") for name in imported_modules_of(node, path)
+                ):
+                    problems.append(
+                        f"{path.relative_to(PACKAGE)} line {node.lineno} imports services inside a function"
+                    )
+    assert problems == []

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 
 from mint.config import Settings
 from mint.services.tinker import signed_urls
-from mint.services.tinker.checkpoints import EXTERNAL_FILES
+from mint.storage.keys import EXTERNAL_FILES
 from tests.conftest import Tenant, free_port
 from tests.tinker_rows import saved_checkpoint
 

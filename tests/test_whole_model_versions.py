@@ -20,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from mint.config import Settings
+from mint.services import catalog
 from mint.services.models import adapters
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
@@ -50,7 +51,7 @@ def register_whole_model(settings: Settings, tenant: Tenant, name: str, archive:
             lora={},
             kind="full",
         )
-        return adapters.model_ref_of(session.get(Adapter, version.adapter_id), version)
+        return catalog.model_ref_of(session.get(Adapter, version.adapter_id), version)
 
 
 def benchmark_of(client: TestClient, tenant: Tenant, rows: list[dict[str, Any]], **body: Any) -> dict[str, Any]:

@@ -8,8 +8,8 @@ import secrets
 
 from mint.config import Settings
 from mint.schemas import tinker as wire
-from mint.services.tinker.checkpoints import EXTERNAL_FILES, external_file_key, external_prefix
 from mint.storage.db import session_scope
+from mint.storage.keys import EXTERNAL_FILES, external_file_key, external_prefix
 from mint.storage.objects import object_store_for
 from mint.storage.tables import TinkerCheckpoint, TinkerSession, TrainingSession, new_id
 from tests.conftest import TRAINING_BASE, Tenant

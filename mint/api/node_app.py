@@ -1,9 +1,12 @@
 """The internal HTTP app of a serving node (`mint serve --base NAME`).
 
-It holds one `mint.serving.node.ServingNode` (loaded at start-up; torch is imported here,
-never in the public API process) and answers the public API, which forwards each inference
-request with its model already resolved. Replies stream as JSON lines: first what served the
-request (`{"served": ...}`), then one line per batch of new tokens of one choice. The node
+It holds one serving node (`Node`: serving's ServingNode, started by the `NodeHost` that
+`mint serve` passes in, which loads the engine; torch is imported there, never in the public
+API process, and this module imports nothing of the serving package) and answers the public API,
+which forwards each inference request (`mint.schemas.node.NodeCompletion`) with its model
+already resolved. Replies stream as JSON lines (`mint.schemas.node.NodeLine`): first what
+served the request (`{"served": ...}`), then one line per batch of new tokens of one choice.
+Every route reads the running node through one dependency (`Running`). The node
 registers itself in the database with its URL once its base is loaded (so a registered node
 is one that can serve: `/readyz` of the API counts them) and heartbeats, so the API finds it.
 
@@ -28,14 +31,14 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import asdict
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
+from dataclasses import asdict, dataclass
 from itertools import chain
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Annotated, Any, Protocol
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
@@ -45,9 +48,9 @@ from mint.api.errors import install_error_handlers
 from mint.api.node_guard import NodeCredentialGuard
 from mint.chat.tool_calls import parse_tool_calls
 from mint.config import Settings
-from mint.errors import ConfigurationError
-from mint.schemas.base_models import get_base_model_spec
+from mint.errors import ConfigurationError, ServiceUnavailable
 from mint.schemas.inference import AdapterOnNode
+from mint.schemas.node import NodeChoiceLine, NodeCompletion, NodeServedLine, ServedBy, node_line_json
 from mint.services.serving.nodes import (
     HEARTBEAT_EVERY_S,
     heartbeat,
@@ -55,9 +58,7 @@ from mint.services.serving.nodes import (
     register_node,
     unregister_node,
 )
-from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
-from mint.storage.objects import object_store_for
 
 log = logging.getLogger(__name__)
 
@@ -113,151 +114,195 @@ def _assistant_message(text: str, call_prefix: str) -> dict[str, Any]:
     }
 
 
-def create_node_app(settings: Settings, base_model: str, url: str) -> FastAPI:
-    """The node app for `base_model`, reachable by the API at `url`; refused (ConfigurationError)
-    where this machine cannot hold the base as its serving profile says."""
-    from mint.serving.engines import choose_engine
-    from mint.serving.fit import machine_resources, refuse_unless_fits
+# ---- the node, as this app uses it ---------------------------------------------------------------
+# What the app needs of serving's ServingNode and of the host that starts one (serving's
+# NodeHost, which `mint serve` passes in): the API imports nothing of the serving package.
 
-    # Before anything is loaded or registered: a machine that cannot hold the base refuses it
-    # now, saying what the base needs, instead of failing halfway through loading its weights.
-    spec = get_base_model_spec(base_model, settings.model_configs_dir)
-    engine_kind = choose_engine(spec, settings.serving_engine, vllm_python=settings.vllm_python)
-    refuse_unless_fits(spec.name, spec.serving, engine_kind, machine_resources())
-    node_id = f"{base_model}@{socket.gethostname()}/{os.getpid()}"
-    credential = node_credential(settings.shared_node_token)
-    state: dict[str, Any] = {}
 
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        from mint.serving.cache_stats import register_metrics
-        from mint.serving.engines import open_engine
-        from mint.serving.node import ServingNode
+class RouteDecisionLike(Protocol):
+    """The router's decision (serving's RouteDecision)."""
 
-        engine = await run_in_threadpool(
-            open_engine,
-            spec,
-            settings.models_cache_dir,
-            kind=engine_kind,
-            vllm_python=settings.vllm_python,
-            max_adapters=settings.serving_engine_slots,
-            max_batch_size=settings.serving_batch_size,
-            compute_dtype=settings.compute_dtype,
-        )
-        ssd_dir, cache_claim = claim_cache_folder(settings.home / "adapter-cache", base_model)
-        node = await run_in_threadpool(
-            ServingNode,
-            spec,
-            engine,
-            object_store_for(settings),
-            ssd_dir=ssd_dir,
-            max_waiting=settings.serving_max_waiting,
-        )
-        log.info("serving %s with the %s engine", base_model, type(engine).__name__)
-        registry = CollectorRegistry()
-        register_metrics(node.cache, registry)
-        state.update(node=node, registry=registry, stop=threading.Event())
-        with session_scope(settings.database) as session:
-            register_node(
-                session,
-                node_id=node_id,
-                base_model=base_model,
-                url=url,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                token=credential.recorded,
-            )
-        beating = threading.Thread(target=_heartbeat, args=(settings, node_id, state["stop"]), daemon=True)
-        beating.start()
-        try:
-            yield
-        finally:
-            state["stop"].set()
-            node.close()
-            engine.close()
-            cache_claim.close()
-            with session_scope(settings.database) as session:
-                unregister_node(session, node_id)
+    @property
+    def adapter(self) -> str: ...
 
-    # No /docs or /openapi.json: the node is no public API (and the guard would refuse them).
-    app = FastAPI(
-        title=f"Mint serving node ({base_model})", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
-    )
-    install_error_handlers(app)
-    app.add_middleware(NodeCredentialGuard, token=credential.token)
+    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        """Open to anyone: that the node is up, and nothing about it."""
-        return {"status": "ok"}
 
-    @app.get("/metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(state["registry"]), media_type=CONTENT_TYPE_LATEST)
+class UsageLike(Protocol):
+    def model_dump(self) -> dict[str, Any]: ...
 
-    @app.get("/internal/v1/cache")
-    def cache_stats() -> dict[str, Any]:
-        stats = state["node"].cache.stats()
-        return {"node_id": node_id, "base_model": base_model, **asdict(stats)}
 
-    @app.post("/internal/v1/cache/pin")
-    def pin(body: PinRequest) -> dict[str, Any]:
-        node = state["node"]
-        node.know(body.adapter)
-        node.cache.pin(body.adapter.sha256)
-        return {"pinned": body.adapter.sha256}
+class NodeEvent(Protocol):
+    """New tokens of one request (serving's StreamEvent)."""
 
-    @app.post("/internal/v1/cache/unpin")
-    def unpin(body: PinRequest) -> dict[str, Any]:
-        state["node"].cache.unpin(body.adapter.sha256)
-        return {"unpinned": body.adapter.sha256}
+    @property
+    def text(self) -> str: ...
 
-    @app.post("/internal/v1/cache/evict")
-    def evict(body: EvictRequest) -> dict[str, Any]:
-        return {"evicted_from": state["node"].cache.evict(body.adapter.sha256, tier=body.tier)}
+    @property
+    def token_ids(self) -> list[int]: ...
 
-    @app.post("/internal/v1/cache/prefetch")
-    def prefetch(body: PrefetchRequest) -> dict[str, Any]:
-        state["node"].prefetch(body.adapters)
-        return {"prefetching": [adapter.sha256 for adapter in body.adapters]}
+    @property
+    def logprobs(self) -> list[float]: ...
 
-    @app.post("/internal/v1/complete")
-    async def complete(body: NodeCompletion) -> Response:
-        node = state["node"]
-        lines = _completion_lines(node, body)
-        # The first line comes once the request is in the queue: a full queue (RateLimited) and
-        # any other refusal become an error reply (429: Retry-After), not a broken stream.
-        first = await run_in_threadpool(next, lines)
-        if body.stream:
-            return StreamingResponse(iterate_in_threadpool(chain([first], lines)), media_type="application/x-ndjson")
-        return JSONResponse(await run_in_threadpool(_collect, list, chain([first], lines)))
+    @property
+    def finish_reason(self) -> str | None: ...
 
-    return app
+    @property
+    def usage(self) -> UsageLike | None: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+
+class AdapterCache(Protocol):
+    """The node's tiered adapter cache, by content hash."""
+
+    def stats(self) -> Any: ...  # a dataclass of per-tier counters
+
+    def pin(self, key: str) -> None: ...
+
+    def unpin(self, key: str) -> None: ...
+
+    def evict(self, key: str, *, tier: str | None = None) -> list[str]: ...
+
+
+class Node(Protocol):
+    """A serving node: routes, generates and caches (serving's ServingNode)."""
+
+    @property
+    def cache(self) -> AdapterCache: ...
+
+    def know(self, adapter: AdapterOnNode) -> None: ...
+
+    def prefetch(self, adapters: Sequence[AdapterOnNode]) -> None: ...
+
+    def route(self, request: NodeCompletion) -> tuple[NodeCompletion, RouteDecisionLike | None]: ...
+
+    def stream(self, request: NodeCompletion, *, refuse_when_full: bool = False) -> Iterator[NodeEvent]: ...
+
+    def logprobs_content(self, event: Any) -> list[dict[str, Any]]: ...
+
+    def remember(self, request: NodeCompletion, decision: Any, reply: dict[str, Any]) -> None: ...
+
+
+class NodeHost(Protocol):
+    """Starts the node of one base (loading its engine) and stops it on exit."""
+
+    @property
+    def base_model(self) -> str: ...
+
+    def open(self, ssd_dir: Path, registry: CollectorRegistry) -> AbstractContextManager[Node]: ...
+
+
+@dataclass(frozen=True)
+class RunningNode:
+    """The node this app serves, once its lifespan has started it."""
+
+    node: Node
+    node_id: str
+    base_model: str
+    registry: CollectorRegistry
+
+
+def running_node(request: Request) -> RunningNode:
+    running: RunningNode | None = getattr(request.app.state, "running", None)
+    if running is None:
+        raise ServiceUnavailable("the serving node is not started yet; retry")
+    return running
+
+
+Running = Annotated[RunningNode, Depends(running_node)]
+
+
+# ---- the routes ----------------------------------------------------------------------------------
+
+
+def healthz() -> dict[str, str]:
+    """Open to anyone: that the node is up, and nothing about it."""
+    return {"status": "ok"}
+
+
+def metrics(running: Running) -> Response:
+    return Response(generate_latest(running.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def cache_stats(running: Running) -> dict[str, Any]:
+    stats = running.node.cache.stats()
+    return {"node_id": running.node_id, "base_model": running.base_model, **asdict(stats)}
+
+
+def pin(body: PinRequest, running: Running) -> dict[str, Any]:
+    running.node.know(body.adapter)
+    running.node.cache.pin(body.adapter.sha256)
+    return {"pinned": body.adapter.sha256}
+
+
+def unpin(body: PinRequest, running: Running) -> dict[str, Any]:
+    running.node.cache.unpin(body.adapter.sha256)
+    return {"unpinned": body.adapter.sha256}
+
+
+def evict(body: EvictRequest, running: Running) -> dict[str, Any]:
+    return {"evicted_from": running.node.cache.evict(body.adapter.sha256, tier=body.tier)}
+
+
+def prefetch(body: PrefetchRequest, running: Running) -> dict[str, Any]:
+    running.node.prefetch(body.adapters)
+    return {"prefetching": [adapter.sha256 for adapter in body.adapters]}
+
+
+async def complete(body: NodeCompletion, running: Running) -> Response:
+    lines = _completion_lines(running.node, body)
+    # The first line comes once the request is in the queue: a full queue (RateLimited) and
+    # any other refusal become an error reply (429: Retry-After), not a broken stream.
+    first = await run_in_threadpool(next, lines)
+    if body.stream:
+        return StreamingResponse(iterate_in_threadpool(chain([first], lines)), media_type="application/x-ndjson")
+    return JSONResponse(await run_in_threadpool(_collect, list, chain([first], lines)))
+
+
+# (method, path, handler): added to the app itself, so that `app.routes` lists each.
+ROUTES: tuple[tuple[str, str, Callable[..., Any]], ...] = (
+    ("GET", "/healthz", healthz),
+    ("GET", "/metrics", metrics),
+    ("GET", "/internal/v1/cache", cache_stats),
+    ("POST", "/internal/v1/cache/pin", pin),
+    ("POST", "/internal/v1/cache/unpin", unpin),
+    ("POST", "/internal/v1/cache/evict", evict),
+    ("POST", "/internal/v1/cache/prefetch", prefetch),
+    ("POST", "/internal/v1/complete", complete),
+)
 
 
 def _collect(gather: Any, lines: Iterator[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in gather(lines)]
 
 
-def _completion_lines(node: Any, body: NodeCompletion) -> Iterator[str]:
-    """JSON lines: what served the request, then each choice's new tokens, then its end. When
-    the request asked for logprobs, a line's `logprobs_content` holds its tokens' OpenAI chat
-    entries (text, bytes, logprob, top_logprobs), named here, where the tokenizer is."""
+def _completion_lines(node: Node, body: NodeCompletion) -> Iterator[str]:
+    """JSON lines (`mint.schemas.node.NodeLine`): what served the request, then each choice's
+    new tokens, then its end. When the request asked for logprobs, a line's `logprobs_content`
+    holds its tokens' OpenAI chat entries (text, bytes, logprob, top_logprobs), named here,
+    where the tokenizer is."""
     routed, decision = node.route(body)
-    served = {
-        "adapter": routed.adapter.ref if routed.adapter else None,
-        "sha256": routed.adapter.sha256 if routed.adapter else None,
-        "route": decision.model_dump(mode="json") if decision is not None else None,
-    }
+    served = ServedBy(
+        adapter=routed.adapter.ref if routed.adapter else None,
+        sha256=routed.adapter.sha256 if routed.adapter else None,
+        route=decision.model_dump(mode="json") if decision is not None else None,
+    )
     # The first choice is queued (or refused) before anything is written; the others wait for room.
     first = node.stream(routed.choice(0), refuse_when_full=True)
     first_events = chain([next(first)], first)
-    yield json.dumps({"served": served}, default=str) + "\n"
+    yield node_line_json(NodeServedLine(served=served))
     for choice in range(body.n):
         text = []
         for event in first_events if choice == 0 else node.stream(routed.choice(choice)):
             text.append(event.text)
-            line = {"choice": choice, "text": event.text, "token_ids": event.token_ids, "logprobs": event.logprobs}
+            line: dict[str, Any] = {
+                "choice": choice,
+                "text": event.text,
+                "token_ids": event.token_ids,
+                "logprobs": event.logprobs,
+            }
             if body.logprobs:
                 line["logprobs_content"] = node.logprobs_content(event)
             if event.finished:
@@ -269,7 +314,75 @@ def _completion_lines(node: Any, body: NodeCompletion) -> Iterator[str]:
                     reply = _assistant_message("".join(text), hashlib.sha256("".join(text).encode()).hexdigest()[:12])
                     line["message"] = reply
                     node.remember(body, decision, reply)
-            yield json.dumps(line) + "\n"
+            yield node_line_json(NodeChoiceLine.model_validate(line))
+
+
+# ---- the app -------------------------------------------------------------------------------------
+
+
+class NodeApp:
+    """A serving node's app: `host`'s node, started by the app's lifespan, registered in the
+    database under `url` (where the API reaches it) while it runs, and heartbeating."""
+
+    def __init__(self, settings: Settings, host: NodeHost, url: str) -> None:
+        self.settings = settings
+        self.host = host
+        self.url = url
+        self.base_model = host.base_model
+        self.node_id = f"{self.base_model}@{socket.gethostname()}/{os.getpid()}"
+        self.credential = node_credential(settings.shared_node_token)
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        settings = self.settings
+        ssd_dir, cache_claim = claim_cache_folder(settings.home / "adapter-cache", self.base_model)
+        with ExitStack() as stack:
+            stack.enter_context(cache_claim)  # released last, once the node is stopped
+            registry = CollectorRegistry()
+            node = await run_in_threadpool(stack.enter_context, self.host.open(ssd_dir, registry))
+            stop = threading.Event()
+            app.state.running = RunningNode(node, self.node_id, self.base_model, registry)
+            with session_scope(settings.database) as session:
+                register_node(
+                    session,
+                    node_id=self.node_id,
+                    base_model=self.base_model,
+                    url=self.url,
+                    hostname=socket.gethostname(),
+                    pid=os.getpid(),
+                    token=self.credential.recorded,
+                )
+            beating = threading.Thread(target=_heartbeat, args=(settings, self.node_id, stop), daemon=True)
+            beating.start()
+            try:
+                yield
+            finally:
+                stop.set()
+                app.state.running = None
+                stack.close()  # the node, its engine, then the cache folder's claim
+                with session_scope(settings.database) as session:
+                    unregister_node(session, self.node_id)
+
+    def build(self) -> FastAPI:
+        # No /docs or /openapi.json: the node is no public API (and the guard would refuse them).
+        app = FastAPI(
+            title=f"Mint serving node ({self.base_model})",
+            lifespan=self.lifespan,
+            docs_url=None,
+            redoc_url=None,
+            openapi_url=None,
+        )
+        install_error_handlers(app)
+        app.add_middleware(NodeCredentialGuard, token=self.credential.token)
+        for method, path, handler in ROUTES:
+            app.add_api_route(path, handler, methods=[method])
+        return app
+
+
+def create_node_app(settings: Settings, host: NodeHost, url: str) -> FastAPI:
+    """The node app of `host`'s base, reachable by the API at `url`. `host` (serving's
+    `NodeHost`) has already refused a machine that cannot hold the base."""
+    return NodeApp(settings, host, url).build()
 
 
 def _heartbeat(settings: Settings, node_id: str, stop: threading.Event) -> None:

@@ -52,13 +52,13 @@ from mint.schemas.inference import (
     ModelList,
     TextCompletion,
 )
+from mint.schemas.node import NodeChoiceLine, NodeCompletion, ServedBy, TokenLogprobEntry
 from mint.services.billing.usage import record_usage
 from mint.services.principal import Principal
 from mint.services.serving.captures import CaptureRecord, CaptureWriter
 from mint.services.serving.inference import ServingPlan, available_models, plan_for
 from mint.services.serving.node_client import TRAFFIC, complete_lines, open_stream
 from mint.services.serving.nodes import NodeAddress, nodes_for
-from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
 from mint.storage.tables import utcnow
 
@@ -107,12 +107,12 @@ class _StreamedUsage:
         self.streamed: dict[int, int] = {}
         self.finished: dict[int, int] = {}
 
-    def add(self, line: dict[str, Any]) -> None:
-        index = line["choice"]
-        self.streamed[index] = self.streamed.get(index, 0) + len(line.get("token_ids") or [])
-        if line.get("finish_reason") and line.get("usage"):
-            self.prompt_tokens = line["usage"]["prompt_tokens"]
-            self.finished[index] = line["usage"]["completion_tokens"]
+    def add(self, line: NodeChoiceLine) -> None:
+        index = line.choice
+        self.streamed[index] = self.streamed.get(index, 0) + len(line.token_ids)
+        if line.finish_reason and line.usage:
+            self.prompt_tokens = line.usage.prompt_tokens
+            self.finished[index] = line.usage.completion_tokens
 
     def usage(self) -> dict[str, int]:
         completion = sum(self.finished.get(index, count) for index, count in self.streamed.items())
@@ -129,14 +129,14 @@ class _Choices:
     def __init__(self) -> None:
         self.by_index: dict[int, dict[str, Any]] = {}
 
-    def add(self, line: dict[str, Any]) -> None:
-        choice = self.by_index.setdefault(line["choice"], {"text": [], "token_ids": [], "logprobs_content": []})
-        choice["text"].append(line["text"])
-        choice["token_ids"] += line["token_ids"]
-        choice["logprobs_content"] += line.get("logprobs_content") or []
-        if "finish_reason" in line:
-            choice["finish_reason"] = line["finish_reason"]
-            choice["message"] = line.get("message")
+    def add(self, line: NodeChoiceLine) -> None:
+        choice = self.by_index.setdefault(line.choice, {"text": [], "token_ids": [], "logprobs_content": []})
+        choice["text"].append(line.text)
+        choice["token_ids"] += line.token_ids
+        choice["logprobs_content"] += line.logprobs_content or []
+        if "finish_reason" in line.model_fields_set:
+            choice["finish_reason"] = line.finish_reason
+            choice["message"] = line.message
 
     def in_order(self) -> list[tuple[int, dict[str, Any]]]:
         return sorted(self.by_index.items())
@@ -177,14 +177,14 @@ def _capture(
     )
 
 
-def _mint_field(plan: ServingPlan, served: dict[str, Any]) -> dict[str, Any]:
+def _mint_field(plan: ServingPlan, served: ServedBy) -> dict[str, Any]:
     return {
-        "adapter": served.get("adapter"),
-        "adapter_sha256": served.get("sha256"),
+        "adapter": served.adapter,
+        "adapter_sha256": served.sha256,
         "base_model": plan.base_model,
         "deployment": plan.deployment,
         "revision": plan.revision,
-        "route": served.get("route"),
+        "route": served.route,
     }
 
 
@@ -208,7 +208,7 @@ def _node_request(plan: ServingPlan, body: ChatCompletionCreate | CompletionCrea
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
-        stop=body.stop or [],  # type: ignore[arg-type]
+        stop=body.stops,
         n=body.n,
         stream=True,
         logprobs=body.alternatives is not None,
@@ -217,28 +217,28 @@ def _node_request(plan: ServingPlan, body: ChatCompletionCreate | CompletionCrea
 
 
 def _logprobs(
-    content: list[dict[str, Any]], body: ChatCompletionCreate | CompletionCreate, offset: int = 0
+    content: list[TokenLogprobEntry], body: ChatCompletionCreate | CompletionCreate, offset: int = 0
 ) -> dict[str, Any]:
     """OpenAI's `choice.logprobs` of the tokens whose chat entries (from the node) are `content`;
     for a text completion, `offset` is the completion's characters before the first of them."""
     if isinstance(body, ChatCompletionCreate):
-        return {"content": content, "refusal": None}
+        return {"content": [entry.model_dump() for entry in content], "refusal": None}
     offsets = []
     at = len(body.prompt) + offset
     for entry in content:
         offsets.append(at)
-        at += len(entry["token"])
+        at += len(entry.token)
     tops = None
     if body.alternatives:
         tops = []
         for entry in content:
             top: dict[str, float] = {}
-            for other in entry["top_logprobs"]:
-                top.setdefault(other["token"], other["logprob"])  # two tokens may share a (lossy) text
+            for other in entry.top_logprobs:
+                top.setdefault(other.token, other.logprob)  # two tokens may share a (lossy) text
             tops.append(top)
     return {
-        "tokens": [entry["token"] for entry in content],
-        "token_logprobs": [entry["logprob"] for entry in content],
+        "tokens": [entry.token for entry in content],
+        "token_logprobs": [entry.logprob for entry in content],
         "top_logprobs": tops,
         "text_offset": offsets,
     }
@@ -268,10 +268,10 @@ async def _serve(
     if request_body.stream:
         first, lines = await open_stream(nodes, node_body)
     else:
-        first, *rest = await complete_lines(nodes, node_body)
-    served = first["served"]
+        first, rest = await complete_lines(nodes, node_body)
+    served = first.served
     mint = _mint_field(plan, served)
-    headers = {"X-Mint-Adapter": served.get("adapter") or plan.base_model}
+    headers = {"X-Mint-Adapter": served.adapter or plan.base_model}
     if request_body.stream:
         writer = captures if capturing else None
         events = _sse(
@@ -287,9 +287,9 @@ async def _serve(
     receipt = None
     if capturing:
         receipt = _capture(
-            captures, principal, plan, served.get("adapter"), request_body, completion_id, choices, usage, started
+            captures, principal, plan, served.adapter, request_body, completion_id, choices, usage, started
         )
-    await run_in_threadpool(_record, settings, principal, plan, served.get("adapter"), usage["total_tokens"])
+    await run_in_threadpool(_record, settings, principal, plan, served.adapter, usage["total_tokens"])
     if receipt is not None:  # the row is written before the answer goes out
         await captures.landed(receipt, settings.capture_wait_s)
     body: dict[str, Any] = {
@@ -302,7 +302,7 @@ async def _serve(
             for index, choice in choices.in_order()
         ],
         "usage": usage,
-        "system_fingerprint": (served.get("sha256") or "")[:16] or None,
+        "system_fingerprint": (served.sha256 or "")[:16] or None,
         "mint": mint,
     }
     return JSONResponse(body, headers=headers)
@@ -326,7 +326,7 @@ def _choice(
 
 
 async def _sse(
-    lines: AsyncGenerator[dict[str, Any], None],
+    lines: AsyncGenerator[NodeChoiceLine, None],
     request_body: ChatCompletionCreate | CompletionCreate,
     plan: ServingPlan,
     mint: dict[str, Any],
@@ -360,24 +360,24 @@ async def _sse(
 
     try:
         async for line in lines:
-            index = line["choice"]
-            finish = line.get("finish_reason")
+            index = line.choice
+            finish = line.finish_reason
             extra = {"mint": mint} if index not in started else {}
             if chat:
-                delta: dict[str, Any] = {"content": line["text"]}
+                delta: dict[str, Any] = {"content": line.text}
                 if index not in started:
                     delta["role"] = "assistant"
-                message = line.get("message") or {}
+                message = line.message or {}
                 if finish and message.get("tool_calls"):
                     delta["tool_calls"] = [{**call, "index": n} for n, call in enumerate(message["tool_calls"])]
                     finish = "tool_calls"
                 piece = {"index": index, "delta": delta, "finish_reason": finish}
             else:
-                piece = {"index": index, "text": line["text"], "finish_reason": finish}
+                piece = {"index": index, "text": line.text, "finish_reason": finish}
             if request_body.alternatives is not None:
-                content = line.get("logprobs_content") or []
+                content = line.logprobs_content or []
                 piece["logprobs"] = _logprobs(content, request_body, offsets.get(index, 0))
-                offsets[index] = offsets.get(index, 0) + sum(len(entry["token"]) for entry in content)
+                offsets[index] = offsets.get(index, 0) + sum(len(entry.token) for entry in content)
             started.add(index)
             served.add(line)
             if answer is not None:

@@ -25,6 +25,9 @@ def id_path(description: str) -> Any:
 
 def page_from(data: list[WireT], has_more: bool, wire: type[WireT]) -> Page[WireT]:
     """A page of wire items already built, with the cursors of its first and last item."""
+    # The ignores: pydantic needs the concrete Page[wire] (to validate and serialize the items
+    # as `wire`), which mypy cannot type with a class held in a variable; and every wire item
+    # has an `id`, which a TypeVar bound to BaseModel cannot say as well.
     return Page[wire](  # type: ignore[valid-type]
         data=data,
         has_more=has_more,

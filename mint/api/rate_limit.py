@@ -37,14 +37,18 @@ REDIS_TIMEOUT_S = 2.0
 
 def _storage(uri: str) -> Storage:
     if uri.startswith(("redis://", "rediss://", "redis+unix://")):
-        return storage_from_string(
+        storage = storage_from_string(
             uri,
             key_prefix=KEY_PREFIX,
             wrap_exceptions=True,
             socket_timeout=REDIS_TIMEOUT_S,
             socket_connect_timeout=REDIS_TIMEOUT_S,
         )
-    return storage_from_string(uri, wrap_exceptions=True)
+    else:
+        storage = storage_from_string(uri, wrap_exceptions=True)
+    if not isinstance(storage, Storage):  # an `async+` URI: the limiter counts synchronously
+        raise ValueError(f"rate limit storage {uri!r} is an asyncio one; name a synchronous storage")
+    return storage
 
 
 class RateLimiter:

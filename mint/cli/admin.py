@@ -456,7 +456,9 @@ def prices_set(
     from mint.services.billing.prices import PRICE_FIELDS, set_prices
 
     given = {"trained": trained, "sampled": sampled, "served": served, "gpu_hour": gpu_hour}
-    changes = dict.fromkeys(PRICE_FIELDS) if default else {k: v for k, v in given.items() if v is not None}
+    changes: dict[str, float | None] = (
+        dict.fromkeys(PRICE_FIELDS) if default else {k: v for k, v in given.items() if v is not None}
+    )
     if not changes:
         raise InvalidRequest("give at least one of --trained, --sampled, --served, --gpu-hour, or --default")
     with session_scope(get_settings().database) as session:

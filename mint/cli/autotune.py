@@ -9,6 +9,7 @@ import typer
 from mint.cli.options import LimitOpt, Remote, TimeoutOpt, exit_unless_succeeded, first, remote
 from mint.cli.output import console, emit, human
 from mint.schemas.autotune import MAX_BUDGET_S, MAX_BUDGET_USD, MAX_TRIALS
+from mint.schemas.autotune_state import AutotuneBest
 
 app = typer.Typer(help="Auto mode: a goal and a budget in, the best adapter version out.", no_args_is_help=True)
 
@@ -17,7 +18,7 @@ TRIAL_COLUMNS = ["trial", "method", "params", "status", "model", "dev_pass_rate"
 
 
 def row_of(run: Any) -> dict[str, Any]:
-    best = run.best or {}
+    best = AutotuneBest.model_validate(run.best) if run.best else None
     return human(
         {
             "id": run.id,
@@ -26,7 +27,7 @@ def row_of(run: Any) -> dict[str, Any]:
             "model": run.model,
             "benchmark_id": run.benchmark_id,
             "trials": len(run.trials),
-            "best": f"{best['model']} (dev {best['dev_pass_rate']:.3f})" if best else None,
+            "best": f"{best.model} (dev {best.dev_pass_rate:.3f})" if best is not None else None,
             "cost_usd": f"{run.cost_usd:.4f}",
             "elapsed_s": f"{run.elapsed_s:.0f}",
             "stop_reason": (run.result or {}).get("stop_reason"),

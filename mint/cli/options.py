@@ -117,6 +117,7 @@ def remote(func: CommandT | None = None, *, json_help: str = JSON_HELP) -> Any:
             func(Remote(base_url=base_url, api_key=api_key, as_json=as_json), *args, **kwargs)
 
         parameters = [*own, *shared]
+        # typeshed's function type has no `__signature__`, the attribute inspect.signature reads first.
         command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
         command.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
         command.__name__ = func.__name__

@@ -176,6 +176,7 @@ def serve(
 
     from mint.api.node_app import create_node_app
     from mint.schemas.base_models import enabled_base_names
+    from mint.serving.hosting import NodeHost
 
     settings = get_settings()
     if engine is not None:
@@ -185,7 +186,7 @@ def serve(
     if base not in bases:
         raise typer.BadParameter(f"unknown or disabled base {base!r}; enabled: {', '.join(bases)}", param_hint="--base")
     bind = host or settings.serving_host
-    app = create_node_app(settings, base, url or f"http://{bind}:{port}")
+    app = create_node_app(settings, NodeHost(settings, base), url or f"http://{bind}:{port}")
     uvicorn.run(app, host=bind, port=port, log_level=settings.log_level.lower())
 
 
@@ -209,7 +210,7 @@ def serving_plan(named: list[str] | None, nodes_per_base: int, enabled: list[str
 def serving_children(counts: Counter[str], api_port: int) -> list[ChildSpec]:
     """One `mint serve` child per node, on consecutive ports from `api_port + 100`; the nodes of
     a base that runs several are named `serve BASE #1`, `#2`, ... in the log."""
-    children = []
+    children: list[ChildSpec] = []
     for base, count in counts.items():
         for number in range(1, count + 1):
             port = api_port + 100 + len(children)

@@ -36,11 +36,17 @@ _UNCHECKED_GRADERS = {"judge", "python"}
 
 
 class MinedTrajectory(Protocol):
-    """What mining reads of a trajectory (a stored row or a runner record)."""
+    """What mining reads of a trajectory (a stored row or a runner record); read only, so that
+    frozen records qualify."""
 
-    task_id: str
-    messages: list[Any]
-    passed: bool
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def messages(self) -> list[Any]: ...
+
+    @property
+    def passed(self) -> bool: ...
 
 
 @dataclass

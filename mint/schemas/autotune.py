@@ -76,13 +76,17 @@ class AutotuneBudget(_Strict):
         return self
 
 
+ALL_METHODS: tuple[AutotuneMethod, ...] = ("sft", "dpo", "rl")
+LORA_ONLY: tuple[TrainingType, ...] = ("lora",)
+
+
 class AutotuneConstraints(_Strict):
     methods: list[AutotuneMethod] = Field(
-        default_factory=lambda: ["sft", "dpo", "rl"], min_length=1, max_length=3, description="Methods allowed."
+        default_factory=lambda: list(ALL_METHODS), min_length=1, max_length=3, description="Methods allowed."
     )
     max_rank: int = Field(default=16, ge=1, le=MAX_AUTOTUNE_RANK, description="Largest LoRA rank tried.")
     training_types: list[TrainingType] = Field(
-        default_factory=lambda: ["lora"],
+        default_factory=lambda: list(LORA_ONLY),
         min_length=1,
         max_length=2,
         description="`lora`, `full` or both. With both, SFT trials may train every weight (priced by device time) "

@@ -1,5 +1,5 @@
 """Wire types of inference: OpenAI's chat and text completions, and an adapter version as the API
-names it to a serving node (the request it forwards is `mint.serving.completion.NodeCompletion`)."""
+names it to a serving node (the request it forwards is `mint.schemas.node.NodeCompletion`)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,11 @@ class _Sampling(_Lenient):
         if stops is not None and (len(stops) > 4 or any(not stop for stop in stops)):
             raise ValueError("stop takes up to 4 non-empty strings")
         return stops
+
+    @property
+    def stops(self) -> list[str]:
+        """The stop strings as a list (one string is a list of one; none, an empty list)."""
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     @property
     def token_limit(self) -> int:

@@ -550,6 +550,14 @@ PATH_SEGMENTS: dict[str, CheckpointKind] = {
 SEGMENT_OF_KIND = {kind: segment for segment, kind in PATH_SEGMENTS.items()}
 
 
+def checkpoint_kind(value: str) -> CheckpointKind:
+    """A checkpoint row's kind (a plain text column) as the literal it was written from."""
+    for kind in PATH_SEGMENTS.values():
+        if kind == value:
+            return kind
+    raise ValueError(f"{value!r} is not a checkpoint kind")
+
+
 def csr_problem(rows: int, cols: int, count: int, crow: Sequence[int], col: Sequence[int]) -> str | None:
     """What is wrong with a (rows, cols) CSR layout of `count` values, or None: the row pointers
     must run from 0 to `count` without decreasing, and each column index must be in [0, cols)."""

@@ -14,7 +14,7 @@ import math
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from mint.config import Settings
 from mint.errors import InvalidRequest, PayloadTooLarge
@@ -72,6 +72,7 @@ def _fields(buffer: memoryview) -> Iterator[tuple[int, int, Any]]:
     while position < len(buffer):
         key, position = _read_varint(buffer, position)
         number, wire = key >> 3, key & 7
+        value: int | memoryview
         if wire == _VARINT:
             value, position = _read_varint(buffer, position)
         elif wire == _FIXED64:
@@ -133,6 +134,13 @@ def _count(fmt: str, data: memoryview) -> int:
     return len(data) // size
 
 
+class Chunking(TypedDict):
+    """How the SDK splits a forward_backward batch into requests (ClientConfigResponse's fields)."""
+
+    fwdbwd_max_chunk_len: int
+    fwdbwd_max_chunk_bytes_count: int
+
+
 @dataclass(frozen=True)
 class BatchLimits:
     """What one forward_backward request may hold (settings `tinker_max_*`).
@@ -150,7 +158,7 @@ class BatchLimits:
     def from_settings(cls, settings: Settings) -> BatchLimits:
         return cls(settings.tinker_max_batch_data, settings.tinker_max_batch_numbers, settings.tinker_max_datum_tokens)
 
-    def chunking(self) -> dict[str, int]:
+    def chunking(self) -> Chunking:
         """The split the SDK should use so that its requests stay within these limits: its
         estimate counts at least 4 bytes per value, so chunks of `4 * max_numbers` estimated
         bytes hold at most `max_numbers` values (a datum over the estimate travels alone)."""
@@ -466,7 +474,7 @@ def encode_forward_backward_output(logprobs: Sequence[Sequence[Any]], metrics: d
     out = b""
     runs: list[tuple[tuple[int, ...], list[Sequence[Any]]]] = []
     for row in logprobs:
-        trailing = (len(row[0]),) if row and isinstance(row[0], list | tuple) else ()
+        trailing: tuple[int, ...] = (len(row[0]),) if row and isinstance(row[0], list | tuple) else ()
         if not runs or runs[-1][0] != trailing:
             runs.append((trailing, []))
         runs[-1][1].append(row)

@@ -169,6 +169,7 @@ def parse_model(cls: type[ModelT]) -> Callable[[httpx.Response], ModelT]:
 
 
 def parse_list(cls: type[ModelT]) -> Callable[[httpx.Response], list[ModelT]]:
+    # pydantic builds the validator from list[cls] at run time; mypy cannot type a class held in a variable.
     adapter = TypeAdapter(list[cls])  # type: ignore[valid-type]
     return lambda response: adapter.validate_python(response.json())
 

@@ -9,8 +9,10 @@ of tasks done with the pass rate so far.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pydantic import PrivateAttr
@@ -102,6 +104,7 @@ def cancel_run(run_id: str, cls: type[EvalRunPublic]) -> Call[Any]:
 
 
 def list_runs(benchmark_id: str | None, limit: int, cls: type[EvalRunPublic]) -> PageCall:
+    # Page[cls] at run time, so that pydantic reads the items as `cls`; mypy cannot type a class in a variable.
     page: type[Page[Any]] = Page[cls]  # type: ignore[valid-type]
     params = {"benchmark_id": benchmark_id, "limit": limit}
     return lambda after: Call("GET", "/v1/evals", parse_model(page), {**params, "after": after})
@@ -257,7 +260,7 @@ class Evals:
                 run = patiently(lambda: self.get(run_id), deadline, what)
                 if progress:
                     if tally.total is None:
-                        versions = patiently(lambda run=run: [*self._versions(run.benchmark_id)], deadline, what)
+                        versions = patiently(partial(self._versions, run.benchmark_id), deadline, what)
                         tally.total = task_total(run, versions)
                     patiently(lambda: self._count(run_id, tally), deadline, what)  # resumes at tally.cursor
                     tally.show(run, bar)
@@ -266,8 +269,8 @@ class Evals:
                 deadline.check(what)
                 time.sleep(poll_pause(poll_interval_s))
 
-    def _versions(self, benchmark_id: str) -> SyncPager[BenchmarkVersionPublic]:
-        return SyncPager(self._http, list_versions(benchmark_id, 100))
+    def _versions(self, benchmark_id: str) -> builtins.list[BenchmarkVersionPublic]:
+        return [*SyncPager[BenchmarkVersionPublic](self._http, list_versions(benchmark_id, 100))]
 
     def _count(self, run_id: str, tally: EvalTally) -> None:
         fetch = list_trajectories(run_id, None, TRAJECTORY_PAGE)

@@ -138,6 +138,7 @@ def cancel_job(job_id: str, cls: type[FineTuningJob]) -> Call[Any]:
 
 
 def list_jobs(limit: int, cls: type[FineTuningJob]) -> PageCall:
+    # Page[cls] at run time, so that pydantic reads the items as `cls`; mypy cannot type a class in a variable.
     page: type[Page[Any]] = Page[cls]  # type: ignore[valid-type]
     return lambda after: Call("GET", "/v1/fine_tuning/jobs", parse_model(page), {"after": after, "limit": limit})
 

@@ -32,15 +32,12 @@ from mint.evals.builtin import SPLITS, builtin_benchmarks, load_builtin
 from mint.evals.graders import GraderSpec
 from mint.schemas.evals import BenchmarkCreate, BenchmarkSource, BenchmarkVersionCreate
 from mint.services.principal import Principal
+from mint.storage.keys import benchmark_key
 from mint.storage.objects import ObjectStore
-from mint.storage.queries import PageResult, get_owned, owned_by, paginate
+from mint.storage.queries import PageResult, get_owned, owned_by, paginate, rowcount
 from mint.storage.tables import Benchmark, BenchmarkVersion, new_id, utcnow
 
 DEFAULT_BUILTIN_TASKS = 20
-
-
-def object_key_of(sha256: str) -> str:
-    return f"benchmarks/sha256/{sha256}.jsonl"
 
 
 def _builtin_tasks(source: BenchmarkSource) -> list[BenchmarkTask]:
@@ -89,7 +86,7 @@ def _store(store: ObjectStore, parsed: ParsedBenchmark) -> tuple[str, str]:
     """Write the canonical tasks under their hash (once: the same content is one object)."""
     data = canonical_jsonl(parsed.tasks)
     sha256 = _sha256(data)
-    key = object_key_of(sha256)
+    key = benchmark_key(sha256)
     if not store.exists(key):
         store.put_bytes(key, data)
     return key, sha256
@@ -219,7 +216,7 @@ def add_version(
             .execution_options(synchronize_session=False)
         )
         session.refresh(newest)
-        if not changed.rowcount:  # type: ignore[attr-defined]
+        if not rowcount(changed):
             raise _locked(benchmark, newest)
         return newest
     if newest is not None and newest.sha256 == _sha256(canonical_jsonl(parsed.tasks)):

@@ -25,7 +25,7 @@ import io
 import json
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -34,6 +34,7 @@ from mint.chat.rows import validate_chat_row, validate_preference_row, validate_
 from mint.errors import InvalidRequest, NotFound, PayloadTooLarge
 from mint.evals.agent_environments import prompt_row_environment_errors
 from mint.schemas.common import loads_finite
+from mint.storage.keys import dataset_key
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, get_owned, insert_or_first, owned_by, paginate
 from mint.storage.tables import DATASET_KINDS, Dataset, new_id
@@ -50,10 +51,6 @@ SPOOL_IN_MEMORY_BYTES = 8 * 1024 * 1024
 CHUNK_BYTES = 1024 * 1024
 
 
-def object_key_of(sha256: str) -> str:
-    return f"datasets/sha256/{sha256}.jsonl"
-
-
 def infer_kind(row: Any) -> str:
     """The kind a first row looks like: DPO fields, a finished conversation, or a prompt."""
     if isinstance(row, dict) and ("preferred_output" in row or "non_preferred_output" in row):
@@ -64,7 +61,7 @@ def infer_kind(row: Any) -> str:
     return "chat"
 
 
-def _spool(source: BinaryIO | Iterable[bytes], max_bytes: int) -> tuple[BinaryIO, str, int]:
+def _spool(source: BinaryIO | Iterable[bytes], max_bytes: int) -> tuple[IO[bytes], str, int]:
     """Copy the upload to a spool file, hashing as it goes; refuse it past `max_bytes`."""
     spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)  # noqa: SIM115 - returned open
     digest, size = hashlib.sha256(), 0
@@ -87,7 +84,7 @@ class RowTooLong(Exception):
     """A line of a dataset is longer than the row limit."""
 
 
-def _rows(spool: BinaryIO, max_row_bytes: int) -> Iterator[tuple[int, Any | None, str | None]]:
+def _rows(spool: IO[bytes], max_row_bytes: int) -> Iterator[tuple[int, Any, str | None]]:
     """(line number, parsed row or None, parse error or None) for each non-blank line; raises
     RowTooLong at a line over `max_row_bytes`, having read no more than that of it."""
     for number, line in enumerate(iter(lambda: spool.readline(max_row_bytes + 2), b""), start=1):
@@ -129,7 +126,7 @@ def trained_bytes(kind: str, row: dict[str, Any]) -> int:
     return 0
 
 
-def validate_rows(spool: BinaryIO, kind: str | None, max_row_bytes: int) -> tuple[str, int, list[str], int]:
+def validate_rows(spool: IO[bytes], kind: str | None, max_row_bytes: int) -> tuple[str, int, list[str], int]:
     """(kind, row count, errors as `line N: field: problem`, trained bytes) of a JSONL file."""
     count, errors, trained = 0, [], 0
     try:
@@ -182,7 +179,7 @@ def store_dataset(
         existing = _same_content(session, organization_id, sha256, kind)
         if existing is not None:
             return existing
-        key = object_key_of(sha256)
+        key = dataset_key(sha256)
         if not store.exists(key):
             spool.seek(0)
             store.put(key, spool, max_bytes=max_bytes)

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from mint.config import Settings
 from mint.storage.db import session_scope
+from mint.storage.queries import rowcount
 from mint.storage.tables import utcnow
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def claim_row(session: Session, model: Any, row_id: str, worker_id: str, max_att
         .values(**claim_values(worker_id), attempts=model.attempts + 1, **values)
         .execution_options(synchronize_session=False)
     )
-    return bool(claimed.rowcount)  # type: ignore[attr-defined]
+    return bool(rowcount(claimed))
 
 
 def hand_back(session: Session, model: Any, row_id: str, worker_id: str, *, task_id: str, due_in_s: float) -> bool:
@@ -72,7 +73,7 @@ def hand_back(session: Session, model: Any, row_id: str, worker_id: str, *, task
         )
         .execution_options(synchronize_session=False)
     )
-    return bool(handed.rowcount)  # type: ignore[attr-defined]
+    return bool(rowcount(handed))
 
 
 def capacity_wait_s(settings: Settings, waits: int) -> float:

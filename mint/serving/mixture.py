@@ -35,11 +35,11 @@ from pydantic import (
     model_validator,
 )
 
+from mint.chat.patterns import MAX_PATTERN_CHARS, compile_pattern
+from mint.chat.text import normalize_text
 from mint.errors import InvalidRequest
-from mint.evals.graders import normalize_text
-from mint.evals.patterns import MAX_PATTERN_CHARS, compile_pattern
 from mint.schemas.common import ID_PATTERN
-from mint.schemas.inference import AdapterOnNode
+from mint.schemas.node import NodeMixture
 
 ModelRef = Annotated[str, Field(min_length=1, max_length=300, pattern=ID_PATTERN)]
 PolicyType = Literal["embedding", "rules", "router_adapter", "vote"]
@@ -300,12 +300,8 @@ def _check_unique(refs: list[str], path: str) -> None:
 # ---- a revision as a node serves it --------------------------------------------------------------
 
 
-class MixtureTarget(BaseModel):
-    """A mixture deployment's revision as the API names it to a node: its id (the node keeps one
-    router per revision), its spec, and each adapter reference's version."""
+class MixtureTarget(NodeMixture):
+    """A mixture deployment's revision as the API names it to a node (`NodeMixture`), its spec
+    validated: what the API and the eval runner build and send."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    revision_id: str = Field(min_length=1, max_length=200)
-    spec: MixtureSpec
-    versions: dict[str, AdapterOnNode] = Field(description="Every model reference the spec names -> its version.")
+    spec: MixtureSpec  # type: ignore[assignment]  # the wire's JSON object, validated

@@ -3,7 +3,7 @@
 `mint serve --base NAME` runs one `ServingNode` behind an internal HTTP app
 (`mint.api.node_app`); the public API resolves a model reference (a base, `adapter@version`
 or a deployment) to what must serve it and forwards the request here, a
-`mint.serving.completion.NodeCompletion`, which this node turns into the engine's
+`mint.schemas.node.NodeCompletion`, which this node turns into the engine's
 `GenerateRequest`. A request carries the adapter version it needs (or its mixture's
 versions) by content hash and object key, so the node never reads the
 database: the cache fetches the version from the object store the first time (once, however
@@ -15,8 +15,9 @@ requests on different adapters share each forward pass. Two batchers run, so a n
 starts while a long one is still decoding (the engine interleaves them step by step).
 
 Mixture deployments are routed here, where the MiniLM encoder and the engine are: a request
-names the deployment's revision and its spec (`mint.serving.mixture.MixtureTarget`), and
-the node keeps one `Router` per revision.
+names the deployment's revision and its spec (`mint.schemas.node.NodeMixture`; the spec a
+`mint.serving.mixture.MixtureSpec`, validated when its router is built), and the node keeps
+one `Router` per revision.
 A reply that makes a tool call is remembered, so the conversation's continuation returns to
 the adapter that made the call.
 """
@@ -36,10 +37,9 @@ from mint.chat.render import render_prompt
 from mint.errors import RateLimited
 from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.inference import AdapterOnNode
+from mint.schemas.node import NodeCompletion, NodeMixture
 from mint.serving.cache import TieredCache
-from mint.serving.completion import NodeCompletion
 from mint.serving.engine import ADAPTER_FILES, AdapterTensors, Engine, GenerateRequest, StreamEvent
-from mint.serving.mixture import MixtureTarget
 from mint.serving.router import RouteDecision, Router
 from mint.serving.tiers import CpuTier, EngineTier, LocalDiskTier, ObjectStoreTier
 from mint.serving.token_text import TokenText
@@ -160,7 +160,7 @@ class ServingNode:
 
     # ---- routing ----------------------------------------------------------------------------
 
-    def _router(self, mixture: MixtureTarget) -> Router:
+    def _router(self, mixture: NodeMixture) -> Router:
         revision = mixture.revision_id
         with self._routers_lock:
             router = self._routers.get(revision)
@@ -177,7 +177,7 @@ class ServingNode:
                 self._routers.popitem(last=False)
         return router
 
-    def _generate_for_router(self, mixture: MixtureTarget) -> Any:
+    def _generate_for_router(self, mixture: NodeMixture) -> Any:
         def generate(adapters: Sequence[str], messages: Sequence[dict[str, Any]], *, max_tokens: int) -> list[str]:
             requests = [
                 NodeCompletion(

@@ -53,9 +53,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from mint.chat.messages import message_text, tool_calls_of
+from mint.chat.patterns import Pattern, compile_keywords, compile_pattern
+from mint.chat.text import normalize_text
 from mint.errors import InvalidRequest
-from mint.evals.graders import normalize_text
-from mint.evals.patterns import Pattern, compile_keywords, compile_pattern
 from mint.serving.mixture import (
     EmbeddingPolicy,
     MixtureSpec,

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Self
 
 from mint.errors import InvalidRequest
 
@@ -63,7 +64,7 @@ class _RegularFileHeaders(tarfile.TarInfo):
     MAX_EXTENDED_HEADER_BYTES, and PAX headers that make the next member sparse (`GNU.sparse.*`)."""
 
     @classmethod
-    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> Self:
         source = tarfile_.fileobj
         assert source is not None  # an archive open for reading
         start, extension = source.tell(), b""

@@ -9,15 +9,37 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from datetime import datetime
+from typing import Any, Generic, Protocol, TypeVar
 
-from sqlalchemy import Select, and_, or_, select
+from sqlalchemy import CursorResult, Result, Select, and_, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from mint.errors import InvalidRequest, NotFound
 
 RowT = TypeVar("RowT")
+
+
+class Owned(Protocol):
+    """A tenant resource: a row that belongs to one organization."""
+
+    @property
+    def organization_id(self) -> str: ...
+
+
+class Listed(Protocol):
+    """A row that `paginate` pages through: ordered by (created_at, id)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def created_at(self) -> datetime: ...
+
+
+OwnedT = TypeVar("OwnedT", bound=Owned)
+ListedT = TypeVar("ListedT", bound=Listed)
 
 MAX_PAGE_SIZE = 100
 
@@ -42,7 +64,7 @@ def insert_or_first(session: Session, row: RowT, first: Callable[[], RowT | None
     return row
 
 
-def get_owned(session: Session, model: type[RowT], resource_id: str, *, organization_id: str, noun: str) -> RowT:
+def get_owned(session: Session, model: type[OwnedT], resource_id: str, *, organization_id: str, noun: str) -> OwnedT:
     """Load `model` by primary key if it belongs to `organization_id`; else NotFound."""
     row = session.get(model, resource_id)
     if row is None or row.organization_id != organization_id:
@@ -58,13 +80,13 @@ class PageResult(Generic[RowT]):
 
 def paginate(
     session: Session,
-    query: Select[tuple[RowT]],
+    query: Select[ListedT],
     model: Any,
     *,
     after: str | None,
     limit: int,
     newest_first: bool = True,
-) -> PageResult[RowT]:
+) -> PageResult[ListedT]:
     """One page of `query` ordered by (created_at, id), starting after the row `after`.
 
     `query` must already be filtered to the caller's organization; `after` is looked up
@@ -89,3 +111,11 @@ def paginate(
 def owned_by(model: Any, organization_id: str) -> Select[Any]:
     """`SELECT model WHERE organization_id = ...`: the start of every tenant list query."""
     return select(model).where(model.organization_id == organization_id)
+
+
+def rowcount(result: Result[*tuple[Any, ...]]) -> int:
+    """How many rows an UPDATE or DELETE matched. `Session.execute` is typed as returning a plain
+    `Result`; for those statements it returns a `CursorResult`, the one that counts them."""
+    if not isinstance(result, CursorResult):
+        raise TypeError(f"expected the CursorResult of an UPDATE or DELETE, got {type(result).__name__}")
+    return result.rowcount

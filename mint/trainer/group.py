@@ -79,7 +79,7 @@ COMMAND_TYPES: frozenset[tuple[str, str]] = frozenset(
         ("mint.trainer.sampling", "Decoding"),
         ("mint.trainer.sampling", "StopRule"),
         ("mint.trainer.scoring", "ScoreRequest"),
-        ("mint.trainer.session", "BackwardCall"),
+        ("mint.trainer.training_session", "BackwardCall"),
         ("mint.trainer.types", "AdamParams"),
         ("mint.trainer.types", "Datum"),
         ("mint.trainer.types", "LoraOptions"),

@@ -1,9 +1,9 @@
-"""Training sessions: many LoRA adapters, each with its own optimizer, on one resident base.
+"""The resident base: one base model in memory, frozen, carrying the LoRA adapters of many training sessions.
 
 `ResidentBase` loads a base model once and wraps it as ONE peft model holding many named
-adapters; a `TrainingSession` is one of those adapters with its AdamW state and step count.
-Sessions share the frozen base weights, so each extra session costs its adapter, its gradients
-while they accumulate, and its two Adam moments.
+adapters; a `TrainingSession` (`mint.trainer.training_session`) is one of those adapters with
+its AdamW state and step count. Sessions share the frozen base weights, so each extra session
+costs its adapter, its gradients while they accumulate, and its two Adam moments.
 
 The primitives are Tinker's: `forward`, `forward_backward` (built-in losses by name),
 `forward_backward_custom`, `optim_step`, `save_state` / `load_state`,
@@ -13,6 +13,12 @@ primitive at a time. The exceptions are `forward_backward` and `sample_batch`: c
 several sessions that arrive together from concurrent threads (RL jobs, Tinker models on one
 worker) run as ONE pass in which each session's tokens go through its own adapter
 (`mixed_adapters`), each session receiving only its own gradients.
+
+This module composes the parts: it opens and closes sessions, activates adapters under its
+lock, scores data and prompts, and mirrors every call that runs the model on a worker group
+(`mint.trainer.group`). Which sessions share a backward pass, and how, is
+`mint.trainer.backward_passes`'s; decoding several adapters' samples together is
+`mint.trainer.sampling_passes`'s.
 """
 
 from __future__ import annotations
@@ -21,8 +27,7 @@ import functools
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -32,66 +37,30 @@ from torch import nn
 from mint.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint, lora
-from mint.trainer.batch_invariance import RowSpan, batch_invariant
+from mint.trainer.backward_passes import MAX_SESSIONS_PER_PASS, mixed_running, pass_groups
+from mint.trainer.batch_invariance import batch_invariant
 from mint.trainer.combining import Combiner, Loops
 from mint.trainer.group import Group, mirrored
 from mint.trainer.host_memory import share_one_arena
-from mint.trainer.mixed_adapters import MixedPass, Span, by_adapter, can_mix, mixed_adapters
-from mint.trainer.models import load_base_model, tensors_fingerprint
-from mint.trainer.optimizer import AdapterOptimizer
-from mint.trainer.packing import fitting_passes, pack, packed_logprobs
+from mint.trainer.mixed_adapters import can_mix
+from mint.trainer.models import load_base_model
+from mint.trainer.packing import pack, packed_logprobs
 from mint.trainer.prompt_scores import PromptQuery, PromptScores, score_prompt
-from mint.trainer.sampling import (
-    MAX_SAMPLES_PER_REQUEST,
-    Decoding,
-    decoding_chunks,
-    end_of_sequence_ids,
-    generate_batch,
+from mint.trainer.sampling import Decoding, end_of_sequence_ids
+from mint.trainer.sampling_passes import (
+    BASE_VERSION,
+    CheckedCall,
+    SampleCall,
+    decode_alone,
+    decode_mixed,
+    per_call,
+    stamped,
 )
 from mint.trainer.scoring import ModelLimits, RunningFn, ScoreRequest, score_parts
-from mint.trainer.types import (
-    AdamParams,
-    Datum,
-    ForwardOutput,
-    LoraOptions,
-    SampledSequence,
-    SampleRequest,
-    SamplingParams,
-    check_metric_name,
-)
-
-CustomLossFn = Callable[[list[Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
+from mint.trainer.training_session import BackwardCall, TrainingSession
+from mint.trainer.types import Datum, ForwardOutput, LoraOptions, SampledSequence, SampleRequest, SamplingParams
 
 DEFAULT_MAX_SESSIONS = 64
-# Rows (samples) decoded in one batch at most: bounds the KV cache as one request's largest
-# number of samples does; a larger `sample_batch` runs as several batches.
-MAX_ROWS_PER_BATCH = MAX_SAMPLES_PER_REQUEST
-# The adapter version stamped on samples of the base itself (every adapter disabled).
-BASE_VERSION = "base"
-# Sessions whose forward_backward calls share one pass at most.
-MAX_SESSIONS_PER_PASS = 8
-
-
-@dataclass(frozen=True)
-class SampleCall:
-    """One sample_batch call: requests under one adapter (None: the base), perhaps decoded in one
-    batch with other adapters' calls."""
-
-    adapter: str | None
-    requests: list[SampleRequest]
-
-
-@dataclass(frozen=True)
-class BackwardCall:
-    """One session's forward_backward, its data already checked, waiting to run (perhaps in one
-    pass with other sessions')."""
-
-    session: TrainingSession
-    request: ScoreRequest
-
-
-def _tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
-    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
 class ResidentBase:
@@ -134,7 +103,7 @@ class ResidentBase:
         self.catalogue = lora.TargetCatalogue.from_model(model)
         self._peft: Any = None  # peft.PeftModel once the first session exists
         self._active: str | None = None  # the adapter this base last set active on every layer
-        self._sessions: dict[str, TrainingSession] = {}
+        self._sessions: dict[str, TrainingSession[ResidentBase]] = {}
         self._lock = threading.RLock()
         self.device = model.get_input_embeddings().weight.device
         self.limits = ModelLimits.of(model, spec.context_length)
@@ -202,18 +171,20 @@ class ResidentBase:
     # ---- sessions -------------------------------------------------------------------------
 
     @property
-    def sessions(self) -> list[TrainingSession]:
+    def sessions(self) -> list[TrainingSession[ResidentBase]]:
         """Open sessions, oldest first."""
         with self._lock:
             return list(self._sessions.values())
 
-    def get(self, session_id: str) -> TrainingSession:
+    def get(self, session_id: str) -> TrainingSession[ResidentBase]:
         session = self._sessions.get(session_id)
         if session is None:
             raise NotFound(f"no open training session {session_id!r} on base {self.spec.name!r}", param="session_id")
         return session
 
-    def create_session(self, options: LoraOptions | None = None, *, session_id: str | None = None) -> TrainingSession:
+    def create_session(
+        self, options: LoraOptions | None = None, *, session_id: str | None = None
+    ) -> TrainingSession[ResidentBase]:
         """Add a fresh adapter (B = 0, so it starts as the base) with its own optimizer."""
         options = options or LoraOptions()
         with self._lock:
@@ -227,7 +198,7 @@ class ResidentBase:
             return self._add_session(options, session_id, seed)
 
     @mirrored
-    def _add_session(self, options: LoraOptions, session_id: str, seed: int) -> TrainingSession:
+    def _add_session(self, options: LoraOptions, session_id: str, seed: int) -> TrainingSession[ResidentBase]:
         """Wrap the base's target layers with a new adapter named `session_id`, A drawn from `seed`."""
         with self._lock:
             targets = lora.plan_targets(options, self.spec, self.catalogue)
@@ -252,7 +223,9 @@ class ResidentBase:
             self._sessions[session_id] = session
             return session
 
-    def create_session_from_state(self, folder: Path, *, session_id: str | None = None) -> TrainingSession:
+    def create_session_from_state(
+        self, folder: Path, *, session_id: str | None = None
+    ) -> TrainingSession[ResidentBase]:
         """A new session with the saved options, weights, moments and step of `folder`."""
         state = checkpoint.read_state(folder)
         session = self.create_session(state.options.model_copy(update={"seed": state.seed}), session_id=session_id)
@@ -263,7 +236,9 @@ class ResidentBase:
             raise
         return session
 
-    def create_session_from_adapter(self, folder: Path, *, session_id: str | None = None) -> TrainingSession:
+    def create_session_from_adapter(
+        self, folder: Path, *, session_id: str | None = None
+    ) -> TrainingSession[ResidentBase]:
         """A new session holding the PEFT-format adapter in `folder`, e.g. to sample with an adapter version.
 
         Reads `adapter_config.json` and `adapter_model.safetensors` as `save_weights_for_sampler`
@@ -368,46 +343,27 @@ class ResidentBase:
         of rows through its own adapter; one result per call, in order.
 
         Each session's loss depends on its own tokens only and its gradient reaches its own
-        adapter only. Sessions that cannot share a pass (adapters on parameters, or one session
-        twice), or all of them where this base does not mix backward passes (`mix_backward`),
-        run one after another, under one lock all the same. Sessions whose data together
-        would make a large pass (`packing.fits_one_pass`) run as several passes of whole sessions,
-        in order, rather than one pass that recomputes its layers.
+        adapter only. Calls that cannot share a pass, or all of them where this base does not
+        mix backward passes (`mix_backward`), run one after another, under one lock all the
+        same; calls that would make a large pass run as several (`backward_passes.pass_groups`).
         """
         with self._lock:
             for call in calls:
                 call.session._live_optimizer()
-            names = [call.session.session_id for call in calls]
-            apart = not self.mix_backward or len(set(names)) < len(names) or not can_mix(self.model, names)
-            sizes = [1] * len(calls) if apart else fitting_passes(self.model, [call.request.data for call in calls])
-            groups, start = [], 0
-            for size in sizes:
-                groups.append(calls[start : start + size])
-                start += size
+            groups = pass_groups(self.model, calls, mix=self.mix_backward)
             return [output for group in groups for output in self._mixed_pass(group)]
 
     def _mixed_pass(self, calls: Sequence[BackwardCall]) -> list[ForwardOutput]:
         """One forward and backward of several sessions' calls (the caller holds the lock and has
         checked that they can mix), each session's span of rows through its own adapter; one
         call runs through its own adapter, as peft runs it."""
-        names = [call.session.session_id for call in calls]
         if len(calls) == 1:
-            return [self._score(names[0], calls[0].request, backward=True, train_mode=calls[0].session._lora_dropout)]
-        trainable = [parameter for call in calls for parameter in call.session._parameters.values()]
-        # Each session's own width, where the pass must give it the numbers of its batch alone.
-        widths = [max(d.length for d in call.request.data) if self.batch_invariant else None for call in calls]
-        self._settle_active(names[0])
-
-        @contextmanager
-        def running(spans: list[tuple[int, int]]) -> Iterator[MixedPass]:
-            with ExitStack() as stack:
-                for call in calls:
-                    stack.enter_context(call.session._lora_dropout())
-                parts = [Span(name, *span, width) for name, span, width in zip(names, spans, widths, strict=True)]
-                if self.batch_invariant:  # every part has its width
-                    stack.enter_context(batch_invariant([RowSpan(p.start, p.stop, p.width or 0) for p in parts]))
-                yield stack.enter_context(mixed_adapters(self._peft, parts, trainable))
-
+            call = calls[0]
+            return [
+                self._score(call.session.session_id, call.request, backward=True, train_mode=call.session._lora_dropout)
+            ]
+        running = mixed_running(self._peft, calls, invariant=self.batch_invariant)
+        self._settle_active(calls[0].session.session_id)
         return self._score_parts(self.model, [call.request for call in calls], backward=True, running=running)
 
     def _score_parts(
@@ -472,7 +428,7 @@ class ResidentBase:
         return self._sample_checked(checked)
 
     @mirrored
-    def _sample_checked(self, checked: list[tuple[str | None, list[Decoding]]]) -> list[list[list[SampledSequence]]]:
+    def _sample_checked(self, checked: list[CheckedCall]) -> list[list[list[SampledSequence]]]:
         """Decode checked requests, each call's under its adapter: `sample_many`'s part that runs the model."""
         adapters = sorted({adapter for adapter, _ in checked if adapter is not None})
         with self._lock, torch.no_grad():
@@ -485,37 +441,19 @@ class ResidentBase:
                     [decoding for _, decodings in checked for decoding in decodings],
                     [adapter for adapter, decodings in checked for _ in decodings],
                 )
-                results, start = [], 0
-                for _, decodings in checked:
-                    results.append(samples[start : start + len(decodings)])
-                    start += len(decodings)
-        return [
-            [[sample.model_copy(update={"adapter_version": stamps[adapter]}) for sample in group] for group in groups]
-            for (adapter, _), groups in zip(checked, results, strict=True)
-        ]
+                results = per_call(samples, checked)
+        return stamped(checked, results, stamps)
 
     def _decode(self, decodings: Sequence[Decoding], owners: Sequence[str | None]) -> list[list[SampledSequence]]:
-        """Decode in batches of at most MAX_ROWS_PER_BATCH rows, each request through its owner's
-        adapter: the plain one-adapter path when they all share one, else a mixed pass (the
-        caller holds the lock and has checked that the owners can mix)."""
+        """Decode each request through its owner's adapter: the plain one-adapter path when they
+        all share one, else a mixed pass (the caller holds the lock and has checked that the
+        owners can mix)."""
         decode = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
         if len(set(owners)) <= 1:
             with self._use(next(iter(owners), None)) as model:
-                return [
-                    g
-                    for chunk in decoding_chunks(decodings, MAX_ROWS_PER_BATCH)
-                    for g in generate_batch(model, chunk, decode=decode)
-                ]
+                return decode_alone(model, decodings, decode)
         self._settle_active(next(owner for owner in owners if owner is not None))
-        samples: list[list[SampledSequence]] = []
-        for chunk in decoding_chunks(decodings, MAX_ROWS_PER_BATCH):
-            chunk_owners = owners[len(samples) : len(samples) + len(chunk)]
-            # One pass opened for the whole decoding (its hooks installed once); each forward
-            # lays its live rows out by owner, a span per run of rows with one adapter.
-            with mixed_adapters(self._peft, by_adapter(chunk_owners)) as mixed:
-                rows_context = mixed.rows_of(chunk_owners)
-                samples += generate_batch(self.model, chunk, decode=decode, rows_context=rows_context)
-        return samples
+        return decode_mixed(self._peft, self.model, decodings, owners, decode)
 
     def sample_with(
         self, adapter_name: str | None, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int
@@ -528,274 +466,3 @@ class ResidentBase:
     ) -> list[SampledSequence]:
         """Sample from the base model itself (every adapter disabled)."""
         return self.sample_with(None, prompt_tokens, params, num_samples)
-
-
-class TrainingSession:
-    """One LoRA adapter on a ResidentBase, with its optimizer state: Tinker's training client, in-process."""
-
-    def __init__(
-        self, base: ResidentBase, session_id: str, options: LoraOptions, seed: int, targets: lora.LoraTargets
-    ) -> None:
-        self.base = base
-        self.session_id = session_id
-        self.options = options
-        self.seed = seed
-        self.targets = targets
-        self.step = 0
-        self._version: str | None = None  # computed when first asked, forgotten at each weight change
-        self._parameters = lora.adapter_parameters(base._peft, session_id)
-        self._optimizer: AdapterOptimizer | None = AdapterOptimizer(self._parameters)
-        self._dropouts = [
-            module.lora_dropout[session_id]
-            for module in base.model.modules()
-            if hasattr(module, "lora_dropout") and session_id in module.lora_dropout
-        ]
-
-    def _group_and_lock(self) -> tuple[Group | None, threading.RLock]:
-        return self.base.group, self.base._lock
-
-    def _mirror_ref(self) -> tuple[str, ...]:
-        return ("session", self.session_id)
-
-    def __repr__(self) -> str:
-        return f"TrainingSession({self.session_id!r}, base={self.base.spec.name!r}, step={self.step})"
-
-    @property
-    def version(self) -> str:
-        """The version of this adapter's weights: a digest of their bytes, new after every
-        `optim_step` or load. Stamped on every sample they generate (`adapter_version`)."""
-        with self.base._lock:
-            if self._version is None:
-                self._version = tensors_fingerprint({n: p.detach() for n, p in self._parameters.items()})[:16]
-            return self._version
-
-    @property
-    def closed(self) -> bool:
-        return self._optimizer is None
-
-    def _release(self) -> None:
-        self._parameters = {}
-        self._optimizer = None
-        self._dropouts = []
-
-    def _live_optimizer(self) -> AdapterOptimizer:
-        if self._optimizer is None:
-            raise NotFound(f"training session {self.session_id!r} is closed", param="session_id")
-        return self._optimizer
-
-    @contextmanager
-    def _lora_dropout(self) -> Iterator[None]:
-        # The base stays in eval mode; only this adapter's LoRA dropout behaves as in training.
-        for dropout in self._dropouts:
-            dropout.train()
-        try:
-            yield
-        finally:
-            for dropout in self._dropouts:
-                dropout.eval()
-
-    def named_parameters(self) -> dict[str, nn.Parameter]:
-        """The adapter's parameters by portable name (peft's saved key)."""
-        return dict(self._parameters)
-
-    def memory_bytes(self) -> dict[str, int]:
-        """What this session holds on top of the shared base: adapter, gradients and Adam moments."""
-        parameters = list(self._parameters.values())
-        return {
-            "adapter": _tensor_bytes(parameters),
-            "gradients": _tensor_bytes([p.grad for p in parameters if p.grad is not None]),
-            "optimizer": self._optimizer.memory_bytes() if self._optimizer else 0,
-        }
-
-    # ---- primitives -------------------------------------------------------------------------
-
-    def forward(
-        self, data: Sequence[Datum], loss_fn: str | None = None, loss_fn_config: dict[str, float] | None = None
-    ) -> ForwardOutput:
-        """Logprobs of each datum's target tokens (float32, no gradient); with `loss_fn`, its value too."""
-        return self.base.evaluate(self.session_id, data, loss_fn, loss_fn_config, backward=False)
-
-    def forward_backward(
-        self, data: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None = None
-    ) -> ForwardOutput:
-        """Add the gradient of a built-in loss to this adapter's accumulated gradients.
-
-        Checked here, so that bad data fail this call alone; then run in one pass with the
-        forward_backward calls of other sessions that overlap it (`ResidentBase.backward_passes`).
-        """
-        self._live_optimizer()
-        request = ScoreRequest.of(self.base.limits, data, loss_fn, loss_fn_config)
-        return self.base.backward_passes.submit(BackwardCall(self, request))
-
-    def forward_backward_custom(self, data: Sequence[Datum], loss_fn: CustomLossFn) -> ForwardOutput:
-        """Any differentiable loss of the logprobs, as Tinker runs it: forward, the loss on leaf
-        tensors, then a linear `cross_entropy` pass whose weights are -d loss / d logprobs."""
-        data = list(data)
-        # One lock for all three steps, so no other request changes this adapter in between.
-        with self.base._lock:
-            forward = self.forward(data)
-            leaves = [torch.tensor(lp, dtype=torch.float32, requires_grad=True) for lp in forward.logprobs]
-            value, metrics = loss_fn(data, leaves)
-            for name in metrics:
-                try:
-                    check_metric_name(name)
-                except ValueError as exc:
-                    raise InvalidRequest(str(exc), param="loss_fn") from exc
-            value.backward()
-            linear = [
-                Datum(
-                    model_input=datum.model_input,
-                    loss_fn_inputs={
-                        "target_tokens": datum.target_tokens,
-                        # A logprob the loss does not use gets no gradient: weight 0.
-                        "weights": (-leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).tolist(),
-                    },
-                )
-                for datum, leaf in zip(data, leaves, strict=True)
-            ]
-            # Run now, not through the combiner: this thread holds the base's lock.
-            request = ScoreRequest.of(self.base.limits, linear, "cross_entropy", None)
-            result = self.base.forward_backward_many([BackwardCall(self, request)])[0]
-        custom = {name: float(number) for name, number in metrics.items()}
-        return ForwardOutput(
-            logprobs=result.logprobs, metrics={**result.metrics, **custom, "loss:sum": float(value.detach())}
-        )
-
-    @mirrored
-    def optim_step(self, adam: AdamParams | None = None) -> dict[str, float]:
-        """One AdamW step over this adapter with `adam`'s hyperparameters; clears its gradients."""
-        with self.base._lock:
-            metrics = self._live_optimizer().step(adam or AdamParams())
-            self.step += 1
-            self._version = None
-        return metrics
-
-    def sample(
-        self, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int = 1
-    ) -> list[SampledSequence]:
-        """Sample continuations under this adapter; logprobs as `forward` computes them."""
-        self._live_optimizer()
-        return self.base.sample_with(self.session_id, prompt_tokens, params, num_samples)
-
-    @contextmanager
-    def looping(self) -> Iterator[None]:
-        """Declare the calling thread a training loop (an RL run): while several sessions' loops run
-        at once on this base, their sample and forward_backward calls wait briefly for each
-        other and share passes (`mint.trainer.combining`)."""
-        with self.base.loops.looping():
-            yield
-
-    def sample_batch(self, requests: Sequence[SampleRequest]) -> list[list[SampledSequence]]:
-        """Sample every request under this adapter, decoded together; one list of samples per request.
-
-        Checked here, so that a bad request fails this call alone; then decoded in one batch with
-        the sample_batch calls of other sessions that overlap it (`ResidentBase.sampling_passes`).
-        """
-        self._live_optimizer()
-        for request in requests:
-            self.base.check_sample_request(request)
-        return self.base.sampling_passes.submit(SampleCall(self.session_id, list(requests)))
-
-    # ---- checkpoints ------------------------------------------------------------------------
-
-    def save_state(self, folder: Path) -> Path:
-        """Adapter weights, Adam moments and step into `folder` (safetensors + JSON), to resume exactly.
-
-        Accumulated gradients are not saved: save after `optim_step`.
-        """
-        with self.base._lock:
-            optimizer = self._live_optimizer()
-            checkpoint.write_state(
-                Path(folder),
-                base_model=self.base.spec.name,
-                step=self.step,
-                options=self.options,
-                seed=self.seed,
-                adapter={name: p.detach() for name, p in self._parameters.items()},
-                optimizer=optimizer.state_tensors(),
-            )
-        return Path(folder)
-
-    def load_state(self, folder: Path) -> None:
-        """Replace this session's weights, moments and step with a saved state of a compatible adapter."""
-        state = checkpoint.read_state(Path(folder))
-        if state.base_model != self.base.spec.name:
-            raise InvalidRequest(
-                f"the state in {folder} was trained on base {state.base_model!r}, not {self.base.spec.name!r}",
-                param="path",
-            )
-        theirs = lora.build_lora_config(
-            state.options, self.base.spec, lora.plan_targets(state.options, self.base.spec, self.base.catalogue)
-        )
-        ours = lora.build_lora_config(self.options, self.base.spec, self.targets)
-        shapes = {name: tuple(p.shape) for name, p in self._parameters.items()}
-        if (theirs.r, theirs.lora_alpha) != (ours.r, ours.lora_alpha) or shapes != {
-            name: tuple(t.shape) for name, t in state.adapter.items()
-        }:
-            raise InvalidRequest(
-                f"the state in {folder} is for another LoRA shape (rank, alpha or targets) than session "
-                f"{self.session_id!r}; open it with ResidentBase.create_session_from_state",
-                param="path",
-            )
-        self._set_state(state.adapter, state.optimizer, state.step)
-
-    @mirrored
-    def _set_state(self, adapter: dict[str, torch.Tensor], optimizer: dict[str, torch.Tensor], step: int) -> None:
-        with self.base._lock, torch.no_grad():
-            # The optimizer state first: it is checked before anything changes.
-            self._live_optimizer().load_state_tensors(optimizer)
-            for name, parameter in self._parameters.items():
-                parameter.copy_(adapter[name])
-                parameter.grad = None
-            self.step = step
-            self._version = None
-
-    @mirrored
-    def load_adapter_weights(self, weights: dict[str, torch.Tensor], *, source: str = "the adapter") -> None:
-        """Replace this adapter's weights with `weights` (by peft's saved key); names and shapes must match."""
-        shapes = {name: tuple(p.shape) for name, p in self._parameters.items()}
-        theirs = {name: tuple(t.shape) for name, t in weights.items()}
-        if shapes != theirs:
-            missing = sorted(set(shapes) - set(theirs))[:3]
-            unexpected = sorted(set(theirs) - set(shapes))[:3]
-            resized = sorted(name for name in set(shapes) & set(theirs) if shapes[name] != theirs[name])[:3]
-            raise InvalidRequest(
-                f"{source} does not fit base {self.base.spec.name!r}: missing {missing}, unexpected {unexpected}, "
-                f"other shapes {resized}; was it trained on another base model?",
-                param="adapter",
-            )
-        with self.base._lock, torch.no_grad():
-            for name, parameter in self._parameters.items():
-                parameter.copy_(weights[name])
-                parameter.grad = None
-            self._version = None
-
-    def copy_weights_to(self, copy: TrainingSession) -> None:
-        """Make `copy`'s adapter weights this one's, in memory (no file): read and written under
-        the base's lock, so never half way through one of this session's updates."""
-        with self.base._lock:
-            weights = {name: p.detach() for name, p in self._parameters.items()}
-            copy.load_adapter_weights(weights, source=f"session {self.session_id!r}")
-
-    @contextmanager
-    def sampler_copy(self) -> Iterator[TrainingSession]:
-        """A second adapter on this base, holding a copy of this one's weights, that samples while
-        this one trains (RL with `max_steps_off_policy`); `copy_weights_to` brings it up to date.
-        Closed when the block ends."""
-        copy = self.base.create_session(self.options.model_copy(update={"seed": self.seed}))
-        try:
-            self.copy_weights_to(copy)
-            yield copy
-        finally:
-            if not copy.closed:
-                self.base.close(copy.session_id)
-
-    def save_weights_for_sampler(self, folder: Path) -> Path:
-        """The adapter in PEFT format (`adapter_config.json` + `adapter_model.safetensors`) in `folder`."""
-        # Active while saving: peft's save_pretrained reads the active adapter's config, and the
-        # active one may be a session closed since (peft keeps its name after deleting it).
-        with self.base._use(self.session_id):
-            self._live_optimizer()
-            return checkpoint.write_sampler_weights(
-                self.base._peft, self.session_id, Path(folder), base_model=self.base.spec.name
-            )

@@ -345,7 +345,7 @@ def test_a_driver_that_keeps_failing_ends_the_run_with_its_error_instead_of_tick
     body = {"model": BASE, "benchmark_id": benchmark["id"], "target": {"pass_rate": 0.5}, "budget": {"usd": 1}}
     run_id = client.post("/v1/autotune", headers=tenant.headers("developer"), json=body).json()["id"]
 
-    def broken(tick: Any, run: Any) -> bool:
+    def broken(tick: Any) -> bool:
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(autotune_driver, "advance", broken)
@@ -367,7 +367,7 @@ def test_a_driver_that_keeps_failing_ends_the_run_with_its_error_instead_of_tick
 @pytest.mark.backend_free
 def test_a_trial_without_a_training_type_of_its_own_trains_full_parameters_only_when_nothing_else_is_allowed() -> None:
     from mint.schemas.autotune import AutotuneCreate
-    from mint.services.autotune.driver import _training_type
+    from mint.services.autotune.trial_jobs import training_type
 
     def request(types: list[str]) -> AutotuneCreate:
         return AutotuneCreate.model_validate(
@@ -381,7 +381,57 @@ def test_a_trial_without_a_training_type_of_its_own_trains_full_parameters_only_
         )
 
     tpe_pick = {"method": "dpo", "learning_rate_multiplier": 1.0, "rank": 8, "steps": 8}  # no training_type
-    assert _training_type(request(["full", "lora"]), tpe_pick) == "lora"  # a run that dropped full parameters
-    assert _training_type(request(["lora"]), tpe_pick) == "lora"
-    assert _training_type(request(["full"]), {**tpe_pick, "method": "sft"}) == "full"
-    assert _training_type(request(["full", "lora"]), {**tpe_pick, "training_type": "full"}) == "full"
+    assert training_type(request(["full", "lora"]), tpe_pick) == "lora"  # a run that dropped full parameters
+    assert training_type(request(["lora"]), tpe_pick) == "lora"
+    assert training_type(request(["full"]), {**tpe_pick, "method": "sft"}) == "full"
+    assert training_type(request(["full", "lora"]), {**tpe_pick, "training_type": "full"}) == "full"
+
+
+@pytest.mark.backend_free
+def test_the_typed_state_reads_a_stored_row_and_writes_it_back_unchanged() -> None:
+    """`AutotuneState` is the `state` column with types: reading a row and writing it back keeps
+    every key as stored (nulls, nested records, and keys of an older Mint such as
+    `base_heldout`), and a key is written only once it is set."""
+    from mint.schemas.autotune_state import AutotuneState
+
+    comparison = {"accuracy_delta": 0.25, "interval": [0.1, 0.4], "significant": True, "fixed": 3, "broken": 1}
+    stored = {
+        "phase": "done",
+        "version": 2,
+        "benchmark_version_id": "bv_1",
+        "grader": None,
+        "base_evals": {"train": "eval_1", "dev": "eval_2", "heldout": "eval_3"},
+        "base_heldout": 0.5,
+        "production": "ft:x@1",
+        "production_evals": {"dev": "eval_4", "heldout": "eval_5"},
+        "base_dev": {"accuracy": 0.25, "mean_score": 0.5},
+        "dev_target": 0.75,
+        "heldout_reserve": 0.0125,
+        "datasets": {"chat": "ds_1", "preference": None},
+        "methods": ["sft"],
+        "choose_full": False,
+        "best": {"trial": 2, "model": "ft:x@2", "dev_pass_rate": 0.75, "dev_mean_score": 0.8},
+        "final_eval": "eval_6",
+        "result": {
+            "model": "ft:x@2",
+            "heldout_pass_rate": 0.75,
+            "base_heldout_pass_rate": 0.5,
+            "against_base": {**comparison, "tasks": 8},
+            "stop_reason": "all 2 trials allowed have run",
+            "against_production": {**comparison, "tasks": 8},
+            "production": "ft:x@1",
+        },
+        "stop_reason": "all 2 trials allowed have run",
+        "waiting": "at the quota",
+    }
+    state = AutotuneState.model_validate(stored)
+    assert state.stored() == stored
+    assert state.best is not None and state.best.base is None and state.best.model == "ft:x@2"
+    assert state.result is not None and state.result.against_base is not None
+    assert state.result.against_base.interval == [0.1, 0.4]
+    fresh = AutotuneState(phase="baseline")
+    assert fresh.stored() == {"phase": "baseline"}
+    fresh.tick_errors += 1
+    fresh.phase = "search"
+    assert fresh.stored() == {"phase": "search", "tick_errors": 1}
+    assert AutotuneState.model_validate({}).stored() == {} and AutotuneState().heldout_reserve == 0.0

@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient
 
 from mint.config import Settings
 from mint.evals.builtin import load_builtin
+from mint.services import catalog
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Adapter, EvalRun
@@ -342,7 +343,7 @@ def register_adapter(prepared: Settings, tenant: Tenant, resident: Any, tmp_path
             archive=adapters.archive_adapter(folder),
             lora={"rank": 16, "alpha": 32},
         )
-        return adapters.model_ref_of(db.get(Adapter, version.adapter_id), version)
+        return catalog.model_ref_of(db.get(Adapter, version.adapter_id), version)
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event, func, select
 
 from mint.config import Settings
-from mint.services.datasets import object_key_of
 from mint.storage.db import session_scope
+from mint.storage.keys import dataset_key
 from mint.storage.tables import Dataset, TrainingJob, new_id
 from tests.conftest import LiveServer, Tenant
 from tests.jobs.conftest import chat_rows, jsonl, upload
@@ -99,7 +99,7 @@ def test_an_upload_whose_twin_was_recorded_first_returns_that_dataset(
             purpose="fine-tune",
             kind="chat",
             status="ready",
-            object_key=object_key_of(sha256),
+            object_key=dataset_key(sha256),
             sha256=sha256,
             size_bytes=len(content),
             row_count=9,

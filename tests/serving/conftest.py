@@ -33,7 +33,8 @@ else:
     from mint.schemas.base_models import BaseModelSpec, get_base_model_spec
     from mint.serving.engine import Engine
     from mint.serving.torch_engine import TorchEngine
-    from mint.trainer.session import ResidentBase, TrainingSession
+    from mint.trainer.session import ResidentBase
+    from mint.trainer.training_session import TrainingSession
     from mint.trainer.types import LoraOptions, SampledSequence, SamplingParams
 
     CONFIGS = PROJECT_ROOT / "configs" / "models"

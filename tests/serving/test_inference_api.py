@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from mint.config import Settings, get_settings
+from mint.services import catalog
 from mint.services.models import adapters
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
@@ -66,7 +67,7 @@ def _train_version(settings: Settings, tenant: Tenant, resident: Any, folder: Pa
             archive=adapters.archive_adapter(folder),
             lora={"rank": 16, "alpha": 32},
         )
-        return adapters.model_ref_of(db.get(Adapter, version.adapter_id), version)
+        return catalog.model_ref_of(db.get(Adapter, version.adapter_id), version)
 
 
 @pytest.fixture(scope="module")

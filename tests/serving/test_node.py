@@ -19,9 +19,9 @@ from mint.config import PROJECT_ROOT
 from mint.errors import ConfigurationError
 from mint.schemas.base_models import get_base_model_spec
 from mint.schemas.inference import AdapterOnNode
+from mint.schemas.node import NodeCompletion
 from mint.services.models.adapters import archive_adapter
 from mint.serving import engines
-from mint.serving.completion import NodeCompletion
 from mint.serving.engine import Engine
 from mint.serving.node import ServingNode
 from mint.storage.objects import LocalObjectStore

@@ -25,6 +25,7 @@ from mint.api.node_app import create_node_app
 from mint.api.node_guard import OPEN_PATHS
 from mint.config import Settings
 from mint.services.serving.nodes import node_for, register_node, unregister_node
+from mint.serving.hosting import NodeHost
 from mint.storage.db import session_scope
 from mint.storage.tables import ServingNode
 from tests.conftest import Tenant, free_port
@@ -73,7 +74,9 @@ def run_node(settings: Settings, url: str) -> Iterator[RunningNode]:
     root.addHandler(logs)
     root.setLevel(logging.DEBUG)
     try:
-        with TestClient(create_node_app(settings, BASE, url), raise_server_exceptions=False) as client:
+        with TestClient(
+            create_node_app(settings, NodeHost(settings, BASE), url), raise_server_exceptions=False
+        ) as client:
             with session_scope(settings.database) as session:
                 row = session.execute(select(ServingNode).where(ServingNode.url == url)).scalar_one()
                 session.expunge(row)

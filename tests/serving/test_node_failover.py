@@ -21,10 +21,10 @@ import pytest
 from sqlalchemy import delete
 
 from mint.config import Settings
+from mint.schemas.node import NodeCompletion
 from mint.services.serving import node_client
 from mint.services.serving.node_client import NodeTraffic, complete_lines, open_stream
 from mint.services.serving.nodes import NodeAddress, live_addresses, register_node, serving_order
-from mint.serving.completion import NodeCompletion
 from mint.storage.db import session_scope
 from mint.storage.tables import ServingNode
 from tests.conftest import LiveServer, Tenant, free_port, make_tenant, serving_node, wait_for
@@ -153,12 +153,13 @@ def test_an_answer_comes_from_the_next_node_when_the_first_refuses_the_connectio
 
         async def ask(stream: bool = stream, traffic: NodeTraffic = traffic, dead: NodeAddress = dead) -> Any:
             if not stream:
-                return await complete_lines([dead, alive], request(), traffic)
-            first, rest = await open_stream([dead, alive], request(), traffic)
-            return [first, *[line async for line in rest]]
+                first, rest = await complete_lines([dead, alive], request(), traffic)
+                return [first, *rest]
+            first, lines = await open_stream([dead, alive], request(), traffic)
+            return [first, *[line async for line in lines]]
 
         lines = asyncio.run(ask())
-        assert lines[0]["served"]["adapter"] is None and lines[-1]["finish_reason"], lines
+        assert lines[0].served.adapter is None and lines[-1].finish_reason, lines
         assert traffic.down() == {dead.id}
         assert traffic.asked() == {dead.id: 1, alive.id: 1} and traffic.in_flight() == {}
 

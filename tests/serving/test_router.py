@@ -192,8 +192,7 @@ def test_importing_the_router_does_not_import_torch() -> None:
 def test_the_api_side_of_mixtures_imports_no_torch() -> None:
     """The spec and the request that carries it are what the API process imports: no torch, no transformers."""
     modules = (
-        "mint.serving.mixture, mint.serving.completion, mint.services.serving.inference, "
-        "mint.services.serving.deployments"
+        "mint.serving.mixture, mint.schemas.node, mint.services.serving.inference, mint.services.serving.deployments"
     )
     code = f"import sys, {modules}, mint.api.openai; assert not {{'torch', 'transformers'}} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -18,7 +18,8 @@ if importlib.util.find_spec("torch") is None:  # the train extra is not installe
 else:
     from mint.config import PROJECT_ROOT
     from mint.schemas.base_models import BaseModelSpec, get_base_model_spec
-    from mint.trainer.session import ResidentBase, TrainingSession
+    from mint.trainer.session import ResidentBase
+    from mint.trainer.training_session import TrainingSession
     from mint.trainer.types import Datum, LoraOptions
 
     BASE_NAME = "tiny-glm-moe"

@@ -17,7 +17,8 @@ from mint.schemas.base_models import BaseModelSpec
 from mint.serving.engine import GenerateRequest
 from mint.serving.torch_engine import TorchEngine
 from mint.trainer.models import load_base_model
-from mint.trainer.session import ResidentBase, TrainingSession
+from mint.trainer.session import ResidentBase
+from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import AdamParams, Datum, SamplingParams
 
 pytestmark = [pytest.mark.backend_free, pytest.mark.torch]

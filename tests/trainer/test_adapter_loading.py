@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mint.errors import InvalidRequest
-from mint.trainer.session import ResidentBase, TrainingSession
+from mint.trainer.session import ResidentBase
+from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import AdamParams, Datum, SamplingParams
 
 pytestmark = [pytest.mark.backend_free, pytest.mark.torch]

@@ -14,7 +14,9 @@ from mint.evals.builtin import Task, load_builtin
 from mint.evals.graders import GraderSpec
 from mint.trainer.recipes.rl import RlConfig, RlPrompt, StaleSampler, run_rl
 from mint.trainer.recipes.rollout_sources import Ahead, PolicyVersions
-from mint.trainer.session import BASE_VERSION, ResidentBase, TrainingSession
+from mint.trainer.sampling_passes import BASE_VERSION
+from mint.trainer.session import ResidentBase
+from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import AdamParams, Datum, ForwardOutput, LoraOptions, SampledSequence, SampleRequest
 
 PARAMS = {"max_tokens": 3, "temperature": 1.0, "seed": 5}

@@ -22,7 +22,8 @@ from mint.evals.graders import GraderSpec
 from mint.trainer.episodes import EpisodeGroups, EpisodeLimits, play, run_episodes
 from mint.trainer.recipes.rl import RlConfig, RlPrompt, run_rl
 from mint.trainer.recipes.sft import SftConfig, run_sft
-from mint.trainer.session import ResidentBase, TrainingSession
+from mint.trainer.session import ResidentBase
+from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import AdamParams, Datum, ForwardOutput, LoraOptions, SampledSequence, SampleRequest
 
 pytestmark = pytest.mark.backend_free

@@ -11,7 +11,8 @@ import torch
 
 from mint.errors import InvalidRequest
 from mint.trainer.prompt_scores import NO_TARGET, PromptQuery
-from mint.trainer.session import ResidentBase, TrainingSession
+from mint.trainer.session import ResidentBase
+from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import AdamParams, Datum, SampleRequest, SamplingParams
 
 pytestmark = [pytest.mark.backend_free, pytest.mark.torch]

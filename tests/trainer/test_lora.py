@@ -15,7 +15,8 @@ import torch
 from peft.tuners.lora import LoraLayer
 
 from mint.errors import Conflict, InvalidRequest
-from mint.trainer.session import ResidentBase, TrainingSession
+from mint.trainer.session import ResidentBase
+from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import Datum, LoraOptions
 
 pytestmark = pytest.mark.backend_free

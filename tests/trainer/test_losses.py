@@ -12,7 +12,8 @@ import torch
 from mint.errors import InvalidRequest
 from mint.schemas.losses import LOSS_CONFIG_DEFAULTS
 from mint.trainer.losses import LOSSES, Loss, cross_entropy, get_loss, gspo, ppo, register_loss
-from mint.trainer.session import ResidentBase, TrainingSession
+from mint.trainer.session import ResidentBase
+from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import AdamParams, Datum
 
 pytestmark = [pytest.mark.backend_free, pytest.mark.torch]

@@ -22,8 +22,10 @@ import torch
 
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer.mixed_adapters import can_mix
+from mint.trainer.sampling_passes import SampleCall
 from mint.trainer.scoring import ScoreRequest
-from mint.trainer.session import BackwardCall, ResidentBase, SampleCall, TrainingSession
+from mint.trainer.session import ResidentBase
+from mint.trainer.training_session import BackwardCall, TrainingSession
 from mint.trainer.types import AdamParams, Datum, ForwardOutput, LoraOptions, SampleRequest, SamplingParams
 
 ATTENTION_ONLY = {"train_mlp": False, "train_experts": False, "seed": 0}

@@ -32,7 +32,8 @@ from mint.trainer.recipes.rl import (
     run_rl,
 )
 from mint.trainer.recipes.sft import SftConfig, run_sft, run_sft_plan
-from mint.trainer.session import ResidentBase, TrainingSession
+from mint.trainer.session import ResidentBase
+from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import LoraOptions, SampledSequence, SamplingParams
 
 pytestmark = pytest.mark.backend_free

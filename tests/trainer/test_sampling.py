@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from mint.errors import InvalidRequest
-from mint.trainer import session as session_module
+from mint.trainer import sampling_passes
 from mint.trainer.sampling import StopRule, choose_tokens, draw
-from mint.trainer.session import ResidentBase, TrainingSession
+from mint.trainer.session import ResidentBase
+from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import AdamParams, Datum, ForwardOutput, SampledSequence, SampleRequest, SamplingParams
 
 pytestmark = [pytest.mark.backend_free, pytest.mark.torch]
@@ -260,7 +261,7 @@ def test_a_large_batch_runs_in_bounded_chunks_with_the_same_samples(
     trained: TrainingSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     whole = trained.sample_batch(MIXED)
-    monkeypatch.setattr(session_module, "MAX_ROWS_PER_BATCH", 3)  # rows 3 | 2 + 1 | 2
+    monkeypatch.setattr(sampling_passes, "MAX_ROWS_PER_BATCH", 3)  # rows 3 | 2 + 1 | 2
     for samples, other in zip(trained.sample_batch(MIXED), whole, strict=True):
         assert_same_samples(samples, other)
 

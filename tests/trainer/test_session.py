@@ -21,7 +21,8 @@ from mint.trainer import checkpoint
 from mint.trainer.lora import wrapped_targets
 from mint.trainer.models import load_base_model
 from mint.trainer.packing import token_logprobs
-from mint.trainer.session import ResidentBase, TrainingSession
+from mint.trainer.session import ResidentBase
+from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import AdamParams, Datum, ForwardOutput
 from mint.worker.resident import base_options
 

@@ -16,8 +16,9 @@ import torch
 from mint.trainer import shared_prefixes
 from mint.trainer.packing import pack
 from mint.trainer.scoring import ScoreRequest
-from mint.trainer.session import BackwardCall, ResidentBase, TrainingSession
+from mint.trainer.session import ResidentBase
 from mint.trainer.shared_prefixes import MIN_SHARED_TOKENS, share
+from mint.trainer.training_session import BackwardCall, TrainingSession
 from mint.trainer.types import Datum, SampleRequest, SamplingParams
 from tests.trainer.test_mixed_passes import _trained
 

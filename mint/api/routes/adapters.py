@@ -16,6 +16,7 @@ from mint.api.routes.fine_tuning import job_public
 from mint.schemas.adapters import ADAPTER_NAME_PATTERN, AdapterPublic, AdapterVersionPublic, ReplayCreate
 from mint.schemas.common import ID_PATTERN, MAX_VERSION, Page
 from mint.schemas.fine_tuning import FineTuningJob
+from mint.services import catalog
 from mint.services.jobs import replay
 from mint.services.models import adapters, uploads
 from mint.storage.objects import object_store_for
@@ -29,7 +30,7 @@ Version = Annotated[int, Path(ge=1, le=MAX_VERSION, description="The version num
 
 def _public(adapter: Adapter, version: AdapterVersion) -> AdapterVersionPublic:
     wire = AdapterVersionPublic.model_validate(version)
-    return wire.model_copy(update={"model": adapters.model_ref_of(adapter, version)})
+    return wire.model_copy(update={"model": catalog.model_ref_of(adapter, version)})
 
 
 @router.get("", response_model=Page[AdapterPublic])

@@ -24,6 +24,7 @@ from mint.schemas.deployments import (
     RollbackRequest,
     WithdrawRequest,
 )
+from mint.services import catalog
 from mint.services.serving import captures, deployments, inference, node_client
 from mint.services.serving.nodes import live_addresses
 from mint.storage.tables import Deployment
@@ -45,7 +46,7 @@ def _prefetch_later(session: SessionDep, settings: SettingsDep, deployment: Depl
 
 def _public(session: SessionDep, deployment: Deployment) -> DeploymentPublic:
     wire = DeploymentPublic.model_validate(deployment)
-    serving = RevisionPublic.model_validate(deployments.current_revision(session, deployment))
+    serving = RevisionPublic.model_validate(catalog.current_revision(session, deployment))
     capture = CaptureSettings(rate=deployment.capture_rate, retention_days=deployment.capture_retention_days)
     return wire.model_copy(update={"serving": serving, "capture": capture})
 
@@ -76,7 +77,7 @@ def list_deployments(
 
 @router.get("/{deployment_id}", response_model=DeploymentPublic)
 def get_deployment(deployment_id: DeploymentId, session: SessionDep, principal: CurrentPrincipal) -> DeploymentPublic:
-    return _public(session, deployments.get_deployment(session, principal.organization_id, deployment_id))
+    return _public(session, catalog.get_deployment(session, principal.organization_id, deployment_id))
 
 
 @router.get("/{deployment_id}/revisions", response_model=list[RevisionPublic])
@@ -84,7 +85,7 @@ def list_revisions(
     deployment_id: DeploymentId, session: SessionDep, principal: CurrentPrincipal
 ) -> list[RevisionPublic]:
     """Every revision, newest first: what served, why, and the gate's verdict."""
-    deployment = deployments.get_deployment(session, principal.organization_id, deployment_id)
+    deployment = catalog.get_deployment(session, principal.organization_id, deployment_id)
     return [RevisionPublic.model_validate(row) for row in deployments.revisions(session, deployment)]
 
 
@@ -149,7 +150,7 @@ def set_capture(
     """Record a share of the requests this deployment serves (`rate`, 0 to stop), each kept for
     `retention_days`; audited. Capture is written behind the request path: it never slows or
     fails a request. Find a capture by its completion's id at `/v1/captures/{id}`."""
-    deployment = deployments.get_deployment(session, principal.organization_id, deployment_id)
+    deployment = catalog.get_deployment(session, principal.organization_id, deployment_id)
     captures.set_capture(session, principal, deployment, rate=body.rate, retention_days=body.retention_days)
     return _public(session, deployment)
 

@@ -22,6 +22,7 @@ from mint.schemas.evals import (
     SkippedTask,
     TrajectoryPublic,
 )
+from mint.services import catalog
 from mint.services.evals import runs as evals
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Dataset, EvalRun
@@ -91,7 +92,7 @@ def compare_eval_runs(
 
 @router.get("/v1/evals/{eval_id}", response_model=EvalRunPublic)
 def get_eval_run(eval_id: EvalId, session: SessionDep, principal: CurrentPrincipal) -> EvalRunPublic:
-    return _view(session, evals.get_eval_run(session, principal.organization_id, eval_id))
+    return _view(session, catalog.get_eval_run(session, principal.organization_id, eval_id))
 
 
 @router.post("/v1/evals/{eval_id}/cancel", response_model=EvalRunPublic)
@@ -110,7 +111,7 @@ def list_trajectories(
     limit: Limit = 20,
 ) -> Page[TrajectoryPublic]:
     """Every task of the run in the order it was written: messages with tool calls, output, grade and cost."""
-    run = evals.get_eval_run(session, principal.organization_id, eval_id)
+    run = catalog.get_eval_run(session, principal.organization_id, eval_id)
     result = evals.list_trajectories(session, run, passed=passed, after=after, limit=limit)
     return page_of(result, TrajectoryPublic)
 

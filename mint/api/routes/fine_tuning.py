@@ -22,6 +22,7 @@ from mint.schemas.fine_tuning import (
     FineTuningJobEvent,
     JobEstimate,
 )
+from mint.schemas.job_spec import JobSpec
 from mint.services import auth
 from mint.services.billing import spend
 from mint.services.jobs import fine_tuning
@@ -45,7 +46,7 @@ EventCursor = Annotated[
 
 
 def job_public(session: SessionDep, job: TrainingJob) -> FineTuningJob:
-    stages = fine_tuning.stage_versions_of(session, job) if "stages" in job.spec else None
+    stages = fine_tuning.stage_versions_of(session, job) if JobSpec.model_validate(job.spec).chained else None
     return FineTuningJob.model_validate(
         fine_tuning.job_view(job, fine_tuning.fine_tuned_model_of(session, job), stages)
     )

@@ -5,7 +5,7 @@ The registry is closed: a grader is named by `GraderSpec.type`, one of `exact`,
 `composite`, and its `config` is validated once, when the spec is built. Nothing a request sends is run as code:
 a `python` grader names a function registered in Mint's code with `@register_python_grader`,
 a `regex` pattern is checked for the shapes that backtrack exponentially
-(`mint.evals.patterns`), and the `judge` grader only writes a prompt and reads a score: the
+(`mint.chat.patterns`), and the `judge` grader only writes a prompt and reads a score: the
 model call is injected by the caller (`GradeContext.judge`), so the grader itself never
 reaches a model.
 
@@ -59,7 +59,6 @@ from mint.evals.graders.spec import (
     output_text,
     reward_spec,
 )
-from mint.evals.graders.text import normalize_text
 
 __all__ = [
     "Grade",
@@ -72,7 +71,6 @@ __all__ = [
     "PythonGraderFn",
     "grade",
     "grader_types",
-    "normalize_text",
     "output_text",
     "python_grader_names",
     "register_python_grader",

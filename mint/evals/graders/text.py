@@ -3,17 +3,18 @@
 `exact` and `normalized` compare the whole answer with one or several acceptable answers;
 `regex` checks the answer's shape and can pull out one group to compare. A regex pattern
 comes from a benchmark, so it is checked for the shapes that backtrack exponentially
-(`mint.evals.patterns`) and never runs on more than MAX_REGEX_INPUT_CHARS of output.
+(`mint.chat.patterns`) and never runs on more than MAX_REGEX_INPUT_CHARS of output.
 """
 
 from __future__ import annotations
 
 import re
-import unicodedata
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from mint.chat.patterns import MAX_PATTERN_CHARS, compile_pattern
+from mint.chat.text import normalize_text
 from mint.evals.graders.spec import (
     Grade,
     GradeContext,
@@ -25,7 +26,6 @@ from mint.evals.graders.spec import (
     _text_references,
     output_text,
 )
-from mint.evals.patterns import MAX_PATTERN_CHARS, compile_pattern
 
 # The most output a regex runs on, so one grade stays cheap whatever the model wrote.
 MAX_REGEX_INPUT_CHARS = 20_000
@@ -51,18 +51,6 @@ class NormalizedConfig(_Config):
     """Compare after case folding, Unicode NFKC, removing punctuation and collapsing whitespace."""
 
     remove_articles: bool = Field(default=False, description="Also drop English a / an / the (SQuAD-style).")
-
-
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-
-
-def normalize_text(text: str, *, remove_articles: bool = False) -> str:
-    """Case, punctuation and whitespace removed from the comparison."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    text = "".join(char for char in text if not unicodedata.category(char).startswith("P"))
-    if remove_articles:
-        text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
 
 
 @_grader("normalized", NormalizedConfig)

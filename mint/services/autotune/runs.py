@@ -1,10 +1,11 @@
 """Auto runs (`/v1/autotune`): create, read, list, cancel, and the ticks that drive them.
 
 A run is driven by a chain of `mint.autotune.tick` messages on the system queue: each tick
-claims the run by its `tick_id` (compare and set), advances it one step
-(`autotune_driver.advance`), and sends the next tick with a new id after `autotune_poll_s`.
-A duplicate message finds the id moved on and does nothing; a chain that broke (a worker died
-between commit and send) is restarted by the reconciler (`resend_quiet_runs`).
+claims the run by its `tick_id` (compare and set), builds its context once (`tick.Tick.of`),
+advances it one step (`driver.advance`), and sends the next tick with a new id after
+`autotune_poll_s`. A duplicate message finds the id moved on and does nothing; a chain that
+broke (a worker died between commit and send) is restarted by the reconciler
+(`resend_quiet_runs`).
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.schemas.autotune import AutotuneCreate
+from mint.schemas.autotune_state import AutotuneState
 from mint.services import benchmarks
-from mint.services.billing.quotas import QuotaDefaults
+from mint.services.autotune import driver
+from mint.services.autotune.state import elapsed_s, state_of, trials_of
+from mint.services.autotune.tick import Tick
+from mint.services.catalog import get_deployment, resolve_model_ref
 from mint.services.dispatch import Dispatch
-from mint.services.models.adapters import resolve_model_ref
 from mint.services.principal import Principal
 from mint.storage.db import session_scope
-from mint.storage.objects import object_store_for
-from mint.storage.queries import PageResult, get_owned, owned_by, paginate
-from mint.storage.tables import AutotuneRun, AutotuneTrial, new_id, utcnow
+from mint.storage.queries import PageResult, get_owned, owned_by, paginate, rowcount
+from mint.storage.tables import AutotuneRun, new_id, utcnow
 
 TICK_TASK = "mint.autotune.tick"
 ACTIVE = ("queued", "running")
@@ -68,8 +71,6 @@ def create_run(session: Session, principal: Principal, body: AutotuneCreate, *, 
     benchmark = benchmarks.get_benchmark(session, principal.organization_id, body.benchmark_id)
     benchmarks.get_version(session, benchmark, body.version)  # it exists
     if body.target.deployment is not None:
-        from mint.services.serving.deployments import get_deployment
-
         get_deployment(session, principal.organization_id, body.target.deployment)
     run = AutotuneRun(
         id=new_id("auto"),
@@ -79,7 +80,7 @@ def create_run(session: Session, principal: Principal, body: AutotuneCreate, *, 
         status="queued",
         request=body.model_dump(mode="json"),
         created_by={"key_id": principal.key_id, "role": principal.role, "name": principal.name},
-        state={"phase": "baseline"},
+        state=AutotuneState(phase="baseline").stored(),
         decisions=[],
         tick_id=_new_tick_id(),
     )
@@ -108,30 +109,21 @@ def cancel_run(session: Session, principal: Principal, run_id: str) -> AutotuneR
     return run
 
 
-def trials_of(session: Session, run: AutotuneRun) -> list[AutotuneTrial]:
-    return list(
-        session.execute(
-            select(AutotuneTrial).where(AutotuneTrial.run_id == run.id).order_by(AutotuneTrial.number)
-        ).scalars()
-    )
-
-
 def run_view(session: Session, run: AutotuneRun) -> dict[str, Any]:
     """The API's view of a run: status, phase, money and time so far, best, result, decisions, trials."""
-    from mint.services.autotune.driver import elapsed_s
-
-    state = run.state
+    state = state_of(run)
     return {
         "id": run.id,
         "model": run.base_model,
         "benchmark_id": run.benchmark_id,
         "status": run.status,
-        "phase": state.get("phase", "baseline"),
+        "phase": state.phase,
         "request": run.request,
         "cost_usd": run.cost_usd,
         "elapsed_s": elapsed_s(run),
-        "best": state.get("best"),
-        "result": state.get("result") or ({"stop_reason": state["stop_reason"]} if "stop_reason" in state else None),
+        "best": state.best.stored() if state.best is not None else None,
+        "result": (state.result.stored() if state.result is not None else None)
+        or ({"stop_reason": state.stop_reason} if state.stop_reason is not None else None),
         "decisions": run.decisions,
         "trials": [
             {
@@ -158,53 +150,52 @@ def run_view(session: Session, run: AutotuneRun) -> dict[str, Any]:
 
 def tick(settings: Settings, run_id: str, tick_id: str, send: Dispatch) -> str:
     """One tick of a run's driver (the Celery task's body); what it did, for the logs."""
-    from mint.services.autotune.driver import Tick, advance
-
     following = _new_tick_id()
     with session_scope(settings.database) as session:
-        claimed = session.execute(
-            update(AutotuneRun)
-            .where(AutotuneRun.id == run_id, AutotuneRun.tick_id == tick_id, AutotuneRun.status.in_(ACTIVE))
-            .values(tick_id=following, advanced_at=utcnow())
-            .execution_options(synchronize_session=False)
-        ).rowcount  # type: ignore[attr-defined]
+        claimed = rowcount(
+            session.execute(
+                update(AutotuneRun)
+                .where(AutotuneRun.id == run_id, AutotuneRun.tick_id == tick_id, AutotuneRun.status.in_(ACTIVE))
+                .values(tick_id=following, advanced_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+        )
         session.commit()
         if not claimed:
             return "not this tick's run (a duplicate, or the run is finished)"
         run = session.get(AutotuneRun, run_id)
         assert run is not None
-        ticking = Tick(session, object_store_for(settings), send, QuotaDefaults.of(settings), settings)
         try:
-            done = advance(ticking, run)
+            ticking = Tick.of(session, settings, send, run)
+            done = driver.advance(ticking)
         except Exception as exc:
             session.rollback()
             run = session.get(AutotuneRun, run_id)
             assert run is not None
             run.tick_id = following
-            errors = run.state.get("tick_errors", 0) + 1
-            run.state = {**run.state, "tick_errors": errors}
-            if errors >= MAX_TICK_ERRORS:
-                _fail_on_error(ticking, run, exc)
+            ticking = Tick.of(session, settings, send, run)  # the run as it was before this tick
+            ticking.state.tick_errors += 1
+            ticking.save()
+            if ticking.state.tick_errors >= MAX_TICK_ERRORS:
+                _fail_on_error(ticking, exc)
                 session.commit()
                 raise
             # Keep the chain: the next tick tries again from what the database holds.
             session.commit()
             send_tick(run, send, countdown_s=settings.autotune_poll_s)
             raise
-        if run.state.get("tick_errors"):
-            run.state = {key: value for key, value in run.state.items() if key != "tick_errors"}
+        if ticking.state.tick_errors:  # this tick went through: the errors in a row start again from none
+            run.state = ticking.state.model_dump(mode="json", exclude_unset=True, exclude={"tick_errors"})
         session.commit()
         if not done:
             send_tick(run, send, countdown_s=settings.autotune_poll_s)
-        return f"{run.status} ({run.state.get('phase')})"
+        return f"{run.status} ({ticking.state.phase})"
 
 
-def _fail_on_error(ticking: Any, run: AutotuneRun, exc: Exception) -> None:
-    """End `run` as failed after `MAX_TICK_ERRORS` ticks in a row raised `exc`'s kind of error."""
-    from mint.services.autotune.driver import finish
-
+def _fail_on_error(ticking: Tick, exc: Exception) -> None:
+    """End the run as failed after `MAX_TICK_ERRORS` ticks in a row raised `exc`'s kind of error."""
     message = f"the driver failed {MAX_TICK_ERRORS} ticks in a row, last with {type(exc).__name__}: {exc}"
-    finish(ticking, run, "failed", message, error={"type": "internal_error", "message": message})
+    ticking.finish("failed", message, error={"type": "internal_error", "message": message})
 
 
 def resend_quiet_runs(session: Session, send: Dispatch, *, quiet_s: float) -> list[str]:

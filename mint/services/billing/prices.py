@@ -20,7 +20,7 @@ training file, where there are any) give the ratio of the tokens they really tra
 sampled) to their own raw figures, and how long they ran (claim to finish, less loading the
 base) as a fixed part plus tokens per second (`_speed`). A base and method no job has finished
 on yet use the raw figures and `DEFAULT_TOKENS_PER_SECOND`; the estimate says which
-(`calibrated_on`: how many jobs). Each job stores its estimate in `spec["estimate"]`, so
+(`calibrated_on`: how many jobs). Each job stores its estimate in its spec's `estimate` (`JobSpec`), so
 `estimate_errors` can compare it with what the job cost.
 """
 
@@ -36,6 +36,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from mint.errors import InvalidRequest
+from mint.schemas.job_spec import JobSpec, PublicEstimate
 from mint.schemas.plans import TrainingPlan
 from mint.storage.tables import BaseModelRow, Dataset, EvalRun, Price, TrainingJob, UsageRecord, utcnow
 
@@ -209,20 +210,22 @@ def calibration(
         .order_by(TrainingJob.finished_at.desc())
         .limit(CALIBRATION_JOBS * 4)
     )
+    read = ((job, JobSpec.model_validate(job.spec)) for job in session.execute(query).scalars())
+    # (job, its spec, its estimate) of each job that calibrates
     measured = [
-        job
-        for job in session.execute(query).scalars()
-        if _calibrates(job) and job.spec.get("training_type", "lora") == training_type
+        (job, spec, spec.estimate)
+        for job, spec in read
+        if spec.estimate is not None and _calibrates(job, spec) and spec.training_type == training_type
     ]
-    same_file = [job for job in measured if job.training_dataset_id == training_file]
+    same_file = [entry for entry in measured if entry[0].training_dataset_id == training_file]
     measured = (same_file or measured)[:CALIBRATION_JOBS]
     if not measured:
         return UNCALIBRATED
-    raw_trained = sum(job.spec["estimate"]["raw_trained_tokens"] for job in measured)
-    raw_sampled = sum(job.spec["estimate"]["raw_sampled_tokens"] for job in measured)
-    trained = sum(job.trained_tokens for job in measured)
-    sampled = sum(job.sampled_tokens for job in measured)
-    overhead_s, tokens_per_second = _speed([(job.trained_tokens, _seconds(job)) for job in measured])
+    raw_trained = sum(estimate.raw_trained_tokens for _, _, estimate in measured)
+    raw_sampled = sum(estimate.raw_sampled_tokens for _, _, estimate in measured)
+    trained = sum(job.trained_tokens for job, _, _ in measured)
+    sampled = sum(job.sampled_tokens for job, _, _ in measured)
+    overhead_s, tokens_per_second = _speed([(job.trained_tokens, _seconds(job, spec)) for job, spec, _ in measured])
     return Calibration(
         jobs=len(measured),
         trained_ratio=trained / raw_trained if raw_trained else 1.0,
@@ -246,21 +249,20 @@ def _speed(points: list[tuple[int, float]]) -> tuple[float, float]:
     return 0.0, statistics.median(tokens / seconds for tokens, seconds in points)
 
 
-def _calibrates(job: TrainingJob) -> bool:
-    """A job whose figures speak for the cost model: single-stage, estimated, run in one attempt."""
-    estimate = job.spec.get("estimate")
+def _calibrates(job: TrainingJob, spec: JobSpec) -> bool:
+    """A job (`spec`: its spec) whose figures speak for the cost model: single-stage, estimated,
+    run in one attempt."""
     one_attempt = job.attempts == 1 and job.finished_at is not None
-    return bool(estimate) and "stages" not in job.spec and one_attempt and job.trained_tokens > 0
+    return spec.estimate is not None and not spec.chained and one_attempt and job.trained_tokens > 0
 
 
-def _seconds(job: TrainingJob) -> float:
-    """Claim to finish, less the time its worker spent loading the base."""
+def _seconds(job: TrainingJob, spec: JobSpec | None = None) -> float:
+    """Claim to finish, less the time its worker spent loading the base (`spec`: the job's spec,
+    if read already)."""
     assert job.started_at is not None and job.finished_at is not None
-    elapsed = (job.finished_at - job.started_at).total_seconds() - job.spec.get("base_load_seconds", 0.0)
+    spec = JobSpec.model_validate(job.spec) if spec is None else spec
+    elapsed = (job.finished_at - job.started_at).total_seconds() - spec.base_load_seconds
     return max(elapsed, 0.0)
-
-
-PUBLIC_ESTIMATE = ("trained_tokens", "sampled_tokens", "steps", "seconds", "cost_usd", "calibrated_on")
 
 
 @dataclass(frozen=True)
@@ -277,13 +279,16 @@ class JobEstimate:
     raw_sampled_tokens: float
     prices: dict[str, float]
 
-    def public(self) -> dict[str, float | int]:
+    def public(self) -> PublicEstimate:
         """The figures a client sees (`PUBLIC_ESTIMATE`), seconds to a tenth, dollars to a micro-dollar."""
-        rounding = {"seconds": 1, "cost_usd": 6}
-        return {
-            name: round(getattr(self, name), rounding[name]) if name in rounding else getattr(self, name)
-            for name in PUBLIC_ESTIMATE
-        }
+        return PublicEstimate(
+            trained_tokens=self.trained_tokens,
+            sampled_tokens=self.sampled_tokens,
+            steps=self.steps,
+            seconds=round(self.seconds, 1),
+            cost_usd=round(self.cost_usd, 6),
+            calibrated_on=self.calibrated_on,
+        )
 
 
 def estimate_stages(
@@ -350,21 +355,22 @@ def estimate_errors(session: Session, *, limit: int) -> list[EstimateError]:
     query = select(TrainingJob).where(TrainingJob.status == "succeeded").order_by(TrainingJob.finished_at.desc())
     errors = []
     for job in session.execute(query.limit(limit)).scalars():
-        estimate = job.spec.get("estimate")
-        if job.status != "succeeded" or not estimate or job.started_at is None or job.finished_at is None:
+        spec = JobSpec.model_validate(job.spec)
+        estimate = spec.estimate
+        if job.status != "succeeded" or estimate is None or job.started_at is None or job.finished_at is None:
             continue
         errors.append(
             EstimateError(
                 job_id=job.id,
                 base_model=job.base_model,
                 method=job.method,
-                calibrated_on=estimate["calibrated_on"],
-                estimated_usd=estimate["cost_usd"],
+                calibrated_on=estimate.calibrated_on,
+                estimated_usd=estimate.cost_usd,
                 actual_usd=job.cost_usd,
-                estimated_tokens=estimate["trained_tokens"],
+                estimated_tokens=estimate.trained_tokens,
                 actual_tokens=job.trained_tokens,
-                estimated_seconds=estimate["seconds"],
-                actual_seconds=_seconds(job),
+                estimated_seconds=estimate.seconds,
+                actual_seconds=_seconds(job, spec),
             )
         )
     return errors

@@ -24,6 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mint.errors import InvalidRequest, SpendLimitExceeded
+from mint.schemas.job_spec import JobSpec
 from mint.services.audit import record_audit
 from mint.services.billing.prices import spent_since
 from mint.services.principal import Principal
@@ -109,9 +110,14 @@ def _committed(session: Session, organization_id: str) -> float:
         TrainingJob.status.in_(("validating_files", "queued", "running")),
     )
     return sum(
-        max((job.spec.get("estimate") or {}).get("cost_usd", 0.0) - job.cost_usd, 0.0)
+        max(_estimated_usd(JobSpec.model_validate(job.spec)) - job.cost_usd, 0.0)
         for job in session.execute(query).scalars()
     )
+
+
+def _estimated_usd(spec: JobSpec) -> float:
+    """What a job was estimated to cost at create; 0 for a job stored without an estimate."""
+    return spec.estimate.cost_usd if spec.estimate is not None else 0.0
 
 
 def allowance_at_create(session: Session, organization: Organization, budget_usd: float | None) -> Allowance | None:
@@ -164,4 +170,5 @@ def job_allowance(session: Session, job: TrainingJob, billed_usd: float) -> Allo
     cost of its usage records so far, part of the month's spend that counts towards itself."""
     organization = session.get(Organization, job.organization_id)
     assert organization is not None
-    return _allowance(status_of(session, organization), job.spec.get("request", {}).get("budget_usd"), billed_usd)
+    budget_usd = JobSpec.model_validate(job.spec).budget_usd
+    return _allowance(status_of(session, organization), budget_usd, billed_usd)

@@ -56,6 +56,14 @@ def usage_summary(
         query = query.where(UsageRecord.created_at < until)
     query = query.group_by(UsageRecord.kind, UsageRecord.base_model).order_by(UsageRecord.kind, UsageRecord.base_model)
     return [
-        UsageLine(kind=kind, base_model=base, tokens=int(tokens or 0), records=int(count), cost_usd=round(cost or 0, 6))
+        UsageLine.model_validate(  # the kind column is text: validated as the literal it was written from
+            {
+                "kind": kind,
+                "base_model": base,
+                "tokens": int(tokens or 0),
+                "records": int(count),
+                "cost_usd": round(cost or 0, 6),
+            }
+        )
         for kind, base, tokens, count, cost in session.execute(query)
     ]

@@ -17,6 +17,8 @@ from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.evals.benchmark import load_canonical
+from mint.evals.graders.judge import JudgeConfig
+from mint.services.serving.inference import plan_for
 from mint.storage.objects import ObjectStore
 from mint.storage.tables import BenchmarkVersion
 
@@ -31,10 +33,10 @@ def judge_models(store: ObjectStore, version: BenchmarkVersion) -> set[str | Non
     if _JUDGE_MARK not in data:
         return set()
     return {
-        spec.parsed_config.model  # type: ignore[attr-defined]
+        config.model
         for task in load_canonical(data)
         for spec in task.grader.specs()
-        if spec.type == "judge"
+        if isinstance(config := spec.parsed_config, JudgeConfig)
     }
 
 
@@ -44,9 +46,6 @@ def resolve_judges(
     """Each judge model of the version -> {"base_model", "adapter"} (the `AdapterOnNode` of its
     adapter version, or None for a base); `InvalidRequest` names one that cannot judge. A
     whole-model version judges on the worker that runs the eval, so only on the run's own base."""
-    # Imported here: inference -> deployments -> evals (gates) -> judges would be a cycle at import.
-    from mint.services.serving.inference import plan_for
-
     refs = judge_models(store, version)
     if None in refs:
         raise InvalidRequest(

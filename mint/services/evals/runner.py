@@ -41,6 +41,7 @@ from mint.evals.runner import (
     summarize,
 )
 from mint.schemas.inference import AdapterOnNode
+from mint.schemas.node import NodeCompletion
 from mint.services import benchmarks
 from mint.services.billing.usage import record_usage
 from mint.services.dispatch import Dispatch
@@ -60,10 +61,10 @@ from mint.services.serving import inference, node_client
 from mint.services.serving.nodes import NodeAddress, live_nodes, node_for
 from mint.services.tinker import runner as tinker_runner
 from mint.services.webhooks import events
-from mint.serving.completion import NodeCompletion
 from mint.serving.mixture import MixtureTarget
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
+from mint.storage.queries import rowcount
 from mint.storage.tables import Adapter, AdapterVersion, EvalRun, Trajectory, new_id, utcnow
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def _finish(
         .values(status=status, finished_at=utcnow(), **values)
         .execution_options(synchronize_session=False)
     )
-    if not changed.rowcount:  # type: ignore[attr-defined]
+    if not rowcount(changed):
         return False
     run = session.get(EvalRun, eval_run_id)
     assert run is not None
@@ -408,13 +409,13 @@ def _metrics(settings: Settings, run: EvalRun, ran: int, wall_s: float) -> dict[
     with session_scope(settings.database) as session:
         rows = list(session.execute(select(Trajectory).where(Trajectory.eval_run_id == run.id)).scalars())
     metrics: dict[str, Any] = dict(summarize(rows))
-    routed = [row for row in rows if row.routes]
+    routed = [(row.routes, row.passed) for row in rows if row.routes]
     if routed:  # a mixture: how its router split the tasks (by each task's first step), and how each part did
         by_adapter: dict[str, dict[str, int]] = {}
-        for row in routed:
-            part = by_adapter.setdefault(str(row.routes[0].get("adapter")), {"tasks": 0, "passed": 0})
+        for routes, passed in routed:
+            part = by_adapter.setdefault(str(routes[0].get("adapter")), {"tasks": 0, "passed": 0})
             part["tasks"] += 1
-            part["passed"] += int(row.passed)
+            part["passed"] += int(passed)
         metrics["routes"] = by_adapter
     metrics["wall_s"] = wall_s
     metrics["tasks_per_s"] = ran / wall_s if ran and wall_s > 0 else None

@@ -27,31 +27,28 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from mint.errors import Conflict, InvalidRequest, NotFound
+from mint.errors import Conflict, InvalidRequest
 from mint.evals.compare import (
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,
     Comparison,
-    RunOutcomes,
-    TaskOutcome,
     compare_runs,
 )
-from mint.evals.gates import GateSpec, GateVerdict, evaluate_gate
-from mint.evals.mining import MiningResult, mine_failures
+from mint.evals.mining import MiningKind, MiningResult, mine_failures
 from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
-from mint.services import benchmarks
+from mint.services import benchmarks, catalog
 from mint.services.billing import spend
 from mint.services.billing.quotas import QuotaDefaults, hold
 from mint.services.datasets import create_dataset_from_rows
 from mint.services.dispatch import Dispatch
 from mint.services.evals.judges import resolve_judges
 from mint.services.leases import gave_up
-from mint.services.models import adapters
 from mint.services.principal import Principal
+from mint.services.serving import inference
 from mint.services.serving.nodes import live_nodes
 from mint.services.webhooks import events
 from mint.storage.objects import ObjectStore
-from mint.storage.queries import PageResult, get_owned, owned_by, paginate
+from mint.storage.queries import PageResult, owned_by, paginate, rowcount
 from mint.storage.tables import (
     AdapterVersion,
     Benchmark,
@@ -75,7 +72,7 @@ FINISHED = ("succeeded", "failed", "cancelled")
 
 def evaluated_model(
     session: Session, organization_id: str, ref: str
-) -> tuple[adapters.ResolvedModel, dict[str, Any] | None]:
+) -> tuple[catalog.ResolvedModel, dict[str, Any] | None]:
     """What an eval of `ref` measures: a base, an adapter version, or what a deployment serves
     now (its current revision's version, and the deployment and revision, kept in the run's
     config), so the ruler measures what is in production.
@@ -84,14 +81,9 @@ def evaluated_model(
     serving node of the base, and its trajectory records the adapter chosen at each step and
     why. The revision's spec and versions are pinned in the config, so a later promotion does
     not change what the run measures."""
-    from mint.services.serving import (
-        deployments,
-        inference,  # deployments imports this module (gates)
-    )
-
-    found = deployments.deployment_of_model(session, organization_id, ref) if "@" not in ref else None
+    found = catalog.deployment_of_model(session, organization_id, ref) if "@" not in ref else None
     if found is None:
-        return adapters.resolve_model_ref(session, organization_id, ref), None
+        return catalog.resolve_model_ref(session, organization_id, ref), None
     deployment, revision = found
     production = {"name": deployment.name, "id": deployment.id, "revision": revision.revision}
     if revision.adapter_version_id is None:
@@ -105,11 +97,11 @@ def evaluated_model(
         mixture = inference.plan_for(session, organization_id, deployment.name).mixture
         assert mixture is not None
         production["mixture"] = mixture.model_dump(mode="json")
-        return adapters.ResolvedModel(deployment.name, deployment.base_model, None), production
+        return catalog.ResolvedModel(deployment.name, deployment.base_model, None), production
     version = session.get(AdapterVersion, revision.adapter_version_id)
     assert version is not None
-    adapter_ref = adapters.model_ref_of_id(session, version.id)
-    model = adapters.ResolvedModel(ref=adapter_ref, base_model=deployment.base_model, adapter_version=version)
+    adapter_ref = catalog.model_ref_of_id(session, version.id)
+    model = catalog.ResolvedModel(ref=adapter_ref, base_model=deployment.base_model, adapter_version=version)
     return model, production
 
 
@@ -208,13 +200,6 @@ def send_run(run: EvalRun, send: Dispatch, *, countdown_s: float | None = None) 
         log.warning("could not send eval run %s now; the reconciler will", run.id, exc_info=True)
 
 
-def get_eval_run(session: Session, organization_id: str, eval_id: str, *, param: str = "id") -> EvalRun:
-    try:
-        return get_owned(session, EvalRun, eval_id, organization_id=organization_id, noun="eval run")
-    except NotFound as exc:
-        raise NotFound(exc.message, param=param) from None
-
-
 def list_eval_runs(
     session: Session, organization_id: str, *, benchmark_id: str | None, after: str | None, limit: int
 ) -> PageResult[EvalRun]:
@@ -233,7 +218,7 @@ def run_views(session: Session, runs: Sequence[EvalRun]) -> list[dict[str, Any]]
         row.id: row for row in session.execute(select(BenchmarkVersion).where(BenchmarkVersion.id.in_(ids))).scalars()
     }
     written = dict(
-        session.execute(  # type: ignore[arg-type]
+        session.execute(
             select(Trajectory.eval_run_id, func.count())
             .where(Trajectory.eval_run_id.in_([run.id for run in runs]))
             .group_by(Trajectory.eval_run_id)
@@ -265,7 +250,7 @@ def run_views(session: Session, runs: Sequence[EvalRun]) -> list[dict[str, Any]]
 
 def cancel_eval_run(session: Session, principal: Principal, eval_id: str) -> EvalRun:
     """Stop a queued or running run; its worker stops at the next batch. A finished run is a conflict."""
-    run = get_eval_run(session, principal.organization_id, eval_id)
+    run = catalog.get_eval_run(session, principal.organization_id, eval_id)
     changed = session.execute(
         update(EvalRun)
         .where(EvalRun.id == run.id, EvalRun.status.in_(ACTIVE))
@@ -273,7 +258,7 @@ def cancel_eval_run(session: Session, principal: Principal, eval_id: str) -> Eva
         .execution_options(synchronize_session=False)
     )
     session.refresh(run)
-    if not changed.rowcount:  # type: ignore[attr-defined]
+    if not rowcount(changed):
         raise Conflict(f"eval run {run.id} has already {run.status}; only queued or running runs can be cancelled")
     return run
 
@@ -289,33 +274,6 @@ def list_trajectories(
 
 
 # ---- comparing, gating and mining ------------------------------------------------------------
-
-
-def _outcomes(session: Session, run: EvalRun) -> RunOutcomes:
-    rows = session.execute(
-        select(
-            Trajectory.task_id,
-            Trajectory.passed,
-            Trajectory.score,
-            Trajectory.steps,
-            Trajectory.tokens_in,
-            Trajectory.tokens_out,
-            Trajectory.latency_ms,
-        )
-        .where(Trajectory.eval_run_id == run.id)
-        .order_by(Trajectory.created_at, Trajectory.id)
-    ).all()
-    return RunOutcomes(
-        run_id=run.id,
-        benchmark_version_id=run.benchmark_version_id,
-        outcomes=[TaskOutcome(*row) for row in rows],
-    )
-
-
-def _succeeded(run: EvalRun, param: str) -> EvalRun:
-    if run.status != "succeeded":
-        raise Conflict(f"eval run {run.id} is {run.status}; use runs that have succeeded", param=param)
-    return run
 
 
 def _describe_version(session: Session, run: EvalRun) -> str:
@@ -336,8 +294,8 @@ def compare_eval_runs(
     seed: int = DEFAULT_SEED,
 ) -> Comparison:
     """B against A, task by task, with a paired bootstrap interval; both runs on one benchmark version."""
-    a = _succeeded(get_eval_run(session, organization_id, a_id, param="a"), "a")
-    b = _succeeded(get_eval_run(session, organization_id, b_id, param="b"), "b")
+    a = catalog.succeeded_run(catalog.get_eval_run(session, organization_id, a_id, param="a"), "a")
+    b = catalog.succeeded_run(catalog.get_eval_run(session, organization_id, b_id, param="b"), "b")
     if a.benchmark_version_id != b.benchmark_version_id:
         raise InvalidRequest(
             f"eval run {a.id} evaluated {_describe_version(session, a)} and {b.id} evaluated "
@@ -345,28 +303,14 @@ def compare_eval_runs(
             "on one version (POST /v1/evals with `version`)",
             param="b",
         )
-    return compare_runs(_outcomes(session, a), _outcomes(session, b), resamples=resamples, seed=seed)
-
-
-def check_gate(
-    session: Session, organization_id: str, spec: GateSpec, *, candidate_id: str, production_id: str | None
-) -> GateVerdict:
-    """A deployment gate's verdict for a candidate's run against production's run (None: nothing in production)."""
-    candidate = _succeeded(get_eval_run(session, organization_id, candidate_id, param="candidate"), "candidate")
-    production = None
-    if production_id is not None:
-        production = _succeeded(get_eval_run(session, organization_id, production_id, param="production"), "production")
-    return evaluate_gate(
-        spec,
-        benchmark_name=str(candidate.config.get("benchmark_name", "")),
-        candidate=_outcomes(session, candidate),
-        production=_outcomes(session, production) if production is not None else None,
+    return compare_runs(
+        catalog.run_outcomes(session, a), catalog.run_outcomes(session, b), resamples=resamples, seed=seed
     )
 
 
-def mine_run(session: Session, store: ObjectStore, run: EvalRun, kind: str) -> MiningResult:
+def mine_run(session: Session, store: ObjectStore, run: EvalRun, kind: MiningKind) -> MiningResult:
     """Rows of `kind` from a finished run's failed trajectories."""
-    _succeeded(run, "eval_id")
+    catalog.succeeded_run(run, "eval_id")
     failed = list(
         session.execute(
             select(Trajectory)
@@ -377,14 +321,14 @@ def mine_run(session: Session, store: ObjectStore, run: EvalRun, kind: str) -> M
     if not failed:
         raise InvalidRequest(f"eval run {run.id} has no failed trajectories: nothing to mine", param="eval_id")
     tasks = benchmarks.load_tasks(store, run.config["object_key"], run.config["sha256"])
-    return mine_failures(kind, tasks, failed)  # type: ignore[arg-type]
+    return mine_failures(kind, tasks, failed)
 
 
 def dataset_from_failures(
     session: Session, store: ObjectStore, principal: Principal, body: FromFailuresCreate
 ) -> tuple[Dataset, MiningResult]:
     """A dataset of SFT rows, DPO pairs or RL prompts mined from a run's failures (the same rows: the same dataset)."""
-    run = get_eval_run(session, principal.organization_id, body.eval_id, param="eval_id")
+    run = catalog.get_eval_run(session, principal.organization_id, body.eval_id, param="eval_id")
     result = mine_run(session, store, run, body.kind)
     if not result.rows:
         reasons = result.first_reasons()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mint.errors import InvalidRequest
+from mint.schemas.job_spec import JobSpec, StoredStage
 from mint.schemas.plans import TrainingPlan, parse_plan
 from mint.storage.tables import TrainingJob
 
@@ -26,19 +27,20 @@ class Stage:
     offset: int
 
 
-def stages_of(job: TrainingJob) -> list[Stage]:
-    """The job's stages from its row (one, of its method and plan, for a job without
-    `stages`); `InvalidRequest` if a stored plan is refused."""
-    stored = job.spec.get("stages") or [{"plan": job.spec.get("plan", {}), "training_file": job.training_dataset_id}]
+def stages_of(job: TrainingJob, spec: JobSpec | None = None) -> list[Stage]:
+    """The job's stages from its row (`spec`: its spec, if read already) (one, of its method and
+    plan, for a job without `stages`); `InvalidRequest` if a stored plan is refused."""
+    spec = JobSpec.model_validate(job.spec) if spec is None else spec
+    stored = spec.stages or [StoredStage(plan=spec.plan, training_file=job.training_dataset_id)]
     stages, offset = [], 0
     for number, entry in enumerate(stored, start=1):
         try:
-            plan = stored_plan(entry["plan"].get("method", job.method), entry["plan"])
+            plan = stored_plan(entry.plan.get("method", job.method), entry.plan)
         except InvalidRequest as exc:
             if len(stored) == 1:
                 raise
             raise InvalidRequest(f"stage {number}: {exc.message}", param=exc.param) from None
-        stages.append(Stage(number=number, plan=plan, training_file=entry["training_file"], offset=offset))
+        stages.append(Stage(number=number, plan=plan, training_file=entry.training_file, offset=offset))
         offset += plan.steps
     return stages
 
@@ -90,19 +92,21 @@ class JobContext:
     @classmethod
     def claimed(cls, job: TrainingJob, worker_id: str) -> JobContext:
         """The context of a job this worker just claimed; `InvalidRequest` if a stored plan is refused."""
-        warm = job.spec.get("from_adapter") or {}
+        spec = JobSpec.model_validate(job.spec)
+        if spec.adapter_name is None:  # create_job records it on every job
+            raise KeyError("the job's spec has no adapter_name")
         return cls(
             job_id=job.id,
             organization_id=job.organization_id,
             base_model=job.base_model,
-            stages=stages_of(job),
-            lora=dict(job.spec["lora"]),
-            adapter_name=job.spec["adapter_name"],
+            stages=stages_of(job, spec),
+            lora=dict(spec.lora),
+            adapter_name=spec.adapter_name,
             seed=job.seed,
             worker_id=worker_id,
-            training_type=job.spec.get("training_type", "lora"),
-            chained="stages" in job.spec,
-            from_version_id=warm.get("adapter_version_id"),
+            training_type=spec.training_type,
+            chained=spec.chained,
+            from_version_id=spec.from_adapter.adapter_version_id if spec.from_adapter is not None else None,
         )
 
 

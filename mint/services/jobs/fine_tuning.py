@@ -16,7 +16,7 @@ says otherwise is refused), and the version it makes records it as its parent. `
 methods in one job: each stage is resolved into its own typed plan here (its file checked
 against its method), and runs from the previous stage's version, registering its own. The
 row keeps the first stage's method, plan and file in its usual columns, and every stage in
-`spec["stages"]`; progress counts the steps of all stages.
+its spec's `stages` (`JobSpec`); progress counts the steps of all stages.
 """
 
 from __future__ import annotations
@@ -38,18 +38,20 @@ from mint.errors import Conflict, InvalidRequest, MintError
 from mint.evals.agent_environments import check_environment_spec
 from mint.evals.graders import reward_spec
 from mint.schemas.base_models import BaseModelSpec
-from mint.schemas.fine_tuning import FineTuningJobCreate, Method, StageCreate
+from mint.schemas.fine_tuning import FineTuningJobCreate, Method, StageCreate, SupervisedMethod
+from mint.schemas.job_spec import FromAdapter, JobSpec, StoredEstimate, StoredStage
 from mint.schemas.plans import TrainingPlan, parse_plan
 from mint.services.billing import prices as pricing
 from mint.services.billing import spend
 from mint.services.billing.quotas import QuotaDefaults, hold
+from mint.services.catalog import model_ref_of, model_ref_of_id, resolve_version_ref
 from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
 from mint.services.dispatch import Dispatch
 from mint.services.leases import gave_up
-from mint.services.models.adapters import adapter_for_base, model_ref_of, model_ref_of_id, resolve_version_ref
+from mint.services.models.adapters import adapter_for_base
 from mint.services.principal import Principal
 from mint.services.webhooks import events as webhooks
-from mint.storage.queries import PageResult, get_owned, insert_or_first, owned_by, paginate
+from mint.storage.queries import PageResult, get_owned, insert_or_first, owned_by, paginate, rowcount
 from mint.storage.tables import (
     Adapter,
     AdapterVersion,
@@ -113,7 +115,7 @@ def _checked(method: Method, param: str) -> Method:
 def _method_of(body: FineTuningJobCreate) -> Method:
     method = body.method or Method(type="supervised")
     if body.hyperparameters is not None and method.type == "supervised" and method.supervised is None:
-        method = Method(type="supervised", supervised={"hyperparameters": body.hyperparameters})  # type: ignore[arg-type]
+        method = Method(type="supervised", supervised=SupervisedMethod(hyperparameters=body.hyperparameters))
     return _checked(method, "method")
 
 
@@ -218,7 +220,7 @@ def _existing(session: Session, organization_id: str, key: str, request_hash: st
     job = session.execute(
         select(TrainingJob).where(TrainingJob.organization_id == organization_id, TrainingJob.idempotency_key == key)
     ).scalar_one_or_none()
-    if job is not None and job.spec.get("request_sha256") != request_hash:
+    if job is not None and JobSpec.model_validate(job.spec).request_sha256 != request_hash:
         raise Conflict(
             f"Idempotency-Key {key!r} was used for another request; use a new key for a new job",
             param="Idempotency-Key",
@@ -386,28 +388,31 @@ def create_job(
         idempotency_key=idempotency_key,
     )
     stored_plans = [stage.plan.model_dump(mode="json") for stage in stages]
-    job.spec = {
-        "request": body.model_dump(mode="json", exclude_none=True),
-        "request_sha256": request_hash,
-        "plan": stored_plans[0],
-        "training_type": body.training_type,
-        "lora": lora,
-        "adapter_name": body.suffix or f"ft-{job.id.removeprefix('ftjob_')}",
-        "metadata": body.metadata or {},
-    }
+    spec = JobSpec(
+        request=body.model_dump(mode="json", exclude_none=True),
+        request_sha256=request_hash,
+        plan=stored_plans[0],
+        training_type=body.training_type,
+        lora=lora,
+        adapter_name=body.suffix or f"ft-{job.id.removeprefix('ftjob_')}",
+        metadata=body.metadata or {},
+    )
     if warm is not None:
-        job.spec["from_adapter"] = {"ref": warm["ref"], "adapter_version_id": warm["adapter_version_id"]}
+        spec.from_adapter = FromAdapter(ref=warm["ref"], adapter_version_id=warm["adapter_version_id"])
     if chained:
-        job.spec["stages"] = [
-            {"plan": plan, "training_file": stage.training.id, "validation_file": stage.validation_file}
+        spec.stages = [
+            StoredStage(plan=plan, training_file=stage.training.id, validation_file=stage.validation_file)
             for stage, plan in zip(stages, stored_plans, strict=True)
         ]
-    job.spec["estimate"] = {
-        **checked.estimate.public(),  # the keys of pricing.PUBLIC_ESTIMATE
-        "raw_trained_tokens": checked.estimate.raw_trained_tokens,
-        "raw_sampled_tokens": checked.estimate.raw_sampled_tokens,
-        "prices": checked.estimate.prices,
-    }
+    spec.estimate = StoredEstimate.model_validate(
+        {
+            **checked.estimate.public(),  # the keys of PUBLIC_ESTIMATE
+            "raw_trained_tokens": checked.estimate.raw_trained_tokens,
+            "raw_sampled_tokens": checked.estimate.raw_sampled_tokens,
+            "prices": checked.estimate.prices,
+        }
+    )
+    job.spec = spec.stored()
     job.total_steps = sum(stage.plan.steps for stage in stages)
     organization = hold(session, principal.organization_id, "jobs", quotas)
     spend.check_job_create(session, organization, checked.estimate.cost_usd, body.budget_usd)
@@ -428,8 +433,9 @@ def create_job(
             job.id,
             f"{where}alidating training file: {training.id} ({training.row_count} {training.kind} rows)",
         )
-    if warm is not None:
-        emit_event(session, job.id, f"Warm start from {warm['ref']}", data={"from_adapter": job.spec["from_adapter"]})
+    if spec.from_adapter is not None:
+        warm_start = spec.from_adapter.model_dump(mode="json")
+        emit_event(session, job.id, f"Warm start from {spec.from_adapter.ref}", data={"from_adapter": warm_start})
     planned = {"plan": stored_plans[0]} if not chained else {"stages": stored_plans}
     emit_event(session, job.id, f"Files validated; {job.total_steps} optimizer steps planned", data=planned)
     mark_queued(session, job, reason="Job enqueued")
@@ -479,11 +485,13 @@ def cancel_job(session: Session, principal: Principal, job_id: str, send: Dispat
     if job.status in ("succeeded", "failed", "cancelled"):
         raise Conflict(f"job {job.id} already {job.status}; only queued or running jobs can be cancelled")
     now = utcnow()
-    cancelled = session.execute(
-        update(TrainingJob)
-        .where(TrainingJob.id == job.id, TrainingJob.status.in_(("validating_files", "queued")))
-        .values(status="cancelled", cancel_requested_at=now, finished_at=now)
-    ).rowcount
+    cancelled = rowcount(
+        session.execute(
+            update(TrainingJob)
+            .where(TrainingJob.id == job.id, TrainingJob.status.in_(("validating_files", "queued")))
+            .values(status="cancelled", cancel_requested_at=now, finished_at=now)
+        )
+    )
     if cancelled:
         emit_event(session, job.id, "Job cancelled before it started")
     else:
@@ -545,13 +553,13 @@ def method_view(kind: str, plan: Mapping[str, Any]) -> tuple[dict[str, Any], dic
 StageVersions = Mapping[int, tuple[str, str]]
 
 
-def _stages_view(job: TrainingJob, versions: StageVersions) -> list[dict[str, Any]]:
-    """Each stage of a chained job with its status, progress and the version it made."""
+def _stages_view(job: TrainingJob, stages: Sequence[StoredStage], versions: StageVersions) -> list[dict[str, Any]]:
+    """Each stage of a chained job (`stages`, its spec's) with its status, progress and the version it made."""
     views: list[dict[str, Any]] = []
     offset, ended = 0, job.status in ("succeeded", "failed", "cancelled")
-    current = next((number for number in range(1, len(job.spec["stages"]) + 1) if number not in versions), None)
-    for number, stage in enumerate(job.spec["stages"], start=1):
-        plan = stage["plan"]
+    current = next((number for number in range(1, len(stages) + 1) if number not in versions), None)
+    for number, stage in enumerate(stages, start=1):
+        plan = stage.plan
         steps = int(plan["steps"])
         if number in versions:
             status = "succeeded"
@@ -564,8 +572,8 @@ def _stages_view(job: TrainingJob, versions: StageVersions) -> list[dict[str, An
             {
                 "stage": number,
                 "method": method_view(plan["method"], plan)[0],
-                "training_file": stage["training_file"],
-                "validation_file": stage.get("validation_file"),
+                "training_file": stage.training_file,
+                "validation_file": stage.validation_file,
                 "status": status,
                 "total_steps": steps,
                 "completed_steps": min(steps, max(0, job.completed_steps - offset)),
@@ -577,21 +585,11 @@ def _stages_view(job: TrainingJob, versions: StageVersions) -> list[dict[str, An
     return views
 
 
-def _public_estimate(stored: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if not stored:
-        return None
-    return {
-        key: stored[key]
-        for key in ("trained_tokens", "sampled_tokens", "steps", "seconds", "cost_usd", "calibrated_on")
-    }
-
-
-def _estimated_finish(job: TrainingJob) -> int | None:
+def _estimated_finish(job: TrainingJob, estimate: StoredEstimate | None) -> int | None:
     """OpenAI's `estimated_finish` (unix seconds) of a running job: its start plus the estimate."""
-    estimate = job.spec.get("estimate")
-    if job.status != "running" or job.started_at is None or not estimate:
+    if job.status != "running" or job.started_at is None or estimate is None:
         return None
-    return int(job.started_at.timestamp() + estimate["seconds"])
+    return int(job.started_at.timestamp() + estimate.seconds)
 
 
 def job_view(
@@ -599,9 +597,9 @@ def job_view(
 ) -> dict[str, Any]:
     """The job in OpenAI's shape (see `mint.schemas.fine_tuning.FineTuningJob`); a chained
     job lists its stages, with the versions of those that succeeded (`stage_versions`)."""
-    method, hyperparameters = method_view(job.method, job.spec.get("plan", {}))
+    spec = JobSpec.model_validate(job.spec)
+    method, hyperparameters = method_view(job.method, spec.plan)
     error = job.error
-    from_adapter = job.spec.get("from_adapter")
     return {
         "id": job.id,
         "created_at": job.created_at,
@@ -617,22 +615,22 @@ def job_view(
         "method": method,
         "seed": job.seed,
         "suffix": job.suffix,
-        "metadata": job.spec.get("metadata") or None,
+        "metadata": spec.metadata or None,
         "trained_tokens": job.trained_tokens if job.status == "succeeded" else None,
-        "estimate": _public_estimate(job.spec.get("estimate")),
+        "estimate": spec.estimate.public() if spec.estimate is not None else None,
         "cost_usd": round(job.cost_usd, 6),
-        "budget_usd": job.spec.get("request", {}).get("budget_usd"),
-        "estimated_finish": _estimated_finish(job),
+        "budget_usd": spec.budget_usd,
+        "estimated_finish": _estimated_finish(job, spec.estimate),
         "error": error,
-        "training_type": job.spec.get("training_type", "lora"),
-        "lora": job.spec.get("lora", {}),
+        "training_type": spec.training_type,
+        "lora": spec.lora,
         "total_steps": job.total_steps,
         "completed_steps": job.completed_steps,
         "attempts": job.attempts,
         "steps_redone": job.steps_redone,
         "adapter_version_id": job.result_adapter_version_id,
-        "from_adapter": from_adapter["ref"] if from_adapter else None,
-        "stages": _stages_view(job, stage_versions or {}) if "stages" in job.spec else None,
+        "from_adapter": spec.from_adapter.ref if spec.from_adapter is not None else None,
+        "stages": _stages_view(job, spec.stages, stage_versions or {}) if spec.stages is not None else None,
     }
 
 

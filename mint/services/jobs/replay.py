@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest
 from mint.schemas.fine_tuning import MAX_STAGES, FineTuningJobCreate, StageCreate
+from mint.services import catalog
 from mint.services.billing.quotas import QuotaDefaults
 from mint.services.dispatch import Dispatch
 from mint.services.jobs import fine_tuning
@@ -85,7 +86,7 @@ def replay_version(
     """A job that trains the version's lineage again on base `model`, stage by stage."""
     adapter = adapters.get_adapter(session, principal.organization_id, adapter_id)
     version = adapters.get_version(session, principal.organization_id, adapter_id, version_number)
-    ref = adapters.model_ref_of(adapter, version)
+    ref = catalog.model_ref_of(adapter, version)
     if model == version.base_model:
         raise InvalidRequest(f"{ref} is already on {model}: replay it onto another base", param="model")
     chain = lineage(session, version)
@@ -94,7 +95,7 @@ def replay_version(
             f"{ref} has {len(chain)} versions in its lineage; a replay runs at most {MAX_STAGES}", param="version"
         )
     stages = [
-        _stage(session, principal.organization_id, step, adapters.model_ref_of_id(session, step.id)) for step in chain
+        _stage(session, principal.organization_id, step, catalog.model_ref_of_id(session, step.id)) for step in chain
     ]
     fields: dict[str, Any] = {
         "model": model,

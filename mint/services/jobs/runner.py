@@ -42,14 +42,15 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from mint.config import Settings
 from mint.errors import InvalidRequest, MintError, NoCapacity
-from mint.services import datasets
+from mint.schemas.job_spec import JobSpec
+from mint.services import catalog, datasets
 from mint.services.billing import prices as pricing
 from mint.services.billing import spend
 from mint.services.billing.usage import record_usage
@@ -71,12 +72,14 @@ from mint.services.webhooks import events as webhooks
 from mint.storage.archives import pack_folder, unpack_folder
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
+from mint.storage.queries import rowcount
 from mint.storage.tables import AdapterVersion, Checkpoint, Dataset, JobEvent, TrainingJob, new_id, utcnow
 from mint.trainer.recipes.common import StepReport
 
 if TYPE_CHECKING:
     from mint.trainer.full import FullParameterTrainer
-    from mint.trainer.session import ResidentBase, TrainingSession
+    from mint.trainer.session import ResidentBase
+    from mint.trainer.training_session import TrainingSession
 
     Training = TrainingSession | FullParameterTrainer
 
@@ -462,10 +465,12 @@ class JobRun:
             elif resume:
                 emit_event(session, job.id, f"Training started on {context.worker_id}")
             if resume:
-                job.spec = {**job.spec, "base_load_seconds": round(self.load_s, 3)}
+                spec = JobSpec.model_validate(job.spec)
+                spec.base_load_seconds = round(self.load_s, 3)
+                job.spec = spec.stored()
             if context.chained and not context.start_step:
                 parent, _ = self.parent_of(stage)
-                source = "a fresh adapter" if parent is None else adapters.model_ref_of_id(session, parent)
+                source = "a fresh adapter" if parent is None else catalog.model_ref_of_id(session, parent)
                 emit_event(
                     session,
                     job.id,
@@ -486,7 +491,9 @@ class JobRun:
             return self.on_step(training, report)
 
         inputs = RecipeInputs(
-            training=training,
+            # A full-parameter trainer runs SFT only (the plan says so at create), whose recipe
+            # calls no more than the methods both trainers have.
+            training=cast("TrainingSession", training),
             tokenizer=self.resident.tokenizer,
             reference=self.resident,
             rows=self._rows(),
@@ -510,8 +517,10 @@ class JobRun:
     def _version_archive(self, training: Training) -> tuple[bytes, dict[str, Any]]:
         """What the stage's version stores: the PEFT adapter and its LoRA settings as saved (the
         registry's defaults resolved), or a full-parameter stage's whole model (no LoRA)."""
+        from mint.trainer.full import FullParameterTrainer
+
         with tempfile.TemporaryDirectory(prefix="mint-adapter-") as scratch:
-            if self.context.full:
+            if isinstance(training, FullParameterTrainer):
                 training.save_weights(Path(scratch))
                 return pack_folder(Path(scratch)), {}
             training.save_weights_for_sampler(Path(scratch))
@@ -607,11 +616,13 @@ def fail(
     settings: Settings, job_id: str, worker_id: str, code: str, message: str, send: Dispatch | None = None
 ) -> None:
     with session_scope(settings.database) as session:
-        failed = session.execute(
-            update(TrainingJob)
-            .where(*held_by(TrainingJob, job_id, worker_id))
-            .values(status="failed", finished_at=utcnow(), error={"code": code, "message": message, "param": None})
-        ).rowcount
+        failed = rowcount(
+            session.execute(
+                update(TrainingJob)
+                .where(*held_by(TrainingJob, job_id, worker_id))
+                .values(status="failed", finished_at=utcnow(), error={"code": code, "message": message, "param": None})
+            )
+        )
         if failed:
             emit_event(session, job_id, f"Job failed: {message}", level="error")
             job = session.get(TrainingJob, job_id)

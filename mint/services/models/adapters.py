@@ -11,13 +11,13 @@ A full-parameter job's version (`kind` full) is a whole transformers checkpoint 
 but never served by multi-LoRA serving nodes or deployed (`require_lora` says so).
 
 Model references name what to sample from: a base (`tiny-glm-moe`) or an adapter version
-(`my-adapter@3`; `my-adapter` alone is its newest ready version).
+(`my-adapter@3`; `my-adapter` alone is its newest ready version). Every use case resolves them
+through the catalog (`mint.services.catalog.resolve_model_ref`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +25,13 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest, NotFound
-from mint.schemas.tinker import TINKER_SCHEME, TinkerPath
+from mint.services import catalog
 from mint.storage.archives import pack_folder, unpack_folder
+from mint.storage.keys import PEFT_FILES, adapter_key
 from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, get_owned, owned_by, paginate
-from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, new_id
+from mint.storage.tables import Adapter, AdapterVersion, new_id
 
-PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # What a whole-model (full-parameter) version's archive may hold: never a pickle.
 MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
 MAX_ARCHIVE_BYTES = 8 * 1024**3
@@ -58,22 +58,12 @@ def extract_model(data: bytes, folder: Path) -> Path:
     return folder
 
 
-def object_key_of(sha256: str) -> str:
-    return f"adapters/sha256/{sha256}.tar"
-
-
-def _adapter_named(session: Session, organization_id: str, name: str) -> Adapter | None:
-    return session.execute(
-        select(Adapter).where(Adapter.organization_id == organization_id, Adapter.name == name)
-    ).scalar_one_or_none()
-
-
 def adapter_for_base(session: Session, *, organization_id: str, name: str, base_model: str) -> Adapter | None:
     """The organization's adapter `name`, if it exists; a conflict if it is another base's.
 
     A job checks its `suffix` with it at create, so a name taken on another base is refused
     before any training, not when the trained version is registered."""
-    adapter = _adapter_named(session, organization_id, name)
+    adapter = catalog.adapter_named(session, organization_id, name)
     if adapter is not None and adapter.base_model != base_model:
         raise Conflict(
             f"adapter {name!r} belongs to base {adapter.base_model!r}, not {base_model!r}; choose another name",
@@ -126,7 +116,7 @@ def register_version(
     with the version it was trained from (`parent_version_id`), if any; an upload starts
     `validating` (`mint.services.models.uploads`)."""
     sha256 = hashlib.sha256(archive).hexdigest()
-    key = object_key_of(sha256)
+    key = adapter_key(sha256)
     if not store.exists(key):
         store.put_bytes(key, archive)
     adapter = ensure_adapter(session, organization_id=organization_id, name=name, base_model=base_model)
@@ -194,94 +184,3 @@ def get_version(session: Session, organization_id: str, adapter_id: str, version
     if row is None:
         raise NotFound(f"adapter {adapter.name!r} has no version {version}", param="version")
     return row
-
-
-def model_ref_of(adapter: Adapter, version: AdapterVersion) -> str:
-    return f"{adapter.name}@{version.version}"
-
-
-def model_ref_of_id(session: Session, version_id: str) -> str:
-    """`adapter@version` of a version id (the id itself if the version is gone)."""
-    version = session.get(AdapterVersion, version_id)
-    adapter = session.get(Adapter, version.adapter_id) if version is not None else None
-    return model_ref_of(adapter, version) if adapter is not None and version is not None else version_id
-
-
-@dataclass(frozen=True)
-class ResolvedModel:
-    """What a model reference names: a base, and the adapter version on it (None: the base itself)."""
-
-    ref: str
-    base_model: str
-    adapter_version: AdapterVersion | None
-
-
-def resolve_model_ref(session: Session, organization_id: str, ref: str) -> ResolvedModel:
-    """`base`, `adapter@version`, `adapter` (its newest ready version) or named Tinker sampler
-    weights (`tinker://<model_id>/sampler_weights/<name>`, the organization's or published) -> ResolvedModel."""
-    if ref.startswith(TINKER_SCHEME):
-        return _resolve_sampler_weights(session, organization_id, ref)
-    if "@" not in ref:
-        base = session.get(BaseModelRow, ref)
-        if base is not None:
-            if not base.enabled:
-                raise InvalidRequest(f"base model {ref!r} is disabled on this platform", param="model")
-            return ResolvedModel(ref=ref, base_model=base.name, adapter_version=None)
-    adapter, row = resolve_version_ref(
-        session,
-        organization_id,
-        ref,
-        param="model",
-        unknown="no base model or adapter named {name!r}; list them at /v1/base_models and /v1/adapters",
-    )
-    return ResolvedModel(ref=model_ref_of(adapter, row), base_model=adapter.base_model, adapter_version=row)
-
-
-def _resolve_sampler_weights(session: Session, organization_id: str, ref: str) -> ResolvedModel:
-    """Named sampler weights are an adapter version (`save_weights_for_sampler` registers them)."""
-    # Imported here: tinker_checkpoints builds on this module (its PEFT files and versions).
-    from mint.services.tinker.checkpoints import readable_checkpoint
-
-    try:
-        path = TinkerPath.parse(ref)
-    except InvalidRequest as exc:
-        raise InvalidRequest(exc.message, param="model") from None
-    if path.kind != "sampler":
-        raise InvalidRequest(
-            f"{path} is not sampler weights; serve tinker://<model_id>/sampler_weights/<name> "
-            "(save_weights_for_sampler with a name)",
-            param="model",
-        )
-    checkpoint = readable_checkpoint(session, organization_id, path, param="model")
-    version = session.get(AdapterVersion, checkpoint.adapter_version_id) if checkpoint.adapter_version_id else None
-    if version is None or version.status != "ready":
-        raise NotFound(f"the sampler weights {path} are no longer available", param="model")
-    adapter = session.get(Adapter, version.adapter_id)
-    assert adapter is not None
-    return ResolvedModel(ref=ref, base_model=adapter.base_model, adapter_version=version)
-
-
-def resolve_version_ref(
-    session: Session,
-    organization_id: str,
-    ref: str,
-    *,
-    param: str,
-    unknown: str = "no adapter named {name!r} in this organization; list them at /v1/adapters",
-) -> tuple[Adapter, AdapterVersion]:
-    """The adapter and ready version that `adapter@version` (or `adapter`: its newest ready
-    version) names in the organization; NotFound (`unknown`, formatted with the name) or
-    InvalidRequest naming `param` otherwise."""
-    name, _, version_text = ref.partition("@")
-    adapter = _adapter_named(session, organization_id, name)
-    if adapter is None:
-        raise NotFound(unknown.format(name=name), param=param)
-    query = select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id, AdapterVersion.status == "ready")
-    if version_text:
-        if not version_text.isdigit():
-            raise InvalidRequest(f"{ref!r}: the version after '@' must be a number, e.g. {name}@1", param=param)
-        query = query.where(AdapterVersion.version == int(version_text))
-    row = session.execute(query.order_by(AdapterVersion.version.desc()).limit(1)).scalar_one_or_none()
-    if row is None:
-        raise NotFound(f"adapter {name!r} has no ready version {version_text or ''}".rstrip(), param=param)
-    return adapter, row

@@ -31,8 +31,8 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 from mint.errors import NotFound
 from mint.services.audit import record_audit
 from mint.services.principal import Principal
-from mint.services.tinker.checkpoints import EXTERNAL_FILES, external_file_key, tokenizer_key
 from mint.storage.db import session_scope
+from mint.storage.keys import EXTERNAL_FILES, GC_PREFIXES, external_file_key, tokenizer_key
 from mint.storage.objects import ObjectInfo, ObjectStore
 from mint.storage.tables import (
     AdapterVersion,
@@ -46,9 +46,6 @@ from mint.storage.tables import (
     utcnow,
 )
 
-# Where Mint's services write (adapters/sha256, benchmarks/sha256, datasets/sha256, job
-# checkpoints, tinker requests, results, checkpoints and snapshots, tokenizer archives).
-GC_PREFIXES = ("adapters/", "benchmarks/", "checkpoints/", "datasets/", "tinker/", "tokenizers/")
 # Every column that holds an object key; tests/test_gc.py checks that no such column is missing.
 OBJECT_KEY_COLUMNS: tuple[InstrumentedAttribute[Any], ...] = (
     AdapterVersion.object_key,

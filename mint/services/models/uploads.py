@@ -37,12 +37,13 @@ from mint.services.models import adapters
 from mint.services.principal import Principal
 from mint.storage.archives import read_archive
 from mint.storage.db import session_scope
+from mint.storage.keys import PEFT_FILES
 from mint.storage.objects import ObjectStore, object_store_for
 from mint.storage.tables import AdapterVersion, BaseModelRow, as_utc, utcnow
 from mint.trainer import peft_files
 
 VALIDATE_ADAPTER_TASK = "mint.adapters.validate"
-CONFIG_FILE, WEIGHTS_FILE = adapters.PEFT_FILES
+CONFIG_FILE, WEIGHTS_FILE = PEFT_FILES
 # A PEFT config is a few KiB (a long list of target modules tens of KiB); Python holds a parsed
 # JSON document in several times its bytes, so a config is read only up to this size.
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -63,9 +64,9 @@ def upload_files(files: Mapping[str, bytes], *, max_bytes: int) -> dict[str, byt
     """The two PEFT files of an upload: given as themselves, or as one tar archive, read in memory
     once its members are known to be those two regular files, `max_bytes` at most together."""
     if len(files) == 1 and next(iter(files)).endswith(".tar"):
-        return read_archive(next(iter(files.values())), exactly=adapters.PEFT_FILES, param="files", max_bytes=max_bytes)
+        return read_archive(next(iter(files.values())), exactly=PEFT_FILES, param="files", max_bytes=max_bytes)
     names = sorted(files)
-    if names != sorted(adapters.PEFT_FILES):
+    if names != sorted(PEFT_FILES):
         raise InvalidRequest(
             f"an adapter upload is {CONFIG_FILE} and {WEIGHTS_FILE} (a PEFT folder, as save_pretrained writes "
             f"it), as two files or one .tar archive; got {', '.join(names) or 'no files'}",

@@ -45,8 +45,8 @@ from mint.schemas.auth import QuotaKind
 from mint.schemas.captures import MAX_FEEDBACK_BYTES, MAX_FEEDBACK_PER_CAPTURE
 from mint.services.audit import record_audit
 from mint.services.billing.quotas import QuotaDefaults, hold, room
+from mint.services.catalog import get_deployment
 from mint.services.principal import Principal
-from mint.services.serving.deployments import get_deployment
 from mint.storage.db import session_scope
 from mint.storage.queries import PageResult, paginate
 from mint.storage.tables import Capture, Deployment, Feedback, new_id, utcnow

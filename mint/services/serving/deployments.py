@@ -20,12 +20,13 @@ from typing import Any, NoReturn
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from mint.errors import Conflict, InvalidRequest, NotFound
-from mint.evals.gates import GateSpec, GateVerdict
+from mint.errors import Conflict, InvalidRequest
+from mint.evals.gates import GateSpec, GateVerdict, evaluate_gate
+from mint.services import catalog
 from mint.services.audit import record_audit
+from mint.services.catalog import ResolvedModel, model_ref_of_id, resolve_model_ref
 from mint.services.dispatch import Dispatch
-from mint.services.evals.runs import check_gate
-from mint.services.models.adapters import ResolvedModel, model_ref_of_id, require_lora, resolve_model_ref
+from mint.services.models.adapters import require_lora
 from mint.services.principal import Principal
 from mint.services.webhooks import events
 from mint.serving.mixture import MixtureSpec
@@ -95,33 +96,11 @@ def _router_models(spec: MixtureSpec) -> list[str]:
     return [router] if isinstance(router, str) else []
 
 
-def get_deployment(session: Session, organization_id: str, deployment_id: str) -> Deployment:
-    """By id or by name, in the caller's organization."""
-    row = session.get(Deployment, deployment_id)
-    if row is None or row.organization_id != organization_id:
-        row = session.execute(
-            select(Deployment).where(Deployment.organization_id == organization_id, Deployment.name == deployment_id)
-        ).scalar_one_or_none()
-    if row is None:
-        raise NotFound(f"No deployment {deployment_id!r} in this organization.", param="deployment_id")
-    return row
-
-
 def list_deployments(
     session: Session, organization_id: str, *, after: str | None, limit: int
 ) -> PageResult[Deployment]:
     """One page of the organization's deployments, newest first."""
     return paginate(session, owned_by(Deployment, organization_id), Deployment, after=after, limit=limit)
-
-
-def current_revision(session: Session, deployment: Deployment) -> DeploymentRevision:
-    revision = session.execute(
-        select(DeploymentRevision).where(
-            DeploymentRevision.deployment_id == deployment.id,
-            DeploymentRevision.revision == deployment.current_revision,
-        )
-    ).scalar_one()
-    return revision
 
 
 def revisions(session: Session, deployment: Deployment) -> list[DeploymentRevision]:
@@ -249,6 +228,24 @@ def _refuse(
     raise error
 
 
+def _verdict(
+    session: Session, organization_id: str, spec: GateSpec, *, candidate_id: str, production_id: str | None
+) -> GateVerdict:
+    """A deployment gate's verdict for a candidate's run against production's run (None: nothing in production)."""
+    candidate = catalog.get_eval_run(session, organization_id, candidate_id, param="candidate")
+    catalog.succeeded_run(candidate, "candidate")
+    production = None
+    if production_id is not None:
+        production = catalog.get_eval_run(session, organization_id, production_id, param="production")
+        catalog.succeeded_run(production, "production")
+    return evaluate_gate(
+        spec,
+        benchmark_name=str(candidate.config.get("benchmark_name", "")),
+        candidate=catalog.run_outcomes(session, candidate),
+        production=catalog.run_outcomes(session, production) if production is not None else None,
+    )
+
+
 def _gate(
     session: Session,
     principal: Principal,
@@ -288,7 +285,7 @@ def _gate(
                 param="model",
             )
             _refuse(session, principal, deployment, missing, None, record_refusal)
-    verdict: GateVerdict = check_gate(
+    verdict = _verdict(
         session, organization_id, spec, candidate_id=candidate.id, production_id=baseline.id if baseline else None
     )
     record = verdict.model_dump(mode="json")
@@ -343,7 +340,7 @@ def promote(
     reason: str,
     send: Dispatch | None = None,
 ) -> Deployment:
-    deployment = get_deployment(session, principal.organization_id, deployment_id)
+    deployment = catalog.get_deployment(session, principal.organization_id, deployment_id)
     target = resolve_target(session, principal.organization_id, model=model, mixture=mixture)
     if target.base_model != deployment.base_model:
         raise InvalidRequest(
@@ -369,7 +366,7 @@ def rollback(
     send: Dispatch | None = None,
 ) -> Deployment:
     """Serve again what an earlier revision served (by default the one before the current)."""
-    deployment = get_deployment(session, principal.organization_id, deployment_id)
+    deployment = catalog.get_deployment(session, principal.organization_id, deployment_id)
     history = {revision.revision: revision for revision in revisions(session, deployment)}
     wanted = to_revision if to_revision is not None else deployment.current_revision - 1
     earlier = history.get(wanted)
@@ -394,26 +391,12 @@ def withdraw(
     session: Session, principal: Principal, deployment_id: str, *, reason: str, send: Dispatch | None = None
 ) -> Deployment:
     """Stop serving: requests to the deployment are refused until a version is promoted again."""
-    deployment = get_deployment(session, principal.organization_id, deployment_id)
+    deployment = catalog.get_deployment(session, principal.organization_id, deployment_id)
     if deployment.status == "withdrawn":
         raise Conflict(f"deployment {deployment.name!r} is already withdrawn", param="deployment_id")
     deployment.status = "withdrawn"
     _add_revision(session, principal, deployment, "withdraw", None, reason=reason, send=send)
     return deployment
-
-
-def deployment_of_model(
-    session: Session, organization_id: str, name: str
-) -> tuple[Deployment, DeploymentRevision] | None:
-    """The deployment named `name` and its current revision, if `name` names one."""
-    deployment = session.execute(
-        select(Deployment).where(Deployment.organization_id == organization_id, Deployment.name == name)
-    ).scalar_one_or_none()
-    if deployment is None:
-        return None
-    if deployment.status != "active":
-        raise Conflict(f"deployment {name!r} is withdrawn; promote a version to serve it again", param="model")
-    return deployment, current_revision(session, deployment)
 
 
 def owned(session: Session, organization_id: str, deployment_id: str) -> Deployment:

@@ -17,9 +17,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mint.schemas.inference import AdapterOnNode
-from mint.services.models.adapters import model_ref_of, require_lora, resolve_model_ref
+from mint.services.catalog import deployment_of_model, model_ref_of, resolve_model_ref
+from mint.services.models.adapters import require_lora
 from mint.services.serving.captures import CaptureTarget, capture_target
-from mint.services.serving.deployments import deployment_of_model
 from mint.services.serving.nodes import ADAPTER_SHARE
 from mint.serving.mixture import MixtureTarget
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Deployment
@@ -59,7 +59,10 @@ class ServingPlan:
 def on_node(adapter: Adapter, version: AdapterVersion) -> AdapterOnNode:
     """The version as a node (or a worker's eval) needs it."""
     return AdapterOnNode(
-        ref=model_ref_of(adapter, version), sha256=version.sha256, object_key=version.object_key, kind=version.kind
+        ref=model_ref_of(adapter, version),
+        sha256=version.sha256,
+        object_key=version.object_key,
+        kind="full" if version.kind == "full" else "lora",
     )
 
 

@@ -25,15 +25,16 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from mint import errors
 from mint.errors import MintError, ServiceUnavailable
 from mint.schemas.inference import AdapterOnNode
+from mint.schemas.node import NodeChoiceLine, NodeCompletion, NodeServedLine
 from mint.services.serving.nodes import NodeAddress
-from mint.serving.completion import NodeCompletion
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 30.0
@@ -201,7 +202,8 @@ def call_node(node: NodeAddress, method: str, path: str, body: dict[str, Any] | 
 
 
 def complete(node: NodeAddress, body: NodeCompletion) -> list[dict[str, Any]]:
-    """A whole completion from a node: its lines (what served it first, then the choices' events)."""
+    """A whole completion from a node: its lines (what served it first, then the choices' events),
+    each checked to be a `NodeLine`, as the JSON objects the node wrote."""
     try:
         response = httpx.post(
             f"{node.url}{COMPLETE_PATH}",
@@ -213,13 +215,27 @@ def complete(node: NodeAddress, body: NodeCompletion) -> list[dict[str, Any]]:
         raise _no_answer(node, exc) from exc
     if response.status_code >= 400:
         raise node_error(node, response.status_code, response.text, response.headers.get("retry-after"))
-    return list(response.json())
+    lines = list(response.json())
+    for index, line in enumerate(lines):
+        _read(node, line, NodeChoiceLine if index else NodeServedLine)
+    return lines
 
 
-async def _node_lines(
-    node: NodeAddress, body: NodeCompletion, traffic: NodeTraffic
-) -> AsyncGenerator[dict[str, Any], None]:
-    """A completion's lines as `node` writes them (`body.stream` set); its transport errors as
+Line = TypeVar("Line", bound=BaseModel)
+
+
+def _read(node: NodeAddress, line: str | dict[str, Any], kind: type[Line]) -> Line:
+    """One line of a node's reply (its text, or its JSON object) as `kind`: the first line is
+    what served the request, the others choices' tokens. One that is not is ServiceUnavailable."""
+    try:
+        return kind.model_validate(json.loads(line) if isinstance(line, str) else line)
+    except (ValueError, ValidationError) as exc:  # json.JSONDecodeError is a ValueError
+        log.warning("serving node %s at %s sent a line that is no %s: %s", node.id, node.url, kind.__name__, exc)
+        raise ServiceUnavailable(f"serving node {node.id} sent a reply line this API cannot read; retry") from None
+
+
+async def _node_lines(node: NodeAddress, body: NodeCompletion, traffic: NodeTraffic) -> AsyncGenerator[str, None]:
+    """A completion's lines as `node` writes them (`body.stream` set), unread; its transport errors as
     httpx raises them, for the caller to tell a dead node from a slow one. Counted in flight."""
     traffic.started(node)
     try:
@@ -232,7 +248,7 @@ async def _node_lines(
                 raise node_error(node, response.status_code, text, response.headers.get("retry-after"))
             async for line in response.aiter_lines():
                 if line.strip():
-                    yield json.loads(line)
+                    yield line
     finally:
         traffic.finished(node)
 
@@ -250,13 +266,13 @@ def _none_answered(failures: list[tuple[NodeAddress, httpx.HTTPError]]) -> Servi
 
 
 async def _rest(
-    node: NodeAddress, lines: AsyncGenerator[dict[str, Any], None], traffic: NodeTraffic
-) -> AsyncGenerator[dict[str, Any], None]:
+    node: NodeAddress, lines: AsyncGenerator[str, None], traffic: NodeTraffic
+) -> AsyncGenerator[NodeChoiceLine, None]:
     """The lines after the first: the client has been sent the answer's start, so a node that
     fails now ends the answer with ServiceUnavailable, and is marked down if it died."""
     try:
         async for line in lines:
-            yield line
+            yield _read(node, line, NodeChoiceLine)
     except httpx.TransportError as exc:
         if isinstance(exc, NODE_DOWN_ERRORS):
             traffic.mark_down(node, exc)
@@ -267,7 +283,7 @@ async def _rest(
 
 async def open_stream(
     nodes: Sequence[NodeAddress], body: NodeCompletion, traffic: NodeTraffic = TRAFFIC
-) -> tuple[dict[str, Any], AsyncGenerator[dict[str, Any], None]]:
+) -> tuple[NodeServedLine, AsyncGenerator[NodeChoiceLine, None]]:
     """A completion streamed from the first of `nodes` that answers: its first line (what
     served it) and an iterator of the rest. A node that dies before its first line is marked
     down and the next is asked; one that dies later ends the stream with ServiceUnavailable.
@@ -287,29 +303,38 @@ async def open_stream(
             raise _no_answer(node, exc) from exc
         except StopAsyncIteration:
             raise ServiceUnavailable(f"serving node {node.id} answered with nothing; retry") from None
-        return first, _rest(node, lines, traffic)
+        try:
+            served = _read(node, first, NodeServedLine)
+        except ServiceUnavailable:
+            await lines.aclose()
+            raise
+        return served, _rest(node, lines, traffic)
     raise _none_answered(failures)
 
 
 async def complete_lines(
     nodes: Sequence[NodeAddress], body: NodeCompletion, traffic: NodeTraffic = TRAFFIC
-) -> list[dict[str, Any]]:
-    """A whole completion's lines (what served it first) from the first of `nodes` that answers
-    to the end (`body.stream` set, as for `open_stream`): the client is sent nothing before, so a
-    node that dies at any point is marked down and the request is asked of the next. Refusals
-    are raised as they are."""
+) -> tuple[NodeServedLine, list[NodeChoiceLine]]:
+    """A whole completion's lines (what served it, then the choices' lines) from the first of
+    `nodes` that answers to the end (`body.stream` set, as for `open_stream`): the client is sent
+    nothing before, so a node that dies at any point is marked down and the request is asked of
+    the next. Refusals are raised as they are."""
     failures: list[tuple[NodeAddress, httpx.HTTPError]] = []
     for node in nodes:
         lines = _node_lines(node, body, traffic)
         try:
-            return [line async for line in lines]
+            read = [line async for line in lines]
         except NODE_DOWN_ERRORS as exc:
             traffic.mark_down(node, exc)
             failures.append((node, exc))
+            continue
         except httpx.TransportError as exc:
             raise _no_answer(node, exc) from exc
         finally:
             await lines.aclose()
+        if not read:
+            raise ServiceUnavailable(f"serving node {node.id} answered with nothing; retry")
+        return _read(node, read[0], NodeServedLine), [_read(node, line, NodeChoiceLine) for line in read[1:]]
     raise _none_answered(failures)
 
 

@@ -20,13 +20,13 @@ from sqlalchemy.orm import Session
 from mint.errors import InvalidRequest
 from mint.evals.benchmark import BenchmarkTask
 from mint.evals.graders import GraderSpec
-from mint.evals.mining import MiningResult, mine_failures
+from mint.evals.mining import MiningKind, MiningResult, mine_failures
 from mint.schemas.captures import BenchmarkFromCaptures, CaptureFilter, DatasetFromCaptures
 from mint.services import benchmarks
+from mint.services.catalog import get_deployment
 from mint.services.datasets import create_dataset_from_rows
 from mint.services.principal import Principal
 from mint.services.serving.captures import feedback_of
-from mint.services.serving.deployments import get_deployment
 from mint.storage.objects import ObjectStore
 from mint.storage.tables import BenchmarkVersion, Capture, Dataset, Feedback
 
@@ -106,7 +106,7 @@ def _served(capture: Capture) -> ServedTrajectory:
 
 
 def mine_captures(
-    session: Session, organization_id: str, wanted: CaptureFilter, kind: str, split: str = "production"
+    session: Session, organization_id: str, wanted: CaptureFilter, kind: MiningKind, split: str = "production"
 ) -> tuple[list[BenchmarkTask], MiningResult]:
     """The corrected captures as tasks, and the rows of `kind` mined from them."""
     tasks, trajectories, skipped = [], [], []
@@ -117,7 +117,7 @@ def mine_captures(
             continue
         tasks.append(task)
         trajectories.append(_served(capture))
-    result = mine_failures(kind, tasks, trajectories)  # type: ignore[arg-type]
+    result = mine_failures(kind, tasks, trajectories)
     result.skipped[:0] = skipped
     return tasks, result
 

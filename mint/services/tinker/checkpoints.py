@@ -16,7 +16,7 @@
   only while the publication does, and cannot be published by its holder (403): only the
   weights' own organization decides who reads them. Unpublishing or deleting the checkpoint
   deletes those copies (`end_foreign_copies`); a copy whose origin went another way (retention)
-  can no longer be read (`readable_checkpoint`). The organization's own copies of its own
+  can no longer be read (`catalog.readable_checkpoint`). The organization's own copies of its own
   weights are ordinary checkpoints. Download URLs of a checkpoint read through a publication
   are tied to it (`signed_urls.Grant`): they stop working when it is unpublished.
 - **Tokenizers** travel with no hub: the first worker of a base to serve a Tinker model saves
@@ -28,7 +28,9 @@
   the base's name (tinker-cookbook, `SamplingClient.get_tokenizer`) finds it.
 
 The row readers shared with `mint.services.tinker.sessions` and the runner (`owned_model`,
-`owned_checkpoint`, `newest_checkpoint`) live here, at the bottom of the three modules.
+`owned_checkpoint`, `newest_checkpoint`) live here, at the bottom of the three modules; which
+checkpoints an organization may read is the catalog's (`mint.services.catalog`), since serving
+and evals read them too.
 """
 
 from __future__ import annotations
@@ -47,11 +49,13 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.errors import InvalidRequest, NotFound, PermissionDenied
 from mint.schemas import tinker as wire
+from mint.services import catalog
 from mint.services.audit import record_audit
-from mint.services.models.adapters import PEFT_FILES
+from mint.services.models.object_gc import is_referenced
 from mint.services.principal import Principal
 from mint.services.tinker import signed_urls
 from mint.storage.archives import unpack_folder
+from mint.storage.keys import EXTERNAL_FILES, external_file_key, tokenizer_key
 from mint.storage.objects import ObjectStore, ObjectStream, object_store_for
 from mint.storage.queries import get_owned
 from mint.storage.tables import (
@@ -68,10 +72,6 @@ from mint.storage.tables import (
 # ---- rows as the API and the worker halves read them ---------------------------------------
 
 
-def tokenizer_key(base_model: str) -> str:
-    return f"tokenizers/{base_model}.tar"
-
-
 def str_dict(values: dict[str, Any] | None) -> dict[str, str]:
     """User metadata as Tinker keeps it: strings to strings (NUL removed; PostgreSQL refuses it)."""
     return {str(key).replace("\x00", ""): str(value).replace("\x00", "") for key, value in (values or {}).items()}
@@ -85,49 +85,12 @@ def owned_model(session: Session, organization_id: str, model_id: str) -> Traini
     return row
 
 
-def checkpoint_at(session: Session, path: wire.TinkerPath) -> TinkerCheckpoint | None:
-    """The checkpoint at a `tinker://` path, whoever owns it."""
-    return session.execute(
-        select(TinkerCheckpoint).where(
-            TinkerCheckpoint.model_id == path.model_id,
-            TinkerCheckpoint.kind == path.kind,
-            TinkerCheckpoint.name == path.name,
-        )
-    ).scalar_one_or_none()
-
-
 def owned_checkpoint(session: Session, organization_id: str, path: wire.TinkerPath) -> TinkerCheckpoint:
     """The organization's checkpoint at a `tinker://` path."""
-    row = checkpoint_at(session, path)
+    row = catalog.checkpoint_at(session, path)
     if row is None or row.organization_id != organization_id:
         raise NotFound(f"no checkpoint {path} in this organization", param="path")
     return row
-
-
-def readable_checkpoint(
-    session: Session, organization_id: str, path: wire.TinkerPath, *, param: str = "path"
-) -> TinkerCheckpoint:
-    """The checkpoint at a `tinker://` path if this organization may read it: its own, or
-    published; and, for a copy of another organization's weights, only while they are published."""
-    row = checkpoint_at(session, path)
-    if row is None or not (row.organization_id == organization_id or row.public):
-        raise NotFound(f"no checkpoint {path} in this organization, nor published", param=param)
-    if not origin_stands(session, row):
-        raise NotFound(
-            f"{path} is a copy of weights another organization published, and they are no longer published; "
-            "the copy has ended (delete it)",
-            param=param,
-        )
-    return row
-
-
-def origin_stands(session: Session, row: TinkerCheckpoint) -> bool:
-    """Whether the publication a copy of another organization's weights stands on is still up
-    (always, for an organization's own weights)."""
-    if row.origin_checkpoint_id is None:
-        return True
-    origin = session.get(TinkerCheckpoint, row.origin_checkpoint_id)
-    return origin is not None and origin.public
 
 
 def copy_origin(source: TinkerCheckpoint, organization_id: str) -> str | None:
@@ -182,7 +145,7 @@ def get_info(session: Session, settings: Settings, organization_id: str, model_i
 
 
 def path_of(row: TinkerCheckpoint) -> wire.TinkerPath:
-    return wire.TinkerPath(row.model_id, row.kind, row.name)  # type: ignore[arg-type]
+    return wire.TinkerPath(row.model_id, wire.checkpoint_kind(row.kind), row.name)
 
 
 def checkpoint_view(row: TinkerCheckpoint) -> wire.Checkpoint:
@@ -271,8 +234,6 @@ def delete_checkpoint(
 
     The row is deleted and committed first: a crash before the objects are deleted leaves
     objects no row references, which `mint admin gc` collects, never a path to nothing."""
-    from mint.services.models.object_gc import is_referenced  # object_gc reads this module's key layout
-
     owned_model(session, organization_id, model_id)
     path = wire.TinkerPath.of_checkpoint(model_id, checkpoint_id)
     row = owned_checkpoint(session, organization_id, path)
@@ -298,7 +259,7 @@ def checkpoint_objects(row: TinkerCheckpoint) -> list[str]:
 def weights_info(session: Session, organization_id: str, tinker_path: str) -> wire.WeightsInfoResponse:
     """What a checkpoint holds (its base and LoRA shape), for one the organization may read."""
     path = wire.TinkerPath.parse(tinker_path)
-    checkpoint = readable_checkpoint(session, organization_id, path)
+    checkpoint = catalog.readable_checkpoint(session, organization_id, path)
     model = session.get(TrainingSession, checkpoint.model_id)
     assert model is not None
     return wire.WeightsInfoResponse(
@@ -352,17 +313,6 @@ def set_published(
 
 # ---- exported weights: signed downloads ------------------------------------------------------
 
-# What an export holds: the PEFT folder that `PeftModel.from_pretrained` loads.
-EXTERNAL_FILES = PEFT_FILES
-
-
-def external_prefix(checkpoint_row_id: str) -> str:
-    return f"tinker/external/{checkpoint_row_id}"
-
-
-def external_file_key(prefix: str, name: str) -> str:
-    return f"{prefix}/{name}"
-
 
 def external_weights_urls(
     session: Session,
@@ -378,7 +328,7 @@ def external_weights_urls(
     organization's checkpoint, or the origin of a copy of one); revoke the one or withdraw the
     other and the URLs stop working."""
     path = wire.TinkerPath.of_checkpoint(model_id, checkpoint_id)
-    row = readable_checkpoint(session, principal.organization_id, path)
+    row = catalog.readable_checkpoint(session, principal.organization_id, path)
     if path.kind != "external":
         raise InvalidRequest(
             f"{path} is not exported weights; export them with save_weights_external (`tinker checkpoint "

@@ -31,7 +31,8 @@ from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest
 from mint.schemas import tinker as wire
-from mint.services.tinker.checkpoints import copy_origin, readable_checkpoint, str_dict
+from mint.services.catalog import readable_checkpoint
+from mint.services.tinker.checkpoints import copy_origin, str_dict
 from mint.services.tinker.sessions import get_tinker_session, model_id_of
 from mint.storage.tables import TinkerCheckpoint, TinkerSession, TrainingSession, as_utc, new_id, utcnow
 
@@ -237,4 +238,4 @@ def copy_weights(session: Session, organization_id: str, body: wire.CopyWeightsR
     )
     session.add(copy)
     session.flush()
-    return wire.TinkerPath(model_id=run_id, kind=source.kind, name=source.name)  # type: ignore[arg-type]
+    return wire.TinkerPath(model_id=run_id, kind=wire.checkpoint_kind(source.kind), name=source.name)

@@ -38,8 +38,6 @@ from mint.errors import Conflict, InvalidRequest, MintError
 from mint.schemas import tinker as wire
 from mint.services.billing.usage import record_usage
 from mint.services.models import adapters
-from mint.services.tinker import checkpoints as tinker_checkpoints
-from mint.services.tinker.checkpoints import tokenizer_key
 from mint.services.tinker.sessions import (
     adapter_name_of,
     expire_session,
@@ -52,14 +50,16 @@ from mint.services.tinker.sessions import (
 )
 from mint.storage.archives import pack_folder, unpack_folder
 from mint.storage.db import session_scope
+from mint.storage.keys import EXTERNAL_FILES, PEFT_FILES, external_file_key, external_prefix, tokenizer_key
 from mint.storage.objects import ObjectStore, object_store_for
+from mint.storage.queries import rowcount
 from mint.storage.tables import Future, TinkerCheckpoint, TinkerSession, TrainingSession, as_utc, new_id, utcnow
 from mint.trainer.prompt_scores import PromptQuery
 from mint.trainer.types import AdamParams, Datum, LoraOptions, SampledSequence, SampleRequest, SamplingParams
 
 if TYPE_CHECKING:
     from mint.trainer.session import ResidentBase
-    from mint.trainer.session import TrainingSession as LoraSession
+    from mint.trainer.training_session import TrainingSession as LoraSession
 
 log = logging.getLogger(__name__)
 
@@ -214,19 +214,19 @@ def run_model_requests(settings: Settings, model_id: str, me: WorkerIdentity, lo
                     category="server",
                 )
                 return "unreachable"
-            claimed = session.execute(
-                update(TrainingSession)
-                .where(TrainingSession.id == model_id, TrainingSession.worker_id.is_(None))
-                .values(worker_id=me.worker_id)
-                .execution_options(synchronize_session=False)
-            ).rowcount
+            claimed = rowcount(
+                session.execute(
+                    update(TrainingSession)
+                    .where(TrainingSession.id == model_id, TrainingSession.worker_id.is_(None))
+                    .values(worker_id=me.worker_id)
+                    .execution_options(synchronize_session=False)
+                )
+            )
             if not claimed:
                 return "taken"
         elif row.worker_id != me.worker_id:
             return "not-mine"
-        context = dict(
-            organization_id=row.organization_id, base_model=row.base_model, tinker_session_id=row.tinker_session_id
-        )
+        organization_id, base_model, tinker_session_id = row.organization_id, row.base_model, row.tinker_session_id
     store = object_store_for(settings)
     ran, linger_until = 0, 0.0
     while True:
@@ -236,7 +236,9 @@ def run_model_requests(settings: Settings, model_id: str, me: WorkerIdentity, lo
                 break
             time.sleep(LINGER_POLL_S)
             continue
-        ctx = _ModelContext(settings, store, load_base, model_id, seq_id=step.seq_id, **context)
+        ctx = _ModelContext(
+            settings, store, load_base, model_id, organization_id, base_model, tinker_session_id, seq_id=step.seq_id
+        )
         try:
             result = _OPERATIONS[step.operation](ctx, step.payload)
             outcome: tuple[str, Any] = ("ok", result)
@@ -435,7 +437,7 @@ def _save_weights_for_sampler(ctx: _ModelContext, payload: dict[str, Any]) -> di
         archive = adapters.archive_adapter(folder)
         if payload["name"] is None:
             return _snapshot(ctx, training, folder, archive, int(payload["sampling_session_seq_id"]))
-        config = json.loads((folder / adapters.PEFT_FILES[0]).read_text(encoding="utf-8"))
+        config = json.loads((folder / PEFT_FILES[0]).read_text(encoding="utf-8"))
     name = payload["name"]
     path = wire.TinkerPath(ctx.model_id, "sampler", name)
     with session_scope(ctx.settings.database) as session:
@@ -476,13 +478,13 @@ def _save_weights_external(ctx: _ModelContext, payload: dict[str, Any]) -> dict[
     with session_scope(ctx.settings.database) as session:
         existing = _checkpoint_named(session, ctx.model_id, "external", name)
         checkpoint_id = existing.id if existing is not None else new_id("tkc")
-    prefix = tinker_checkpoints.external_prefix(checkpoint_id)
+    prefix = external_prefix(checkpoint_id)
     with tempfile.TemporaryDirectory(prefix="mint-tinker-external-") as scratch:
         folder = Path(scratch)
         training.save_weights_for_sampler(folder)
         infos = [
-            ctx.store.put_bytes(tinker_checkpoints.external_file_key(prefix, file), (folder / file).read_bytes())
-            for file in tinker_checkpoints.EXTERNAL_FILES
+            ctx.store.put_bytes(external_file_key(prefix, file), (folder / file).read_bytes())
+            for file in EXTERNAL_FILES
         ]
     size_bytes = sum(info.size_bytes for info in infos)
     with session_scope(ctx.settings.database) as session:
@@ -608,12 +610,14 @@ def run_sample(settings: Settings, future_id: str, me: WorkerIdentity, load_base
 
 def _claim_future(session: Session, future_id: str, worker_id: str) -> bool:
     """Take a pending future for this worker; False if another took it first."""
-    claimed: int = session.execute(
-        update(Future)
-        .where(Future.id == future_id, Future.status == "pending")
-        .values(status="running", worker_id=worker_id)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+    claimed: int = rowcount(
+        session.execute(
+            update(Future)
+            .where(Future.id == future_id, Future.status == "pending")
+            .values(status="running", worker_id=worker_id)
+            .execution_options(synchronize_session=False)
+        )
+    )
     return bool(claimed)
 
 
@@ -730,7 +734,7 @@ def _sample_result(
             result["prompt_logprobs"] = per_token(scores.logprobs)
         if scores.top is not None:
             result["topk_prompt_logprobs"] = per_token(scores.top)
-        if scores.targets is not None:
+        if scores.targets is not None and targets is not None:
             result["target_prompt_logprobs"] = {**targets, "rows": scores.targets}
     # With record_stability_info the result keeps each token's logprob under the distribution
     # it was drawn from: the stability info that stable_reinforce reads, by sequence id, from

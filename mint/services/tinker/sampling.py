@@ -84,7 +84,7 @@ def submit_sample(
             temperature=sp.temperature,
             top_p=sp.top_p,
             top_k=sp.top_k,
-            stop=sp.stop,
+            stop=[sp.stop] if isinstance(sp.stop, str) else sp.stop,
             seed=sp.seed,
         )
     except ValidationError as exc:

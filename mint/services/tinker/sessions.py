@@ -6,7 +6,7 @@ The official `tinker` SDK speaks of sessions, models, samplers and futures. In M
   its organization, heartbeat and finish reason.
 - A **model** (a `TrainingClient`, id `<session>:train:<n>`) and a **sampler** (a
   `SamplingClient`, id `<session>:sample:<n>`) are `training_sessions` rows. A model is a
-  LoRA session (`mint.trainer.session.TrainingSession`) on the resident base of ONE worker
+  LoRA session (`mint.trainer.training_session.TrainingSession`) on the resident base of ONE worker
   process: the first worker of the base's queue (`train.<base>`) to run its creation claims
   it (`worker_id`), and every later request goes to that process's own queue. If that
   process dies, the model is lost: its pending futures fail and say which checkpoint to
@@ -50,8 +50,9 @@ from mint.schemas import tinker_proto as proto
 from mint.schemas.losses import NEEDS_PROVENANCE
 from mint.services.billing import spend
 from mint.services.billing.quotas import QuotaDefaults, hold, hold_base_slot
+from mint.services.catalog import readable_checkpoint
 from mint.services.dispatch import Dispatch
-from mint.services.tinker.checkpoints import newest_checkpoint, owned_model, readable_checkpoint, str_dict
+from mint.services.tinker.checkpoints import newest_checkpoint, owned_model, str_dict
 from mint.services.tinker.provenance import attach_stability_info
 from mint.services.workers import live_worker
 from mint.storage.objects import ObjectStore, object_store_for

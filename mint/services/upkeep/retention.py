@@ -103,6 +103,7 @@ def prune_job_checkpoints(
         ).all()
         doomed: list[tuple[str, datetime]] = []
         for job_id, finished_at in jobs:
+            assert finished_at is not None  # `finished_at <= cutoff` leaves out the NULLs
             older = (
                 session.execute(
                     select(Checkpoint)

@@ -31,6 +31,7 @@ from mint.services.dispatch import Dispatch
 from mint.services.webhooks import egress
 from mint.services.webhooks.events import send_delivery
 from mint.storage.db import session_scope
+from mint.storage.queries import rowcount
 from mint.storage.tables import Webhook, WebhookDelivery, utcnow
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def post(request: Request, settings: Settings) -> Outcome:
             answer_bytes=RESPONSE_READ_BYTES,
         )
     except egress.DeadlinePassed:
-        error = (
+        error: str | None = (
             f"Timeout: the receiver sent no answer within {settings.webhook_timeout_s:g} s "
             "(the deadline of a delivery, MINT_WEBHOOK_TIMEOUT_S)"
         )
@@ -122,16 +123,18 @@ def _claim(session: Session, settings: Settings, delivery_id: str) -> Request | 
     deleted or disabled meanwhile ends the delivery as failed."""
     now = utcnow()
     lost_at = now + timedelta(seconds=settings.webhook_timeout_s + CLAIM_MARGIN_S)
-    claimed = session.execute(
-        update(WebhookDelivery)
-        .where(
-            WebhookDelivery.id == delivery_id,
-            WebhookDelivery.status == "pending",
-            WebhookDelivery.next_attempt_at <= now,
+    claimed = rowcount(
+        session.execute(
+            update(WebhookDelivery)
+            .where(
+                WebhookDelivery.id == delivery_id,
+                WebhookDelivery.status == "pending",
+                WebhookDelivery.next_attempt_at <= now,
+            )
+            .values(attempts=WebhookDelivery.attempts + 1, next_attempt_at=lost_at)
+            .execution_options(synchronize_session=False)
         )
-        .values(attempts=WebhookDelivery.attempts + 1, next_attempt_at=lost_at)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+    )
     if not claimed:
         return None
     delivery = session.get(WebhookDelivery, delivery_id)

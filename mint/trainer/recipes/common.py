@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from mint.trainer.episodes import Env
-    from mint.trainer.session import TrainingSession
+    from mint.trainer.training_session import TrainingSession
 
 Rendered = TypeVar("Rendered")
 
