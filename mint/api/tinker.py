@@ -7,9 +7,9 @@ Point the SDK at Mint with `ServiceClient(base_url=<Mint URL>, api_key=<a Mint k
 "try again"). The forward/backward request and the results of forward, forward_backward
 and sample are Protocol Buffers, so those two routes stay out of the OpenAPI document.
 
-Routes parse and map; `mint.services.tinker.sessions` does the work (see its docstring for how models,
-samplers and futures map onto Mint), and `mint.services.tinker.checkpoints` answers the
-training runs, checkpoints and tokenizers.
+Routes parse and map; `mint.services.tinker.sessions`, `.models`, `.sampling` and `.futures` do the
+work (see the sessions module's docstring for how models, samplers and futures map onto Mint), and
+`mint.services.tinker.checkpoints` answers the training runs, checkpoints and tokenizers.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from mint.schemas import tinker_proto as proto
 from mint.services import auth
 from mint.services.tinker import checkpoints as tinker_checkpoints
 from mint.services.tinker import futures as tinker_futures
+from mint.services.tinker import models as tinker_models
 from mint.services.tinker import projects, sampling, signed_urls
-from mint.services.tinker import sessions as tinker
+from mint.services.tinker import sessions as tinker_sessions
 from mint.services.tinker import traces as tinker_traces
 from mint.storage.objects import object_store_for
 
@@ -76,7 +77,7 @@ def client_dynamic_config(body: wire.ClientConfigRequest, _: CurrentPrincipal) -
 @router.get("/get_server_capabilities", response_model=wire.GetServerCapabilitiesResponse)
 def get_server_capabilities(session: SessionDep, _: CurrentPrincipal) -> wire.GetServerCapabilitiesResponse:
     """The enabled base models: each can be trained with LoRA and sampled."""
-    return tinker.server_capabilities(session)
+    return tinker_sessions.server_capabilities(session)
 
 
 @router.post("/telemetry", response_model=wire.TelemetryResponse)
@@ -91,14 +92,14 @@ def create_session(
 ) -> wire.CreateSessionResponse:
     """Start a Tinker session (one per `ServiceClient`); an organization at its quota of live
     sessions gets a 429."""
-    row = tinker.create_session(session, principal.organization_id, body, quotas=quotas)
+    row = tinker_sessions.create_session(session, principal.organization_id, body, quotas=quotas)
     return wire.CreateSessionResponse(session_id=row.id)
 
 
 @router.post("/session_heartbeat", response_model=wire.SessionHeartbeatResponse)
 def session_heartbeat(body: wire.SessionHeartbeatRequest, session: SessionDep, principal: CurrentPrincipal) -> Any:
     """Keep a session alive; 410 once it is finished (the SDK then stops)."""
-    if not tinker.heartbeat(session, principal.organization_id, body.session_id):
+    if not tinker_sessions.heartbeat(session, principal.organization_id, body.session_id):
         return error_response(410, "gone_error", f"session {body.session_id} is finished", "session_id")
     return wire.SessionHeartbeatResponse()
 
@@ -113,7 +114,7 @@ def finish_session(
     principal: CurrentPrincipal,
 ) -> wire.FinishSessionResponse:
     """Finish a session: its models are released from their workers, its samplers closed."""
-    tinker.finish_session(session, principal.organization_id, session_id, body, dispatch)
+    tinker_sessions.finish_session(session, principal.organization_id, session_id, body, dispatch)
     return wire.FinishSessionResponse(session_id=session_id)
 
 
@@ -125,13 +126,13 @@ def list_sessions(
     offset: Offset = 0,
 ) -> wire.ListSessionsResponse:
     return wire.ListSessionsResponse(
-        sessions=tinker.list_sessions(session, principal.organization_id, limit=limit, offset=offset)
+        sessions=tinker_sessions.list_sessions(session, principal.organization_id, limit=limit, offset=offset)
     )
 
 
 @router.get("/sessions/{session_id}", response_model=wire.GetSessionResponse)
 def get_session(session_id: SessionId, session: SessionDep, principal: CurrentPrincipal) -> wire.GetSessionResponse:
-    return tinker.session_view(session, principal.organization_id, session_id)
+    return tinker_sessions.session_view(session, principal.organization_id, session_id)
 
 
 @router.get("/sessions/{session_id}/trace_export", response_model=wire.TraceExportResponse)
@@ -193,7 +194,7 @@ def create_model(
     principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
     """A LoRA training model on a base; created by the first worker of the base to take it."""
-    return _future(tinker.create_model(session, settings, principal.organization_id, body, dispatch))
+    return _future(tinker_models.create_model(session, settings, principal.organization_id, body, dispatch))
 
 
 @router.post("/get_info", response_model=wire.GetInfoResponse)
@@ -226,7 +227,7 @@ def forward_backward(
     """Forward (and backward, unless `forward_only`) over a batch; the body is protobuf, bounded
     by the `tinker_max_*` settings before it is decoded (413 past them)."""
     request = proto.decode_forward_backward_request(body, proto.BatchLimits.from_settings(settings))
-    future = tinker.submit_forward_backward(session, settings, principal.organization_id, request, dispatch)
+    future = tinker_models.submit_forward_backward(session, settings, principal.organization_id, request, dispatch)
     return _future(future)
 
 
@@ -238,7 +239,7 @@ def optim_step(
     dispatch: DispatchDep,
     principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
-    return _future(tinker.submit_optim_step(session, settings, principal.organization_id, body, dispatch))
+    return _future(tinker_models.submit_optim_step(session, settings, principal.organization_id, body, dispatch))
 
 
 @router.post("/save_weights", response_model=wire.UntypedAPIFuture)
@@ -250,7 +251,7 @@ def save_weights(
     principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
     """Save the training state (weights, Adam moments, step) as `tinker://<model>/weights/<name>`."""
-    return _future(tinker.submit_save_weights(session, settings, principal.organization_id, body, dispatch))
+    return _future(tinker_models.submit_save_weights(session, settings, principal.organization_id, body, dispatch))
 
 
 @router.post("/save_weights_for_sampler", response_model=wire.UntypedAPIFuture)
@@ -262,7 +263,7 @@ def save_weights_for_sampler(
     principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
     """Named: an adapter version and `tinker://<model>/sampler_weights/<name>`; unnamed: a new sampler."""
-    future = tinker.submit_save_weights_for_sampler(session, settings, principal.organization_id, body, dispatch)
+    future = tinker_models.submit_save_weights_for_sampler(session, settings, principal.organization_id, body, dispatch)
     return _future(future)
 
 
@@ -276,7 +277,7 @@ def save_weights_external(
 ) -> wire.UntypedAPIFuture:
     """Export the LoRA weights as PEFT files, `tinker://<model>/external_weights/<name>`, to download
     through `external_weights_urls` (what `tinker checkpoint download` does)."""
-    future = tinker.submit_save_weights_external(session, settings, principal.organization_id, body, dispatch)
+    future = tinker_models.submit_save_weights_external(session, settings, principal.organization_id, body, dispatch)
     return _future(future)
 
 
@@ -289,7 +290,7 @@ def load_weights(
     principal: CurrentPrincipal,
 ) -> wire.UntypedAPIFuture:
     """Load a checkpoint into a model, or create a model from it."""
-    return _future(tinker.submit_load_weights(session, settings, principal.organization_id, body, dispatch))
+    return _future(tinker_models.submit_load_weights(session, settings, principal.organization_id, body, dispatch))
 
 
 # ---- samplers ---------------------------------------------------------------------------------
@@ -300,7 +301,7 @@ def create_sampling_session(
     body: wire.CreateSamplingSessionRequest, session: SessionDep, principal: CurrentPrincipal
 ) -> wire.CreateSamplingSessionResponse:
     """A sampler of a base, or of sampler weights (`tinker://<model>/sampler_weights/<name>`)."""
-    row = tinker.create_sampling_session(session, principal.organization_id, body)
+    row = sampling.create_sampling_session(session, principal.organization_id, body)
     return wire.CreateSamplingSessionResponse(sampling_session_id=row.id)
 
 

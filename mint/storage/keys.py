@@ -32,6 +32,36 @@ def benchmark_key(sha256: str) -> str:
     return f"benchmarks/sha256/{sha256}.jsonl"
 
 
+def job_checkpoint_key(job_id: str, step: int) -> str:
+    """A fine-tuning job's training state after `step` (what a resumed job loads)."""
+    return f"checkpoints/{job_id}/step-{step:07d}.tar"
+
+
+def tinker_request_key(future_id: str) -> str:
+    """A Tinker future's request, when too large for its row."""
+    return f"tinker/requests/{future_id}.json"
+
+
+def tinker_result_key(future_id: str) -> str:
+    """A Tinker future's result, when too large for its row."""
+    return f"tinker/results/{future_id}.json"
+
+
+def tinker_state_key(checkpoint_id: str) -> str:
+    """A Tinker model's saved training state (`save_state`)."""
+    return f"tinker/checkpoints/{checkpoint_id}.tar"
+
+
+def tinker_snapshot_key(sha256: str) -> str:
+    """Save-and-sample weights, by the sha256 of their archive (samplers load them; no row registers them)."""
+    return f"tinker/snapshots/{sha256}.tar"
+
+
+def tinker_trace_key(session_id: str, sha256: str) -> str:
+    """A Tinker session's exported trace, named by its session and the head of its content hash."""
+    return f"tinker/traces/{session_id}-{sha256[:16]}.json"
+
+
 def tokenizer_key(base_model: str) -> str:
     """A base's tokenizer archive, written by the first worker of the base to serve a Tinker model."""
     return f"tokenizers/{base_model}.tar"

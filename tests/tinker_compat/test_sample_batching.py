@@ -20,7 +20,7 @@ from tinker import types
 
 from mint.config import PROJECT_ROOT, Settings
 from mint.schemas.base_models import get_base_model_spec
-from mint.services.tinker.sessions import get_payload
+from mint.services.tinker.future_rows import get_payload
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 from mint.storage.tables import Future, UsageRecord

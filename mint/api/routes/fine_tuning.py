@@ -25,7 +25,7 @@ from mint.schemas.fine_tuning import (
 from mint.schemas.job_spec import JobSpec
 from mint.services import auth
 from mint.services.billing import spend
-from mint.services.jobs import fine_tuning
+from mint.services.jobs import checkpoints, checks, events, fine_tuning, versions, views
 from mint.storage.tables import TrainingJob
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
@@ -46,10 +46,8 @@ EventCursor = Annotated[
 
 
 def job_public(session: SessionDep, job: TrainingJob) -> FineTuningJob:
-    stages = fine_tuning.stage_versions_of(session, job) if JobSpec.model_validate(job.spec).chained else None
-    return FineTuningJob.model_validate(
-        fine_tuning.job_view(job, fine_tuning.fine_tuned_model_of(session, job), stages)
-    )
+    stages = versions.stage_versions_of(session, job) if JobSpec.model_validate(job.spec).chained else None
+    return FineTuningJob.model_validate(views.job_view(job, versions.fine_tuned_model_of(session, job), stages))
 
 
 @router.post("", response_model=FineTuningJob, status_code=200)
@@ -77,7 +75,7 @@ def estimate_job(body: FineTuningJobCreate, session: SessionDep, principal: Curr
     calibrated on the jobs this deployment's workers finished, and the most the job may cost
     under its budget and the organization's spend limits. Checks the request as a create does;
     records nothing."""
-    checked = fine_tuning.check_job(session, principal.organization_id, body)
+    checked = checks.check_job(session, principal.organization_id, body)
     organization = auth.get_organization(session, principal.organization_id)
     allowance = spend.allowance_at_create(session, organization, body.budget_usd)
     return JobEstimate(
@@ -121,7 +119,7 @@ def list_events(
 ) -> EventPage:
     """Messages and metrics (loss, learning rate, tokens/s, reward), newest first."""
     job = fine_tuning.get_job(session, principal.organization_id, job_id)
-    rows, has_more = fine_tuning.list_events(session, job, after=after, limit=limit)
+    rows, has_more = events.list_events(session, job, after=after, limit=limit)
     data = [FineTuningJobEvent.model_validate({**_columns(row), "id": str(row.id)}) for row in rows]
     return EventPage(data=data, has_more=has_more)
 
@@ -139,7 +137,7 @@ def list_checkpoints(job_id: JobId, session: SessionDep, principal: CurrentPrinc
             metrics={"step": row.step, **row.metrics},
             step_number=row.step,
         )
-        for row in fine_tuning.list_checkpoints(session, job)
+        for row in checkpoints.list_checkpoints(session, job)
     ]
     return page_from(data, False, FineTuningJobCheckpoint)
 

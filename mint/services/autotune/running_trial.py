@@ -12,7 +12,7 @@ from mint.services.autotune.evaluations import evaluate
 from mint.services.autotune.spend import out_of_budget
 from mint.services.autotune.state import FINISHED, trial_score
 from mint.services.autotune.tick import Tick
-from mint.services.jobs import fine_tuning
+from mint.services.jobs import fine_tuning, versions
 from mint.storage.tables import AutotuneTrial, EvalRun, TrainingJob, utcnow
 
 
@@ -24,7 +24,7 @@ def follow(tick: Tick, trial: AutotuneTrial) -> None:
         assert job is not None
         trial.cost_usd = job.cost_usd
         if job.status == "succeeded":
-            trial.model_ref = fine_tuning.fine_tuned_model_of(session, job)
+            trial.model_ref = versions.fine_tuned_model_of(session, job)
             assert trial.model_ref is not None
             trial.eval_run_id = evaluate(tick, trial.model_ref, request.splits.dev)
             trial.status = "evaluating"

@@ -11,7 +11,7 @@ from mint.schemas.autotune import AutotuneCreate
 from mint.schemas.fine_tuning import FineTuningJobCreate
 from mint.services.autotune.search import DATA_OF_METHOD
 from mint.services.autotune.tick import Tick
-from mint.services.jobs import fine_tuning
+from mint.services.jobs import checks
 
 
 def training_type(request: AutotuneCreate, params: dict[str, Any]) -> str:
@@ -27,7 +27,7 @@ def training_type(request: AutotuneCreate, params: dict[str, Any]) -> str:
 def priced(tick: Tick, params: dict[str, Any], number: int) -> tuple[FineTuningJobCreate, Any]:
     """The trial's job request and its estimate (checked as a create would check it)."""
     body = job_body(tick, params, number)
-    return body, fine_tuning.check_job(tick.session, tick.run.organization_id, body).estimate
+    return body, checks.check_job(tick.session, tick.run.organization_id, body).estimate
 
 
 def job_body(tick: Tick, params: dict[str, Any], number: int) -> FineTuningJobCreate:

@@ -59,7 +59,7 @@ from mint.services.leases import (
 from mint.services.models import adapters
 from mint.services.serving import inference, node_client
 from mint.services.serving.nodes import NodeAddress, live_nodes, node_for
-from mint.services.tinker import runner as tinker_runner
+from mint.services.tinker.releases import release_idle_models
 from mint.services.webhooks import events
 from mint.serving.mixture import MixtureTarget
 from mint.storage.db import session_scope
@@ -290,7 +290,7 @@ class _Model:
         self.base = self.load_base(self.base_model)
         if self.adapter is not None:
             archive = object_store_for(self.settings).get_bytes(self.adapter.object_key)
-            tinker_runner.release_idle_models(self.settings)  # slots of ended Tinker sessions first
+            release_idle_models(self.settings)  # slots of ended Tinker sessions first
             with tempfile.TemporaryDirectory(prefix="mint-eval-adapter-") as scratch:
                 folder = adapters.extract_adapter(archive, Path(scratch))
                 self.session_id = self.base.create_session_from_adapter(folder).session_id

@@ -1,19 +1,27 @@
 """What one attempt at a fine-tuning job knows: the job's stages, read back from its row and
 validated again (`stages_of`, `stored_plan`), and where the attempt is in them (`JobContext`):
 ids, the current stage, the step its trainer starts from, and the tokens and device time not
-billed yet. The runner (`mint.services.jobs.runner`) moves it on.
+billed yet, and what a chained job's events carry of its stage. The attempt
+(`mint.services.jobs.training.JobRun`) moves it on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mint.errors import InvalidRequest
 from mint.schemas.job_spec import JobSpec, StoredStage
 from mint.schemas.plans import TrainingPlan, parse_plan
 from mint.storage.tables import TrainingJob
+
+if TYPE_CHECKING:
+    from mint.trainer.full import FullParameterTrainer
+    from mint.trainer.training_session import TrainingSession
+
+    # What trains a stage: a LoRA session on the resident base, or a full-parameter copy of it.
+    Training = TrainingSession | FullParameterTrainer
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,20 @@ class JobContext:
     @property
     def total_steps(self) -> int:
         return sum(stage.plan.steps for stage in self.stages)
+
+    def parent_of(self, stage: Stage) -> tuple[str | None, int]:
+        """The version `stage` starts from (None: a fresh adapter) and the job's trained tokens then."""
+        if stage.number == 1:
+            return self.from_version_id, 0
+        return self.done[stage.number - 1]
+
+    def label(self) -> dict[str, int]:
+        """What events and checkpoints of a chained job carry: the stage's number."""
+        return {"stage": self.stage.number} if self.chained else {}
+
+    def in_stage(self) -> str:
+        """The ` (stage n/N)` an event message of a chained job names its stage with."""
+        return f" (stage {self.stage.number}/{len(self.stages)})" if self.chained else ""
 
     @classmethod
     def claimed(cls, job: TrainingJob, worker_id: str) -> JobContext:

@@ -22,7 +22,7 @@ from mint.schemas.fine_tuning import MAX_STAGES, FineTuningJobCreate, StageCreat
 from mint.services import catalog
 from mint.services.billing.quotas import QuotaDefaults
 from mint.services.dispatch import Dispatch
-from mint.services.jobs import fine_tuning
+from mint.services.jobs import fine_tuning, views
 from mint.services.models import adapters
 from mint.services.principal import Principal
 from mint.storage.tables import AdapterVersion, Dataset, TrainingJob
@@ -56,7 +56,7 @@ def _stage(session: Session, organization_id: str, version: AdapterVersion, ref:
     recorded = version.metrics.get("training_file_sha256")
     if recorded and dataset.sha256 != recorded:
         raise Conflict(f"{file_id} no longer holds what {ref} was trained on", param="version")
-    method, _ = fine_tuning.method_view(plan["method"], plan)
+    method, _ = views.method_view(plan["method"], plan)
     section = {key: value for key, value in method[method["type"]].items() if value is not None}
     # The plan's steps say how long it trained; its n_epochs was derived from them.
     section["hyperparameters"] = {key: value for key, value in section["hyperparameters"].items() if key != "n_epochs"}

@@ -27,8 +27,9 @@
   into a folder named after the base in its working directory, where loading the tokenizer by
   the base's name (tinker-cookbook, `SamplingClient.get_tokenizer`) finds it.
 
-The row readers shared with `mint.services.tinker.sessions` and the runner (`owned_model`,
-`owned_checkpoint`, `newest_checkpoint`) live here, at the bottom of the three modules; which
+The row readers shared with the API half (`mint.services.tinker.models`) and the worker half
+(`mint.services.tinker.weights`) live here (`owned_model`, `owned_checkpoint`,
+`newest_checkpoint`), below both; which
 checkpoints an organization may read is the catalog's (`mint.services.catalog`), since serving
 and evals read them too.
 """

@@ -1,14 +1,15 @@
 """Tinker futures, the API half: what `retrieve_future` and `cancel_future` answer about a request.
 
-Every long Tinker call is a future (a `futures` row, recorded by `mint.services.tinker.sessions`,
-`mint.services.tinker.sampling` and moved along by `mint.services.tinker.runner`). Here is how
-a client reads one back: `poll_future` says whether it succeeded (with its result), failed
-(with its error and category) or is still waiting, and the endpoint long-polls it for up to
-LONG_POLL_S. While a future waits, its worker is looked at every INSPECT_EVERY_S: a model
-whose worker process is gone is lost and its futures fail saying how to restore it, a future
-whose message was lost (a broker restart) is sent again after RESEND_AFTER_S, and a base no
-worker holds is reported as the queue's paused reason. `cancel_future` cancels one that has
-not started, and `encode_result` writes a finished result as the protobuf the SDK reads.
+Every long Tinker call is a future (a `futures` row, `mint.services.tinker.future_rows`,
+recorded by `mint.services.tinker.models` and `mint.services.tinker.sampling` and moved along by
+the worker half, `mint.services.tinker.runner`). Here is how a client reads one back:
+`poll_future` says whether it succeeded (with its result), failed (with its error and category)
+or is still waiting, and the endpoint long-polls it for up to LONG_POLL_S. While a future waits,
+its worker is looked at every INSPECT_EVERY_S: a model whose worker process is gone is lost and
+its futures fail saying how to restore it, a future whose message was lost (a broker restart) is
+sent again after RESEND_AFTER_S, and a base no worker holds is reported as the queue's paused
+reason. `cancel_future` cancels one that has not started, and `encode_result` writes a finished
+result as the protobuf the SDK reads.
 This module never imports torch.
 """
 
@@ -22,15 +23,9 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.schemas import tinker_proto as proto
 from mint.services.dispatch import Dispatch
-from mint.services.tinker.sessions import (
-    RUN_MODEL_TASK,
-    SAMPLE_TASK,
-    WAITING,
-    fail_future,
-    get_payload,
-    lose_model,
-    send_quietly,
-)
+from mint.services.tinker.future_rows import WAITING, fail_future, get_payload, send_quietly
+from mint.services.tinker.models import RUN_MODEL_TASK, lose_model
+from mint.services.tinker.sampling import SAMPLE_TASK
 from mint.services.workers import base_is_served, live_worker
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for

@@ -33,7 +33,8 @@ from mint.errors import Conflict, InvalidRequest
 from mint.schemas import tinker as wire
 from mint.services.catalog import readable_checkpoint
 from mint.services.tinker.checkpoints import copy_origin, str_dict
-from mint.services.tinker.sessions import get_tinker_session, model_id_of
+from mint.services.tinker.models import model_id_of
+from mint.services.tinker.sessions import get_tinker_session
 from mint.storage.tables import TinkerCheckpoint, TinkerSession, TrainingSession, as_utc, new_id, utcnow
 
 DEFAULT_PROJECT = "default"

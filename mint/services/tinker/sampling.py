@@ -1,5 +1,11 @@
 """Tinker sampling, the API half: samplers and sample requests, checked and sent to the base's workers.
 
+A sampler (a `SamplingClient`, id `<session>:sample:<n>`) is a `training_sessions` row of its Tinker
+session (`mint.services.tinker.sessions`), of a base or of sampler weights
+(`tinker://<model>/sampler_weights/<name>`); unlike a model it is held by no one worker: each
+sample request is a future (`mint.services.tinker.future_rows`) sent to the base's queue
+(`train.<base>`, SAMPLE_TASK), and any worker of the base serves it.
+
 A sample request may ask, besides its samples (always with their tokens' logprobs), for its
 prompt's logprobs (`prompt_logprobs`, optionally only the last `prompt_logprobs_last_n`), the k
 most likely tokens at each prompt position (`topk_prompt_logprobs`) or at each sampled position
@@ -7,7 +13,7 @@ most likely tokens at each prompt position (`topk_prompt_logprobs`) or at each s
 (`target_prompt_logprobs`, an int64 `[len(prompt) - 1, K]` tensor, dense or sparse CSR, -1 for
 a cell that asks for nothing). Everything is checked here, before the request is recorded, so a
 request the server cannot answer fails at once with a 400 that names the field; the worker half
-is `mint.services.tinker.runner.run_sample`. This module never imports torch.
+is `mint.services.tinker.sample_batches.run_sample`. This module never imports torch.
 """
 
 from __future__ import annotations
@@ -20,16 +26,70 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.errors import InvalidRequest, NotFound
 from mint.schemas import tinker as wire
+from mint.services.catalog import readable_checkpoint
 from mint.services.dispatch import Dispatch
-from mint.services.tinker.sessions import SAMPLE_TASK, new_future, raise_if_expired, send_quietly, set_request
+from mint.services.tinker.future_rows import new_future, send_quietly, set_request
+from mint.services.tinker.sessions import active_session, enabled_base, raise_if_expired
 from mint.storage.objects import object_store_for
 from mint.storage.queries import get_owned
 from mint.storage.tables import Future, TinkerSession, TrainingSession
 from mint.trainer.types import SamplingParams
 
+SAMPLE_TASK = "mint.tinker.sample"
 # The most cells a `target_prompt_logprobs` tensor or a `topk_prompt_logprobs` table may hold
 # (rows x K): each is a Python number on the worker and in the stored result.
 MAX_PROMPT_CELLS = 2_000_000
+
+
+def sampler_id_of(session_id: str, seq: int) -> str:
+    return f"{session_id}:sample:{seq}"
+
+
+def create_sampling_session(
+    session: Session, organization_id: str, body: wire.CreateSamplingSessionRequest
+) -> TrainingSession:
+    """A sampler of a base, or of sampler weights (`tinker://<model>/sampler_weights/<name>`)."""
+    tinker_session = active_session(session, organization_id, body.session_id)
+    sampler_id = sampler_id_of(tinker_session.id, body.sampling_session_seq_id)
+    existing = session.get(TrainingSession, sampler_id)
+    if existing is not None:
+        return existing
+    key: str | None = None
+    model_path: str | None = None
+    if body.model_path is not None:
+        path = wire.TinkerPath.parse(body.model_path)
+        if path.kind != "sampler":
+            raise InvalidRequest(
+                f"{path} is not sampler weights; sample from sampler weights (save_weights_for_sampler), "
+                "or from a training client with save_weights_and_get_sampling_client",
+                param="model_path",
+            )
+        checkpoint = readable_checkpoint(session, organization_id, path)
+        source = session.get(TrainingSession, checkpoint.model_id)
+        assert source is not None
+        base_model, key, model_path = source.base_model, checkpoint.object_key, str(path)
+        if body.base_model is not None and body.base_model != base_model:
+            raise InvalidRequest(
+                f"{path} was trained on base {base_model!r}, not {body.base_model!r}", param="base_model"
+            )
+    elif body.base_model is not None:
+        base_model = enabled_base(session, body.base_model).name
+    else:
+        raise InvalidRequest("send a base_model or a model_path to sample from", param="base_model")
+    row = TrainingSession(
+        id=sampler_id,
+        organization_id=organization_id,
+        base_model=base_model,
+        kind="sampling",
+        lora={},
+        tags={},
+        tinker_session_id=tinker_session.id,
+        model_path=model_path,
+        adapter_object_key=key,
+    )
+    session.add(row)
+    session.flush()
+    return row
 
 
 def get_sampler(session: Session, organization_id: str, sampler_id: str) -> wire.GetSamplerResponse:

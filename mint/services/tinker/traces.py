@@ -24,6 +24,7 @@ from mint.config import Settings
 from mint.schemas import tinker as wire
 from mint.services.tinker import signed_urls
 from mint.services.tinker.sessions import get_tinker_session
+from mint.storage.keys import tinker_trace_key
 from mint.storage.objects import ObjectStore
 from mint.storage.tables import Future, TrainingSession, as_utc, utcnow
 
@@ -84,7 +85,7 @@ def export_session_trace(
         ).scalars()
     )
     data = json.dumps(trace_events(members, futures, utcnow()), separators=(",", ":")).encode()
-    key = f"tinker/traces/{row.id}-{hashlib.sha256(data).hexdigest()[:16]}.json"
+    key = tinker_trace_key(row.id, hashlib.sha256(data).hexdigest())
     if not store.exists(key):
         store.put_bytes(key, data)
     url, _ = signed_urls.download_url(settings, store, key, grant)

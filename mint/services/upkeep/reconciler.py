@@ -34,7 +34,9 @@ from mint.config import DEFAULT_MAX_ATTEMPTS
 from mint.errors import Conflict, NotFound
 from mint.services.dispatch import Dispatch
 from mint.services.evals import runs as evals
-from mint.services.jobs.fine_tuning import emit_event, give_up, mark_queued, send_job
+from mint.services.jobs.endings import give_up
+from mint.services.jobs.events import emit_event
+from mint.services.jobs.messages import mark_queued, send_job
 from mint.services.leases import WORKER_STOPPED, exhausted
 from mint.services.models import uploads as adapter_uploads
 from mint.services.webhooks import events
