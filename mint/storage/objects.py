@@ -193,7 +193,7 @@ class _Meter:
     def chunks(self, source: BinaryIO | Iterable[bytes]) -> Iterator[bytes]:
         read = getattr(source, "read", None)
         # Files are iterable too, but by lines; read them in fixed chunks instead.
-        chunks = iter(lambda: cast(bytes, read(CHUNK_BYTES)), b"") if read else iter(cast(Iterable[bytes], source))
+        chunks = iter(lambda: cast(bytes, read(CHUNK_BYTES)), b"") if read else iter(source)
         for chunk in chunks:
             self.size_bytes += len(chunk)
             if self.max_bytes is not None and self.size_bytes > self.max_bytes:
