@@ -545,6 +545,8 @@ def test_the_tinker_runs_pages_show_runs_and_their_checkpoints(
     training = service.create_lora_training_client(base_model=BASE, rank=4, seed=1).result()
     state = training.save_state("ui-state").result().path
     weights = training.save_weights_for_sampler("ui-weights").result().path
+    # Unnamed sampler weights make a sampler of the session, not a checkpoint.
+    training.save_weights_and_get_sampling_client().result()
     rest = service.create_rest_client()
     rest.publish_checkpoint_from_tinker_path(weights).result()
     rest.set_checkpoint_ttl_from_tinker_path(state, 7200).result()
@@ -566,6 +568,10 @@ def test_the_tinker_runs_pages_show_runs_and_their_checkpoints(
     saved = checkpoints.get_by_role("row").filter(has_text=state)
     expect(saved).to_contain_text("private")
     expect(saved).not_to_contain_text("never")  # it has a TTL now
+    expect(checkpoints.locator("tbody tr")).to_have_count(2)
+    samplers = page.get_by_role("table", name="Samplers, oldest first").locator("tbody tr")
+    expect(samplers).to_have_count(1)
+    expect(samplers.first).to_contain_text("weights saved for sampling without a name")
     page.close()
 
 
@@ -662,3 +668,236 @@ def test_the_playground_shows_a_reply_token_by_token_with_the_alternatives(
     page.get_by_role("button", name="Sample").click()
     expect(page.locator(".alert-error")).to_contain_text("no-such-model")
     page.close()
+
+
+# ---- the dashboard alone starts the loop -------------------------------------------------------
+
+
+def signed_in(browser: Any, live_server: LiveServer, key: str) -> tuple[Any, Any, list[str]]:
+    """A fresh page signed in with `key`, and the problems it reports (page errors, console
+    errors other than a refused request's, which the forms show themselves)."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, locale="en-US", timezone_id="UTC")
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    page.on(
+        "console",
+        lambda message: (
+            problems.append(f"console: {message.text}")
+            if message.type == "error" and "Failed to load resource" not in message.text
+            else None
+        ),
+    )
+    page.set_default_timeout(60_000)
+    page.goto(f"{live_server.url}/ui/")
+    page.get_by_label("API key").fill(key)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", name="Overview", level=1)).to_be_visible()
+    return context, page, problems
+
+
+def jsonl_file(name: str, text: str) -> dict[str, Any]:
+    return {"name": name, "mimeType": "application/jsonl", "buffer": text.encode()}
+
+
+def benchmark_file() -> dict[str, Any]:
+    return jsonl_file("acknowledge.jsonl", "".join(json.dumps(task) + "\n" for task in benchmark_tasks()))
+
+
+def test_on_a_fresh_platform_the_dashboard_alone_starts_an_eval_a_job_and_a_deployment(
+    live_server: LiveServer, tenant: Tenant, workers: Workers, browser: Any
+) -> None:
+    """A new organization, nothing made through the API: its pages offer forms instead of API
+    calls. A benchmark from a file, an eval run of the base on it, a dataset uploaded and a job
+    trained on it (its estimate shown before it can start), and a deployment of the version the
+    job made, each started from the dashboard; the API then has each as the forms said."""
+    from playwright.sync_api import expect
+
+    workers.start("dashboard-forms")
+    api = Api(live_server.url, tenant)
+    context, page, problems = signed_in(browser, live_server, tenant.keys["developer"])
+    refused: list[str] = []
+    page.on(
+        "response",
+        lambda response: refused.append(f"{response.status} {response.url}") if response.status >= 400 else None,
+    )
+
+    # A benchmark from a file of tasks.
+    nav(page, "Benchmarks").click()
+    expect(page.locator(".empty")).to_contain_text("create one with the form above")
+    form = page.locator("form#create-benchmark")
+    form.get_by_label("Name", exact=True).fill(BENCHMARK)
+    form.get_by_label("Tasks file", exact=True).set_input_files(benchmark_file())
+    form.get_by_label("Grader", exact=True).select_option("normalized")
+    form.get_by_role("button", name="Create the benchmark").click()
+    expect(page.get_by_role("heading", name=f"Benchmark {BENCHMARK}")).to_be_visible()
+    (benchmark,) = api.get("/v1/benchmarks")["data"]
+    assert benchmark["name"] == BENCHMARK and benchmark["latest_version"]["task_count"] == len(benchmark_tasks())
+
+    # An eval run of the base on it.
+    page.get_by_role("link", name="Evaluate a model on it…").click()
+    form = page.locator("form#start-eval")
+    expect(form.get_by_label("Benchmark", exact=True)).to_have_value(benchmark["id"])
+    form.get_by_label("Model", exact=True).fill(BASE)
+    form.get_by_label("Max tokens", exact=True).fill("4")
+    form.get_by_role("button", name="Start the eval run").click()
+    expect(page.get_by_role("heading", name=re.compile("^Eval run "), level=1)).to_be_visible()
+    (run,) = api.get("/v1/evals")["data"]
+    assert (run["model"], run["benchmark_id"], run["config"]["max_tokens"]) == (BASE, benchmark["id"], 4), run
+    assert page.url.endswith(f"#/evals/{run['id']}")
+
+    # A dataset, and a job on it: the estimate first, then the start.
+    nav(page, "Datasets").click()
+    form = page.locator("form#upload-dataset")
+    form.get_by_label("JSONL file", exact=True).set_input_files(jsonl_file("acknowledge.jsonl", training_rows()))
+    form.get_by_role("button", name="Upload").click()
+    dataset_id = page.locator("#uploaded-dataset").inner_text()
+    page.get_by_role("link", name="Fine-tune on it…").click()
+    form = page.locator("form#start-job")
+    expect(form.get_by_label("Training file", exact=True)).to_have_value(dataset_id)
+    expect(form.get_by_label("Method", exact=True)).to_have_value("supervised")
+    form.get_by_label("Base model", exact=True).select_option(BASE)
+    form.get_by_label("Adapter name (suffix)", exact=True).fill("first-hour")
+    form.get_by_label("Steps", exact=True).fill("2")
+    form.get_by_label("Seed", exact=True).fill("1")
+    start = form.get_by_role("button", name="Start the job")
+    expect(start).to_be_hidden()
+    form.get_by_role("button", name="Estimate").click()
+    body = {
+        "model": BASE,
+        "training_file": dataset_id,
+        "suffix": "first-hour",
+        "steps": 2,
+        "seed": 1,
+        "method": {"type": "supervised", "supervised": {}},
+    }
+    estimate = api.post("/v1/fine_tuning/jobs/estimate", body, status=200)
+    expect(page.locator("#estimate-cost")).to_contain_text(f"${estimate['cost_usd']:,.4f}")
+    expect(page.locator("#estimate-steps")).to_have_text("2")
+    expect(start).to_be_visible()
+    # A changed field needs a new estimate before the job can start.
+    form.get_by_label("Steps", exact=True).fill("3")
+    expect(start).to_be_hidden()
+    form.get_by_label("Steps", exact=True).fill("2")
+    form.get_by_role("button", name="Estimate").click()
+    start.click()
+    expect(page.get_by_role("heading", name=re.compile("^Job "), level=1)).to_be_visible()
+    (job,) = api.get("/v1/fine_tuning/jobs")["data"]
+    assert (job["training_file"], job["total_steps"], job["seed"], job["suffix"]) == (dataset_id, 2, 1, "first-hour")
+    expect(page.locator("#job-status")).to_have_text("succeeded", timeout=WORK_TIMEOUT_MS)
+    curve = page.locator("#loss-curve")
+    expect(curve.locator("svg")).to_have_attribute("data-points", "2")
+    expect(curve.locator("figcaption")).to_have_text("Loss at each of its 2 optimizer steps.")
+    ticks = curve.locator("text.x-tick").all_text_contents()
+    assert ticks and all(re.fullmatch(r"\d+", tick) for tick in ticks), ticks
+
+    # A deployment of the version it made.
+    nav(page, "Deployments").click()
+    form = page.locator("form#create-deployment")
+    form.get_by_label("Name", exact=True).fill("first-hour-prod")
+    expect(form.get_by_label("Version to serve", exact=True)).to_have_value("first-hour@1")
+    form.get_by_role("button", name="Create the deployment").click()
+    expect(page.get_by_role("heading", name="Deployment first-hour-prod")).to_be_visible()
+    expect(page.locator("#serving")).to_have_text("first-hour@1")
+    (deployment,) = api.get("/v1/deployments")["data"]
+    assert deployment["serving"]["routing"]["model"] == "first-hour@1" and deployment["gate"] is None
+
+    context.close()
+    api.http.close()
+    assert refused == [] and problems == []
+
+
+def test_a_form_shows_the_apis_refusal_and_keeps_what_was_typed(
+    live_server: LiveServer, tenant: Tenant, browser: Any
+) -> None:
+    """A second benchmark of the same name and a dataset with a broken row: each form shows the
+    API's 4xx message next to it, stays on its page, and keeps every field as it was."""
+    from playwright.sync_api import expect
+
+    headers = tenant.headers("developer")
+    context, page, problems = signed_in(browser, live_server, tenant.keys["developer"])
+    nav(page, "Benchmarks").click()
+    form = page.locator("form#create-benchmark")
+    form.get_by_label("Name", exact=True).fill(BENCHMARK)
+    form.get_by_label("Tasks file", exact=True).set_input_files(benchmark_file())
+    form.get_by_label("Grader", exact=True).select_option("normalized")
+    form.get_by_role("button", name="Create the benchmark").click()
+    expect(page.get_by_role("heading", name=f"Benchmark {BENCHMARK}")).to_be_visible()
+
+    # The same name again: the API's 409, in its words, under the form.
+    content = "".join(json.dumps(task) + "\n" for task in benchmark_tasks())
+    refused = httpx.post(
+        f"{live_server.url}/v1/benchmarks",
+        headers=headers,
+        json={"name": BENCHMARK, "format": "jsonl", "content": content},
+    )
+    assert refused.status_code == 409, refused.text
+    nav(page, "Benchmarks").click()
+    page.get_by_text("Create a benchmark", exact=True).click()
+    form.get_by_label("Name", exact=True).fill(BENCHMARK)
+    form.get_by_label("Description", exact=True).fill("the same tasks again")
+    form.get_by_label("Tasks file", exact=True).set_input_files(benchmark_file())
+    form.get_by_label("Grader", exact=True).select_option("exact")
+    form.get_by_role("button", name="Create the benchmark").click()
+    error = page.locator("#create-benchmark-error")
+    expect(error).to_contain_text("409")
+    expect(error).to_contain_text(refused.json()["error"]["message"])
+    expect(page.get_by_role("heading", name="Benchmarks", level=1)).to_be_visible()
+    expect(form.get_by_label("Name", exact=True)).to_have_value(BENCHMARK)
+    expect(form.get_by_label("Description", exact=True)).to_have_value("the same tasks again")
+    expect(form.get_by_label("Grader", exact=True)).to_have_value("exact")
+    assert form.get_by_label("Tasks file", exact=True).evaluate("input => input.files[0].name") == "acknowledge.jsonl"
+
+    # A dataset with a broken row: the API's 400 names it.
+    broken = training_rows() + '{"messages": "not a list"}\n'
+    answer = httpx.post(
+        f"{live_server.url}/v1/datasets",
+        headers=headers,
+        files={"file": ("broken.jsonl", broken.encode(), "application/jsonl")},
+    )
+    assert answer.status_code == 400, answer.text
+    nav(page, "Datasets").click()
+    form = page.locator("form#upload-dataset")
+    form.get_by_label("JSONL file", exact=True).set_input_files(jsonl_file("broken.jsonl", broken))
+    form.get_by_label("Kind", exact=True).select_option("chat")
+    form.get_by_role("button", name="Upload").click()
+    error = page.locator("#upload-dataset-error")
+    expect(error).to_contain_text(answer.json()["error"]["message"])
+    expect(form.get_by_label("Kind", exact=True)).to_have_value("chat")
+    assert form.get_by_label("JSONL file", exact=True).evaluate("input => input.files[0].name") == "broken.jsonl"
+    expect(page.get_by_role("table", name="Datasets, newest first")).to_have_count(0)
+    context.close()
+    assert problems == []
+
+
+def test_every_page_has_its_favicon(live_server: LiveServer, browser: Any) -> None:
+    """The page names its icon, which is served (an SVG the browser decodes): no request of
+    the page is answered 4xx."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page()
+    failed: list[str] = []
+    page.on(
+        "response",
+        lambda response: failed.append(f"{response.status} {response.url}") if response.status >= 400 else None,
+    )
+    page.goto(f"{live_server.url}/ui/")
+    expect(page.get_by_role("heading", name="Sign in to Mint")).to_be_visible()
+    href = page.locator("link[rel='icon']").get_attribute("href")
+    assert href == "favicon.svg"
+    size = page.evaluate(
+        """async (href) => {
+            const image = new Image();
+            image.src = new URL(href, document.baseURI).href;
+            await image.decode();
+            return [image.naturalWidth, image.naturalHeight];
+        }""",
+        href,
+    )
+    assert size[0] > 0 and size[1] > 0, size
+    icon = page.request.get(f"{live_server.url}/ui/{href}")
+    assert icon.status == 200 and icon.headers["content-type"] == "image/svg+xml"
+    page.close()
+    assert failed == []

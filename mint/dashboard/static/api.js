@@ -51,13 +51,15 @@ export async function request(method, path, { params, body, key } = {}) {
   const secret = key ?? storedKey();
   const headers = { Accept: "application/json" };
   if (secret) headers.Authorization = `Bearer ${secret}`;
-  if (body !== undefined) headers["Content-Type"] = "application/json";
+  // A FormData body (a file upload) goes as multipart, with the boundary the browser sets.
+  const multipart = body instanceof FormData;
+  if (body !== undefined && !multipart) headers["Content-Type"] = "application/json";
   let response;
   try {
     response = await fetch(path + query(params), {
       method,
       headers,
-      body: body === undefined ? undefined : JSON.stringify(body),
+      body: body === undefined || multipart ? body : JSON.stringify(body),
     });
   } catch (failure) {
     throw new ApiError(0, "network_error", `The API could not be reached: ${failure.message}`, null, null);
@@ -88,6 +90,9 @@ export async function request(method, path, { params, body, key } = {}) {
 
 export const get = (path, params) => request("GET", path, { params });
 export const post = (path, body) => request("POST", path, { body: body ?? {} });
+export const patch = (path, body) => request("PATCH", path, { body: body ?? {} });
+// A multipart upload: `form` is a FormData with the file and its fields.
+export const upload = (path, form) => request("POST", path, { body: form });
 
 // Every item of a paged list (`after=<last_id>`), up to `most` items.
 export async function all(path, params = {}, most = 1000) {

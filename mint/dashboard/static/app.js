@@ -6,6 +6,7 @@ import { forgetKey, get, onUnauthenticated, request, storedKey, storeKey } from 
 import { fill, h } from "./dom.js";
 import { clearAlerts, showError } from "./ui.js";
 import * as adapters from "./adapters.js";
+import * as datasets from "./datasets.js";
 import * as autotune from "./autotune.js";
 import * as deployments from "./deployments.js";
 import * as evals from "./evals.js";
@@ -18,12 +19,16 @@ import * as usage from "./usage.js";
 // [pattern, page render function, title]
 const ROUTES = [
   [/^\/$/, overview.render, "Overview"],
+  [/^\/datasets$/, datasets.renderDatasets, "Datasets"],
+  [/^\/datasets\/([^/]+)$/, datasets.renderUploaded, "Datasets"],
   [/^\/benchmarks$/, evals.renderBenchmarks, "Benchmarks"],
   [/^\/benchmarks\/([^/]+)$/, evals.renderBenchmark, "Benchmark"],
   [/^\/evals$/, evals.renderRuns, "Eval runs"],
+  [/^\/evals\/new\/([^/]+)$/, evals.renderNewRun, "Eval runs"],
   [/^\/evals\/([^/]+)$/, evals.renderRun, "Eval run"],
   [/^\/compare\/([^/]+)\/([^/]+)$/, evals.renderComparison, "Comparison"],
   [/^\/jobs$/, jobs.renderJobs, "Jobs"],
+  [/^\/jobs\/new\/([^/]+)$/, jobs.renderNewJob, "Jobs"],
   [/^\/jobs\/([^/]+)$/, jobs.renderJob, "Job"],
   [/^\/adapters$/, adapters.renderAdapters, "Adapters"],
   [/^\/adapters\/([^/]+)$/, adapters.renderAdapter, "Adapter"],

@@ -3,8 +3,9 @@
 // once it is done, and every decision with its reason. While the run is active the page asks
 // for it again every few seconds and redraws.
 
-import { all, get } from "./api.js";
+import { all, get, post } from "./api.js";
 import { code, facts, fill, h, heading, link, money, number, percent, section, signedPoints, status, table, when } from "./dom.js";
+import { apiForm, baseNames, field, formPanel, input, numberOf, select, textOf } from "./forms.js";
 import { showError } from "./ui.js";
 
 const ACTIVE = new Set(["queued", "running"]);
@@ -27,10 +28,80 @@ function bestModel(run) {
   return run.best ? code(run.best.model) : "—";
 }
 
+const METHODS = [
+  ["sft", "SFT"],
+  ["dpo", "DPO"],
+  ["rl", "RL"],
+];
+
+function autoForm(bases, benchmarks) {
+  if (!benchmarks.length)
+    return h(
+      "p",
+      { class: "empty", id: "auto-form-empty" },
+      "An auto run trains towards a pass rate on a benchmark: ",
+      link("#/benchmarks", "create a benchmark"),
+      " first.",
+    );
+  const model = select("auto-model", bases);
+  const benchmark = select(
+    "auto-benchmark",
+    benchmarks.map((item) => [item.id, item.name]),
+  );
+  const passRate = input("auto-pass-rate", { type: "number", min: 0, max: 100, step: "any", value: "80" });
+  const usd = input("auto-budget-usd", { type: "number", min: 0, step: "any", value: "5" });
+  const budgetSeconds = input("auto-budget-seconds", { type: "number", min: 1, step: 1, inputmode: "numeric" });
+  const methods = METHODS.map(([value, label]) => [
+    h("input", { type: "checkbox", id: `auto-method-${value}`, name: "auto-methods", value, checked: true }),
+    h("label", { for: `auto-method-${value}` }, label),
+  ]);
+  const maxTrials = input("auto-max-trials", { type: "number", min: 1, step: 1, inputmode: "numeric", placeholder: "6" });
+  const maxSteps = input("auto-max-steps", { type: "number", min: 1, step: 1, inputmode: "numeric", placeholder: "32" });
+  const suffix = input("auto-suffix", { maxlength: 64 });
+  const evalTokens = input("auto-eval-max-tokens", { type: "number", min: 1, step: 1, inputmode: "numeric", placeholder: "64" });
+  return apiForm({
+    id: "start-auto",
+    title: "Start an auto run",
+    description:
+      "A goal and a budget: Mint evaluates the base, runs trials (ordinary jobs) chosen on the dev split, and compares the best on held-out tasks.",
+    fields: [
+      field("Base model", model),
+      field("Benchmark", benchmark, "Its train split gives the data, dev picks trials, heldout judges the result."),
+      field("Target held-out pass rate (%)", passRate),
+      field("Budget (USD)", usd, "Blank: a time budget only."),
+      field("Time budget (seconds)", budgetSeconds, "Blank: a money budget only."),
+      h("fieldset", {}, h("legend", {}, "Methods allowed"), h("div", { class: "checks" }, methods)),
+      field("Most trials", maxTrials, "Blank: 6."),
+      field("Most steps per trial", maxSteps, "Blank: 32."),
+      field("Adapter name (suffix)", suffix),
+      field("Max tokens in its evals", evalTokens, "Blank: 64."),
+    ],
+    actions: h("button", { type: "submit" }, "Start the auto run"),
+    action: async () => {
+      const rate = numberOf(passRate);
+      const run = await post("/v1/autotune", {
+        model: model.value,
+        benchmark_id: benchmark.value,
+        target: { pass_rate: rate === undefined ? undefined : rate / 100 },
+        budget: { usd: numberOf(usd), seconds: numberOf(budgetSeconds) },
+        constraints: {
+          methods: methods.map(([box]) => box).filter((box) => box.checked).map((box) => box.value),
+          max_trials: numberOf(maxTrials),
+          max_steps: numberOf(maxSteps),
+        },
+        suffix: textOf(suffix),
+        eval_max_tokens: numberOf(evalTokens),
+      });
+      location.hash = `#/autotune/${encodeURIComponent(run.id)}`;
+    },
+  });
+}
+
 export async function renderRuns() {
-  const runs = await all("/v1/autotune", {}, 500);
+  const [runs, bases, benchmarks] = await Promise.all([all("/v1/autotune", {}, 500), baseNames(), all("/v1/benchmarks")]);
   return [
     ...heading("Auto runs", "A goal and a budget in, the best version out; newest first."),
+    formPanel(autoForm(bases, benchmarks), !runs.length),
     table(
       "Auto runs, newest first",
       [
@@ -45,7 +116,7 @@ export async function renderRuns() {
         ["Created", (run) => when(run.created_at)],
       ],
       runs,
-      { empty: "No auto runs yet. Start one with `mint auto start` or POST /v1/autotune." },
+      { empty: "No auto runs yet: start one with the form above." },
     ),
   ];
 }

@@ -9,13 +9,21 @@ const MARGIN = { top: 16, right: 20, bottom: 44, left: 60 };
 // Circles mark each point while they stay readable; longer curves draw the line alone.
 const MAX_MARKED_POINTS = 300;
 
+// The before/after chart's task names: a bold 12px character is at most about this wide.
+const BOLD_CHAR_WIDTH = 7.6;
+const LABEL_GAP = 8;
+const MAX_TASK_CHARS = 32;
+const MAX_LABEL_WIDTH = 280;
+
 let chartCount = 0;
 
-function niceTicks(low, high, count = 5) {
+// About `count` round ticks from `low` to `high`; `integer` ticks are whole numbers (steps).
+function niceTicks(low, high, count = 5, { integer = false } = {}) {
   if (!(high > low)) return [low];
   const raw = (high - low) / count;
   const magnitude = 10 ** Math.floor(Math.log10(raw));
-  const step = [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((candidate) => candidate >= raw);
+  let step = [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((candidate) => candidate >= raw);
+  if (integer && !Number.isInteger(step)) step = step < 1 ? 1 : Math.ceil(step);
   const ticks = [];
   for (let tick = Math.ceil(low / step) * step; tick <= high + step * 1e-9; tick += step) ticks.push(+tick.toFixed(10));
   return ticks;
@@ -56,7 +64,7 @@ function axes(svg, { x0, x1, y0, y1, xTicks, yTicks, xScale, yScale, xLabel, yLa
   }
   for (const tick of xTicks) {
     const x = xScale(tick);
-    group.append(s("text", { x, y: y0 + 18, class: "tick", "text-anchor": "middle" }, xFormat(tick)));
+    group.append(s("text", { x, y: y0 + 18, class: "tick x-tick", "text-anchor": "middle" }, xFormat(tick)));
   }
   group.append(s("text", { x: (x0 + x1) / 2, y: y0 + 38, class: "label", "text-anchor": "middle" }, xLabel));
   group.append(
@@ -99,7 +107,8 @@ export function lineChart({ title, xLabel, yLabel, points, height = 280 }) {
   }
   const xScale = (x) => (xHigh === xLow ? (x0 + x1) / 2 : x0 + ((x - xLow) / (xHigh - xLow)) * (x1 - x0));
   const yScale = (y) => y0 - ((y - yLow) / (yHigh - yLow)) * (y0 - y1);
-  const xTicks = niceTicks(xLow, xHigh, 8).filter((tick) => Number.isInteger(tick) || xHigh - xLow < 8);
+  // Steps are whole numbers: so are the x axis's ticks, however few steps there are.
+  const xTicks = niceTicks(xLow, xHigh, 8, { integer: xs.every(Number.isInteger) });
   axes(svg, { x0, x1, y0, y1, xTicks, yTicks: niceTicks(yLow, yHigh), xScale, yScale, xLabel, yLabel });
   if (!points.length) {
     svg.append(
@@ -129,13 +138,21 @@ export function lineChart({ title, xLabel, yLabel, points, height = 280 }) {
 // (fixed, broken, still passing, still failing) colours its label.
 export function beforeAfterChart({ title, categories, beforeLabel, afterLabel }) {
   const rowHeight = 34;
-  const height = MARGIN.top + categories.length * rowHeight + 56;
+  // Room below the rows for the ticks, the axis label and a legend line per run.
+  const height = MARGIN.top + categories.length * rowHeight + 74;
   const description =
     `${categories.length} tasks; score before (${beforeLabel}) and after (${afterLabel}) for each. ` +
     categories.map((item) => `${item.name}: ${item.before ?? "none"} to ${item.after ?? "none"}`).join("; ");
   const svg = frame(title, description, height);
   svg.dataset.tasks = String(categories.length);
-  const labelWidth = 180;
+  // The task names sit left of the bars, right-aligned: the column is as wide as the longest
+  // (shortened past MAX_TASK_CHARS), measured at the width of a bold character, so that the
+  // bold names (fixed, broken) are not cut at the chart's left edge.
+  const names = categories.map((item) =>
+    item.name.length > MAX_TASK_CHARS ? `${item.name.slice(0, MAX_TASK_CHARS - 1)}…` : item.name,
+  );
+  const longest = Math.max(4, ...names.map((name) => name.length));
+  const labelWidth = Math.min(MAX_LABEL_WIDTH, Math.ceil(longest * BOLD_CHAR_WIDTH) + 2 * LABEL_GAP);
   const x0 = labelWidth;
   const x1 = WIDTH - MARGIN.right;
   const scale = (value) => x0 + value * (x1 - x0);
@@ -148,12 +165,11 @@ export function beforeAfterChart({ title, categories, beforeLabel, afterLabel })
   categories.forEach((item, index) => {
     const top = MARGIN.top + index * rowHeight;
     const group = s("g", { class: `task outcome-${item.outcome}`, "data-task": item.name });
-    const name = item.name.length > 24 ? `${item.name.slice(0, 23)}…` : item.name;
     group.append(
       s(
         "text",
-        { x: x0 - 8, y: top + rowHeight / 2 + 4, class: "task-name", "text-anchor": "end" },
-        name,
+        { x: x0 - LABEL_GAP, y: top + rowHeight / 2 + 4, class: "task-name", "text-anchor": "end" },
+        names[index],
         s("title", {}, `${item.name} (${item.outcome})`),
       ),
     );
@@ -173,11 +189,12 @@ export function beforeAfterChart({ title, categories, beforeLabel, afterLabel })
     }
     svg.append(group);
   });
-  const legendY = height - 10;
-  svg.append(s("rect", { x: x0, y: legendY - 9, width: 12, height: 10, class: "bar bar-before" }));
-  svg.append(s("text", { x: x0 + 18, y: legendY, class: "tick" }, `before: ${beforeLabel}`));
-  svg.append(s("rect", { x: x0 + 300, y: legendY - 9, width: 12, height: 10, class: "bar bar-after" }));
-  svg.append(s("text", { x: x0 + 318, y: legendY, class: "tick" }, `after: ${afterLabel}`));
+  // One legend line per run, each starting at the left edge: a long model name has the width.
+  const legendY = height - 26;
+  svg.append(s("rect", { x: LABEL_GAP, y: legendY - 9, width: 12, height: 10, class: "bar bar-before" }));
+  svg.append(s("text", { x: LABEL_GAP + 18, y: legendY, class: "tick" }, `before: ${beforeLabel}`));
+  svg.append(s("rect", { x: LABEL_GAP, y: legendY + 9, width: 12, height: 10, class: "bar bar-after" }));
+  svg.append(s("text", { x: LABEL_GAP + 18, y: legendY + 18, class: "tick" }, `after: ${afterLabel}`));
   return svg;
 }
 

@@ -2,8 +2,9 @@
 // withdraw (each asked for confirmation, with a reason), the revision history with the gate's
 // verdict on every gated change, and the traffic it captured with the feedback given on it.
 
-import { all, get, post } from "./api.js";
+import { all, get, patch, post } from "./api.js";
 import { code, facts, fill, h, heading, link, percent, section, signedPoints, status, table, when } from "./dom.js";
+import { apiForm, field, formPanel, input, numberOf, select, textOf, versionModels } from "./forms.js";
 import { confirmAction, showError, showNotice } from "./ui.js";
 
 function servingText(routing) {
@@ -25,10 +26,71 @@ function gateText(gate) {
   return parts.join("; ");
 }
 
+function createForm(models, benchmarks) {
+  if (!models.length)
+    return h(
+      "p",
+      { class: "empty", id: "deployment-form-empty" },
+      "A deployment serves an adapter version: ",
+      link("#/jobs", "fine-tune one"),
+      " first.",
+    );
+  const name = input("deployment-name", { maxlength: 100, required: true });
+  const model = select("deployment-model", models);
+  const gateBenchmark = select("deployment-gate-benchmark", [
+    ["", "no gate"],
+    ...benchmarks.map((benchmark) => [benchmark.name, benchmark.name]),
+  ]);
+  const minPassRate = input("deployment-gate-min-pass-rate", { type: "number", min: 0, max: 100, step: "any" });
+  const noRegression = h("input", { type: "checkbox", id: "deployment-gate-no-regression", name: "no-regression" });
+  const reason = input("deployment-reason", { maxlength: 2000 });
+  return apiForm({
+    id: "create-deployment",
+    title: "Create a deployment",
+    description: "A stable model name that clients send; it serves the version chosen here until one is promoted.",
+    fields: [
+      field("Name", name, "What clients send as the model, e.g. support-prod (no @)."),
+      field("Version to serve", model),
+      field("Gate benchmark", gateBenchmark, "Every promotion must then pass an eval of the candidate on it."),
+      field("Gate: least pass rate (%)", minPassRate, "Blank: no least pass rate."),
+      h(
+        "div",
+        { class: "check" },
+        noRegression,
+        h("label", { for: "deployment-gate-no-regression" }, "Gate: refuse a significant regression"),
+      ),
+      field("Reason", reason, "Kept in the revision history and the audit log."),
+    ],
+    actions: h("button", { type: "submit" }, "Create the deployment"),
+    action: async () => {
+      const rate = numberOf(minPassRate);
+      const gate = gateBenchmark.value
+        ? {
+            benchmark: gateBenchmark.value,
+            min_pass_rate: rate === undefined ? undefined : rate / 100,
+            require_no_significant_regression: noRegression.checked,
+          }
+        : undefined;
+      const created = await post("/v1/deployments", {
+        name: name.value.trim(),
+        model: model.value,
+        gate,
+        reason: textOf(reason),
+      });
+      location.hash = `#/deployments/${encodeURIComponent(created.id)}`;
+    },
+  });
+}
+
 export async function renderDeployments() {
-  const deployments = await all("/v1/deployments");
+  const [deployments, models, benchmarks] = await Promise.all([
+    all("/v1/deployments"),
+    versionModels(),
+    all("/v1/benchmarks"),
+  ]);
   return [
     ...heading("Deployments", "Stable model names that serve an adapter version (or a mixture) to clients."),
+    formPanel(createForm(models, benchmarks), !deployments.length),
     table(
       "Deployments, newest first",
       [
@@ -42,7 +104,7 @@ export async function renderDeployments() {
         ["Updated", (deployment) => when(deployment.updated_at)],
       ],
       deployments,
-      { empty: "No deployments yet. Create one with POST /v1/deployments." },
+      { empty: "No deployments yet: create one with the form above." },
     ),
   ];
 }
@@ -229,15 +291,39 @@ function feedbackText(entries) {
     .join("; ");
 }
 
-function captureSection(deployment, captures) {
+function captureForm(deployment, capture, rebuild) {
+  const rate = input("capture-rate", {
+    type: "number",
+    min: 0,
+    max: 100,
+    step: "any",
+    value: String(+(100 * capture.rate).toFixed(4)),
+  });
+  return apiForm({
+    id: "set-capture",
+    title: "Capture",
+    fields: [field("Share of requests to record (%)", rate, "0 turns capture off.")],
+    actions: h("button", { type: "submit", class: "secondary" }, "Set capture"),
+    action: async () => {
+      const value = numberOf(rate);
+      await patch(`/v1/deployments/${encodeURIComponent(deployment.id)}/capture`, {
+        rate: value === undefined ? undefined : value / 100,
+      });
+      await rebuild();
+    },
+  });
+}
+
+function captureSection(deployment, captures, rebuild) {
   const capture = deployment.capture ?? { rate: 0, retention_days: 30 };
   const state =
     capture.rate > 0
       ? `Capturing ${percent(capture.rate, 0)} of requests, each kept ${capture.retention_days} days.`
-      : "Capture is off: PATCH /v1/deployments/{id}/capture with a rate to record traffic.";
+      : "Capture is off: set a share of requests below to record traffic.";
   return section(
     "Captured traffic",
     h("p", { class: "muted", id: "capture-state" }, state),
+    captureForm(deployment, capture, rebuild),
     table(
       "Captured requests, newest first",
       [
@@ -311,7 +397,7 @@ export async function renderDeployment(deploymentId) {
         ),
       ),
       section("Revision history", historyTable(revisions)),
-      captureSection(deployment, captured.data),
+      captureSection(deployment, captured.data, rebuild),
     ];
   }
 

@@ -3,7 +3,7 @@
 // comparison of two runs (before/after chart per task, accuracy difference with its
 // confidence interval from `/v1/evals/compare`).
 
-import { all, get } from "./api.js";
+import { all, get, post } from "./api.js";
 import { beforeAfterChart } from "./charts.js";
 import {
   code,
@@ -20,6 +20,7 @@ import {
   table,
   when,
 } from "./dom.js";
+import { apiForm, baseNames, field, formPanel, input, numberOf, select, suggestions, textOf, versionModels } from "./forms.js";
 import { showError } from "./ui.js";
 
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
@@ -31,7 +32,7 @@ async function benchmarkNames() {
   return new Map(benchmarks.map((benchmark) => [benchmark.id, benchmark.name]));
 }
 
-function runsTable(caption, runs, names) {
+function runsTable(caption, runs, names, empty = "No eval runs yet: start one with the form above.") {
   return table(
     caption,
     [
@@ -57,16 +58,90 @@ function runsTable(caption, runs, names) {
       ["Created", (run) => when(run.created_at)],
     ],
     runs,
-    { empty: "No eval runs yet. Start one with POST /v1/evals." },
+    { empty },
   );
 }
 
 // ---- benchmarks ----------------------------------------------------------------------------
 
+const GRADERS = [
+  ["", "per task (each task names its own)"],
+  ["exact", "exact: the output equals the reference"],
+  ["normalized", "normalized: equal after case and spacing"],
+  ["numeric", "numeric: the same number"],
+  ["json_match", "json_match: the same JSON"],
+  ["tool_call", "tool_call: the expected tool call"],
+];
+const BUILTINS = ["arithmetic", "format", "tool_calling", "triage"];
+const FORMAT_OF_SUFFIX = { jsonl: "jsonl", json: "jsonl", yaml: "yaml", yml: "yaml" };
+
+function benchmarkForm() {
+  const name = input("benchmark-name", { maxlength: 200, required: true });
+  const description = input("benchmark-description", { maxlength: 2000 });
+  const source = select("benchmark-source", [
+    ["file", "a file of tasks (JSONL or YAML)"],
+    ["builtin", "a built-in benchmark"],
+  ]);
+  const file = h("input", { id: "benchmark-file", name: "benchmark-file", type: "file", accept: ".jsonl,.json,.yaml,.yml" });
+  const grader = select("benchmark-grader", GRADERS);
+  const builtin = select("benchmark-builtin", BUILTINS);
+  const count = input("benchmark-n", { type: "number", min: 1, step: 1, inputmode: "numeric" });
+  const split = select("benchmark-split", [
+    ["", "both (train and heldout)"],
+    ["train", "train"],
+    ["heldout", "heldout"],
+  ]);
+  const fromFile = h(
+    "fieldset",
+    { id: "benchmark-from-file" },
+    h("legend", {}, "Tasks from a file"),
+    field("Tasks file", file, "One task a line (JSONL) or a YAML list: messages, and a reference or a grader."),
+    field("Grader", grader, "Grades the tasks that do not name their own."),
+  );
+  const fromBuiltin = h(
+    "fieldset",
+    { id: "benchmark-from-builtin", hidden: true },
+    h("legend", {}, "A built-in benchmark"),
+    field("Built-in", builtin),
+    field("Tasks per split", count, "Blank: the API's default."),
+    field("Split", split),
+  );
+  source.addEventListener("change", () => {
+    fromFile.hidden = source.value !== "file";
+    fromBuiltin.hidden = source.value !== "builtin";
+  });
+  return apiForm({
+    id: "create-benchmark",
+    title: "Create a benchmark",
+    description: "Its tasks become version 1; a version an eval run used never changes.",
+    fields: [field("Name", name, "Letters, digits, . _ -; unique in the organization."), field("Description", description), field("Tasks from", source), fromFile, fromBuiltin],
+    actions: h("button", { type: "submit" }, "Create the benchmark"),
+    action: async () => {
+      const body = { name: name.value.trim(), description: description.value.trim() || undefined };
+      if (source.value === "file") {
+        if (!file.files.length) throw new Error("Choose a file of tasks (JSONL or YAML).");
+        const chosen = file.files[0];
+        body.content = await chosen.text();
+        body.format =
+          FORMAT_OF_SUFFIX[chosen.name.split(".").pop().toLowerCase()] ??
+          (body.content.trimStart().startsWith("{") ? "jsonl" : "yaml");
+        if (grader.value) body.grader = { type: grader.value };
+      } else {
+        body.builtin = builtin.value;
+        body.n = numberOf(count);
+        body.split = split.value || undefined;
+      }
+      const created = await post("/v1/benchmarks", body);
+      location.hash = `#/benchmarks/${encodeURIComponent(created.id)}`;
+    },
+  });
+}
+
 export async function renderBenchmarks() {
   const benchmarks = await all("/v1/benchmarks");
   return [
     ...heading("Benchmarks", "Immutable versions of tasks that eval runs score models on."),
+    formPanel(benchmarkForm(), !benchmarks.length),
     table(
       "Benchmarks of your organization",
       [
@@ -77,7 +152,7 @@ export async function renderBenchmarks() {
         ["Created", (benchmark) => when(benchmark.created_at)],
       ],
       benchmarks,
-      { empty: "No benchmarks yet. Create one with POST /v1/benchmarks." },
+      { empty: "No benchmarks yet: create one with the form above." },
     ),
   ];
 }
@@ -157,18 +232,91 @@ export async function renderBenchmark(benchmarkId) {
       ),
     ),
     section("Compare two runs", compareForm(runs)),
-    section("Eval runs", runsTable("Eval runs of this benchmark, newest first", runs, names)),
+    section(
+      "Eval runs",
+      h(
+        "p",
+        {},
+        h("a", { class: "button-link", href: `#/evals/new/${encodeURIComponent(benchmark.id)}` }, "Evaluate a model on it…"),
+      ),
+      runsTable(
+        "Eval runs of this benchmark, newest first",
+        runs,
+        names,
+        "No eval runs of it yet: evaluate a model on it with the link above.",
+      ),
+    ),
   ];
 }
 
 // ---- eval runs ----------------------------------------------------------------------------
 
-export async function renderRuns() {
-  const [runs, names] = await Promise.all([all("/v1/evals", {}, 500), benchmarkNames()]);
+function evalForm(benchmarks, models, preselected) {
+  if (!benchmarks.length)
+    return h(
+      "p",
+      { class: "empty", id: "eval-form-empty" },
+      "An eval run scores a model on a benchmark: ",
+      link("#/benchmarks", "create a benchmark"),
+      " first.",
+    );
+  const benchmark = select(
+    "eval-benchmark",
+    benchmarks.map((item) => [item.id, `${item.name}${item.latest_version ? ` (v${item.latest_version.version}, ${item.latest_version.task_count} tasks)` : ""}`]),
+  );
+  if (preselected && benchmarks.some((item) => item.id === preselected)) benchmark.value = preselected;
+  const model = input("eval-model", { list: "eval-models", maxlength: 300, required: true });
+  const split = input("eval-split", { maxlength: 50 });
+  const maxTokens = input("eval-max-tokens", { type: "number", min: 1, step: 1, inputmode: "numeric", placeholder: "256" });
+  const temperature = input("eval-temperature", { type: "number", min: 0, max: 2, step: "any", placeholder: "0" });
+  return apiForm({
+    id: "start-eval",
+    title: "Start an eval run",
+    description: "Score a base model or an adapter version on a benchmark's newest version.",
+    fields: [
+      field("Benchmark", benchmark),
+      field("Model", model, "A base (e.g. a name below) or an adapter version, name@N."),
+      suggestions("eval-models", models),
+      field("Split", split, "Only this split's tasks; blank: all."),
+      field("Max tokens", maxTokens, "Largest assistant turn; blank: 256."),
+      field("Temperature", temperature, "0 decodes greedily; blank: 0."),
+    ],
+    actions: h("button", { type: "submit" }, "Start the eval run"),
+    action: async () => {
+      const run = await post("/v1/evals", {
+        benchmark_id: benchmark.value,
+        model: model.value.trim(),
+        split: textOf(split),
+        max_tokens: numberOf(maxTokens),
+        temperature: numberOf(temperature),
+      });
+      location.hash = `#/evals/${encodeURIComponent(run.id)}`;
+    },
+  });
+}
+
+async function runsPage(preselected) {
+  const [runs, benchmarks, bases, versions] = await Promise.all([
+    all("/v1/evals", {}, 500),
+    all("/v1/benchmarks"),
+    baseNames(),
+    versionModels(),
+  ]);
+  const names = new Map(benchmarks.map((benchmark) => [benchmark.id, benchmark.name]));
   return [
     ...heading("Eval runs", "Models scored on benchmark versions, newest first."),
+    formPanel(evalForm(benchmarks, [...versions, ...bases], preselected), !runs.length || Boolean(preselected)),
     runsTable("Eval runs, newest first", runs, names),
   ];
+}
+
+export async function renderRuns() {
+  return runsPage(null);
+}
+
+// `/evals/new/<benchmark>`: the eval runs page with the form open on that benchmark.
+export async function renderNewRun(benchmarkId) {
+  return runsPage(benchmarkId);
 }
 
 function messageText(content) {

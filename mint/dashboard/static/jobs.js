@@ -5,9 +5,10 @@
 // latest step's samples as the grader read them (text, reward, reference). While the job
 // is not finished the page asks for new events every few seconds and redraws.
 
-import { all, get } from "./api.js";
+import { all, get, post } from "./api.js";
 import { lineChart } from "./charts.js";
 import { code, facts, fill, h, heading, link, money, number, percent, section, status, table, when } from "./dom.js";
+import { apiForm, baseNames, field, formPanel, input, numberOf, select, textOf } from "./forms.js";
 import { showError } from "./ui.js";
 
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
@@ -15,27 +16,203 @@ const POLL_MS = 2000;
 const EVENT_PAGE = 100;
 const SHOWN_EVENTS = 200;
 
-export async function renderJobs() {
-  const jobs = await all("/v1/fine_tuning/jobs", {}, 500);
+function jobsTable(jobs) {
+  return table(
+    "Fine-tuning jobs, newest first",
+    [
+      ["Job", (job) => link(`#/jobs/${job.id}`, job.id)],
+      ["Status", (job) => status(job.status)],
+      ["Base", (job) => job.model],
+      ["Method", (job) => job.method?.type ?? "supervised"],
+      ["Steps", (job) => `${job.completed_steps}/${job.total_steps}`, "num"],
+      ["Trained tokens", (job) => number(job.trained_tokens), "num"],
+      ["Cost", (job) => money(job.cost_usd), "num"],
+      ["Model", (job) => (job.fine_tuned_model ? code(job.fine_tuned_model) : "—")],
+      ["Created", (job) => when(job.created_at)],
+    ],
+    jobs,
+    { empty: "No fine-tuning jobs yet: start one with the form above." },
+  );
+}
+
+// A range `low`–`high` after a value, when the estimate gives one (older platforms do not).
+function range(low, high, format) {
+  if (low === null || low === undefined || high === null || high === undefined) return "";
+  return ` (likely ${format(low)} to ${format(high)})`;
+}
+
+const seconds = (value) => `${number(value)} s`;
+const present = (value) => value !== null && value !== undefined;
+
+// What the API expects a job to use and cost; every field past the required ones is optional.
+export function estimateFacts(estimate) {
+  const basis =
+    estimate.basis === undefined || estimate.basis === null
+      ? estimate.calibrated_on
+        ? `calibrated on ${estimate.calibrated_on} finished jobs of this base and method`
+        : "the platform's defaults (no job of this base and method has finished here yet)"
+      : typeof estimate.basis === "string"
+        ? estimate.basis
+        : JSON.stringify(estimate.basis);
+  return facts([
+    [
+      "Cost",
+      h(
+        "span",
+        { id: "estimate-cost" },
+        money(estimate.cost_usd),
+        range(estimate.cost_usd_low, estimate.cost_usd_high, money),
+      ),
+    ],
+    [
+      "Time on one worker",
+      h("span", { id: "estimate-time" }, seconds(estimate.seconds), range(estimate.seconds_low, estimate.seconds_high, seconds)),
+    ],
+    ["Optimizer steps", h("span", { id: "estimate-steps" }, number(estimate.steps))],
+    ["Trained tokens", number(estimate.trained_tokens)],
+    ["Sampled tokens", estimate.sampled_tokens ? number(estimate.sampled_tokens) : undefined],
+    ["Basis", basis],
+    [
+      "Allowed",
+      estimate.allowed_usd === null || estimate.allowed_usd === undefined
+        ? "no budget or spend limit applies"
+        : `${money(estimate.allowed_usd)} (${estimate.limited_by ?? "limit"})`,
+    ],
+  ]);
+}
+
+const METHODS = [
+  ["supervised", "supervised (SFT): chat rows"],
+  ["dpo", "DPO: preference rows"],
+  ["reinforcement", "reinforcement (RL): prompt rows and a grader"],
+];
+const METHOD_OF_KIND = { chat: "supervised", preference: "dpo", prompts: "reinforcement" };
+
+function jobForm(bases, datasets, preselected) {
+  if (!datasets.length)
+    return h(
+      "p",
+      { class: "empty", id: "job-form-empty" },
+      "A job trains on a dataset: ",
+      link("#/datasets", "upload one on the Datasets page"),
+      " first.",
+    );
+  const model = select("job-model", bases);
+  const file = select(
+    "job-training-file",
+    datasets.map((dataset) => [dataset.id, `${dataset.filename} · ${dataset.kind}, ${dataset.row_count} rows · ${dataset.id}`]),
+  );
+  if (preselected && datasets.some((dataset) => dataset.id === preselected)) file.value = preselected;
+  const method = select("job-method", METHODS);
+  const grader = h("textarea", { id: "job-grader", name: "job-grader", rows: 3, spellcheck: "false" });
+  const graderField = field("Grader (JSON, reinforcement only)", grader, 'e.g. {"type": "regex", "config": {"pattern": "^OK"}}');
+  const suffix = input("job-suffix", { maxlength: 64 });
+  const steps = input("job-steps", { type: "number", min: 1, step: 1, inputmode: "numeric" });
+  const batch = input("job-batch-size", { type: "number", min: 1, step: 1, inputmode: "numeric" });
+  const learningRate = input("job-learning-rate", { type: "number", min: 0, step: "any" });
+  const seed = input("job-seed", { type: "number", min: 0, step: 1, inputmode: "numeric" });
+  const budget = input("job-budget", { type: "number", min: 0, step: "any" });
+  const estimateBox = h("div", { id: "job-estimate", "aria-live": "polite" });
+  const estimateButton = h("button", { type: "submit", value: "estimate", id: "job-estimate-button" }, "Estimate");
+  const start = h("button", { type: "submit", value: "start", id: "job-start", hidden: true }, "Start the job");
+  let estimated = null;
+
+  const kindOf = () => datasets.find((dataset) => dataset.id === file.value)?.kind;
+  const showGrader = () => {
+    graderField.hidden = method.value !== "reinforcement";
+  };
+  method.value = METHOD_OF_KIND[kindOf()] ?? "supervised";
+  showGrader();
+  file.addEventListener("change", () => {
+    method.value = METHOD_OF_KIND[kindOf()] ?? method.value;
+    showGrader();
+  });
+  method.addEventListener("change", showGrader);
+
+  function body() {
+    const type = method.value;
+    const hyperparameters = numberOf(batch) === undefined ? undefined : { batch_size: numberOf(batch) };
+    const settings = { hyperparameters };
+    if (type === "reinforcement" && grader.value.trim()) {
+      try {
+        settings.grader = JSON.parse(grader.value);
+      } catch (error) {
+        throw new Error(`The grader is not valid JSON: ${error.message}`);
+      }
+    }
+    return {
+      model: model.value,
+      training_file: file.value,
+      suffix: textOf(suffix),
+      steps: numberOf(steps),
+      learning_rate: numberOf(learningRate),
+      seed: numberOf(seed),
+      budget_usd: numberOf(budget),
+      method: { type, [type]: settings },
+    };
+  }
+
+  const form = apiForm({
+    id: "start-job",
+    title: "Start a fine-tuning job",
+    description: "See what it is estimated to cost and take first; then start it.",
+    fields: [
+      field("Base model", model),
+      field("Training file", file, h("span", {}, "Another file? ", link("#/datasets", "Upload it"), ".")),
+      field("Method", method),
+      graderField,
+      field("Adapter name (suffix)", suffix, "Its versions are named suffix@1, suffix@2, …; blank: named after the job."),
+      field("Steps", steps, "Optimizer steps; blank: from the epochs."),
+      field("Batch size", batch, "Rows per step; blank: auto."),
+      field("Learning rate", learningRate, "Blank: the base's default for the method."),
+      field("Seed", seed),
+      field("Budget (USD)", budget, "The most it may cost; blank: only the organization's spend limits."),
+      estimateBox,
+    ],
+    actions: [estimateButton, start],
+    action: async (submitter) => {
+      const request = body();
+      const asked = JSON.stringify(request);
+      if (submitter?.value === "start") {
+        if (asked !== estimated) throw new Error("The fields changed since the estimate: estimate again.");
+        const job = await post("/v1/fine_tuning/jobs", request);
+        location.hash = `#/jobs/${encodeURIComponent(job.id)}`;
+        return;
+      }
+      const estimate = await post("/v1/fine_tuning/jobs/estimate", request);
+      estimated = asked;
+      fill(estimateBox, h("h4", {}, "Estimate"), estimateFacts(estimate));
+      start.hidden = false;
+    },
+  });
+  // A changed field makes the estimate stale: estimate again before starting.
+  const stale = () => {
+    if (estimated === null) return;
+    estimated = null;
+    start.hidden = true;
+    fill(estimateBox, h("p", { class: "muted" }, "The fields changed: estimate again to start."));
+  };
+  form.addEventListener("input", stale);
+  form.addEventListener("change", stale);
+  return form;
+}
+
+async function jobsPage(preselected) {
+  const [jobs, bases, datasets] = await Promise.all([all("/v1/fine_tuning/jobs", {}, 500), baseNames(), all("/v1/datasets", {}, 500)]);
   return [
     ...heading("Fine-tuning jobs", "Supervised, DPO and reinforcement jobs, newest first."),
-    table(
-      "Fine-tuning jobs, newest first",
-      [
-        ["Job", (job) => link(`#/jobs/${job.id}`, job.id)],
-        ["Status", (job) => status(job.status)],
-        ["Base", (job) => job.model],
-        ["Method", (job) => job.method?.type ?? "supervised"],
-        ["Steps", (job) => `${job.completed_steps}/${job.total_steps}`, "num"],
-        ["Trained tokens", (job) => number(job.trained_tokens), "num"],
-        ["Cost", (job) => money(job.cost_usd), "num"],
-        ["Model", (job) => (job.fine_tuned_model ? code(job.fine_tuned_model) : "—")],
-        ["Created", (job) => when(job.created_at)],
-      ],
-      jobs,
-      { empty: "No fine-tuning jobs yet. Start one with POST /v1/fine_tuning/jobs." },
-    ),
+    formPanel(jobForm(bases, datasets, preselected), !jobs.length || Boolean(preselected)),
+    jobsTable(jobs),
   ];
+}
+
+export async function renderJobs() {
+  return jobsPage(null);
+}
+
+// `/jobs/new/<dataset>`: the jobs page with the form open on that dataset.
+export async function renderNewJob(datasetId) {
+  return jobsPage(datasetId);
 }
 
 // Events newer than `newestId` (all when null), newest first, walking back page by page.
@@ -67,10 +244,17 @@ function jobFacts(job) {
     [
       "Estimate",
       job.estimate
-        ? `${money(job.estimate.cost_usd)}, ${number(job.estimate.trained_tokens)} tokens, ` +
-          `${number(job.estimate.seconds)} s` +
+        ? `${money(job.estimate.cost_usd)}${range(job.estimate.cost_usd_low, job.estimate.cost_usd_high, money)}, ` +
+          `${number(job.estimate.trained_tokens)} tokens, ` +
+          `${seconds(job.estimate.seconds)}${range(job.estimate.seconds_low, job.estimate.seconds_high, seconds)}` +
           (job.estimate.calibrated_on ? ` (calibrated on ${job.estimate.calibrated_on} jobs)` : " (uncalibrated)")
         : "—",
+    ],
+    // Optional fields: shown where the platform reports them.
+    ["Running for", present(job.elapsed_s) ? h("span", { id: "job-elapsed" }, seconds(job.elapsed_s)) : undefined],
+    [
+      "Time left",
+      present(job.eta_s) && !FINISHED.has(job.status) ? h("span", { id: "job-eta" }, `about ${seconds(job.eta_s)}`) : undefined,
     ],
     ["Budget", job.budget_usd === null || job.budget_usd === undefined ? "none" : money(job.budget_usd)],
     ["Training file", code(job.training_file)],
@@ -157,6 +341,14 @@ function eventsTable(events) {
   );
 }
 
+function lossCaption(count, jobStatus) {
+  const finished = FINISHED.has(jobStatus);
+  if (!count)
+    return finished ? `The job ${jobStatus} before its first optimizer step.` : "The curve appears with the first optimizer step.";
+  const steps = `${count} optimizer step${count === 1 ? "" : "s"}`;
+  return finished ? `Loss at each of its ${steps}.` : `Loss at each of ${steps} reported so far.`;
+}
+
 export async function renderJob(jobId, { signal }) {
   const path = `/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}`;
   let [job, events] = await Promise.all([get(path), eventsSince(jobId, null)]);
@@ -194,9 +386,7 @@ export async function renderJob(jobId, { signal }) {
       h(
         "figcaption",
         {},
-        points.length
-          ? `Loss at each of ${points.length} optimizer steps reported so far.`
-          : "The curve appears with the first optimizer step.",
+        lossCaption(points.length, job.status),
       ),
     );
     if (reinforcement) {
