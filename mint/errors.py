@@ -10,6 +10,8 @@ Messages say what was wrong and how to fix it.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -130,3 +132,13 @@ class ConfigurationError(MintError):
     """Settings or a registry file are wrong; raised at start-up, never per request."""
 
     type = "configuration_error"
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` naming the candidates closest to a mistyped `name` (at most three,
+    closest first), or an empty string when none is close: for not-found messages."""
+    close = difflib.get_close_matches(name, sorted(set(candidates)), n=3, cutoff=0.6)
+    if not close:
+        prefixed = sorted(candidate for candidate in set(candidates) if candidate.startswith(name) and name)
+        close = prefixed[:3]
+    return f" (did you mean {' or '.join(repr(candidate) for candidate in close)}?)" if close else ""

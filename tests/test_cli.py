@@ -194,3 +194,74 @@ def test_json_output_keeps_every_field(capsys: pytest.CaptureFixture[str]) -> No
 
     output.emit(JOB_ROWS, ["id"], as_json=True)
     assert json.loads(capsys.readouterr().out) == JOB_ROWS
+
+
+@pytest.mark.backend_free
+def test_money_reads_as_money_and_numbers_never_in_scientific_notation() -> None:
+    from mint.cli.output import cell
+
+    assert cell(1.2e-05, "cost_usd") == "$0.000012"
+    assert cell(12.5, "estimated_usd") == "$12.50"
+    assert cell(0, "allowed_usd") == "$0.00"
+    assert cell(0.4, "trained_usd_per_million") == "$0.40"
+    assert cell(2.0, "gpu_hour_usd") == "$2.00"
+    assert cell(1.2e-05, "dev_pass_rate") == "0.000012" and cell(3.0, "loss") == "3"
+    assert cell({"trained": 0.4, "gpu_hour": 2.0}, "prices") == "trained=0.4, gpu_hour=2"
+
+
+@pytest.mark.backend_free
+def test_ids_in_any_column_never_fold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`adapters versions` at 80 columns: the job id a version came from is copied whole."""
+    from rich.console import Console
+
+    from mint.cli import output
+
+    screen = Console(width=80, soft_wrap=True, record=True, force_terminal=False)
+    monkeypatch.setattr(output, "console", screen)
+    row = {
+        "version": 3,
+        "status": "ready",
+        "kind": "lora",
+        "sha256": "3f9d1c0a2b7e4f6a8c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d0e1f2a3b",
+        "training_job_id": "ftjob-0123456789abcdef0123",
+        "parent_version_id": "adv-fedcba9876543210fedc",
+        "created_at": "2026-12-03 17:52:55",
+    }
+    output.emit([row], list(row), as_json=False)
+    words = screen.export_text().split()
+    assert row["training_job_id"] in words and row["parent_version_id"] in words, screen.export_text()
+
+
+@pytest.mark.backend_free
+def test_errors_name_commands_where_the_api_names_routes() -> None:
+    from mint.cli.hints import in_cli_words
+
+    assert (
+        in_cli_words("no base model or adapter named 'x'; list them at /v1/base_models and /v1/adapters")
+        == "no base model or adapter named 'x'; list them at `mint models list` and `mint adapters list`"
+    )
+    assert in_cli_words("the gate needs an eval: run POST /v1/evals first") == (
+        "the gate needs an eval: run `mint evals run` first"
+    )
+    assert in_cli_words("price it with `POST /v1/fine_tuning/jobs/estimate`") == (
+        "price it with `mint jobs create --estimate`"
+    )
+    # A route no command calls stays as the API wrote it.
+    assert in_cli_words("see GET /v1/adapters/{version_id}") == "see GET /v1/adapters/{version_id}"
+
+
+@pytest.mark.backend_free
+def test_a_local_file_given_as_a_dataset_names_the_upload_command(tmp_path: Path) -> None:
+    """`mint jobs create --file good.jsonl`: the user means that file; the CLI says how to make
+    it a dataset before it connects to anything (nothing listens at the URL)."""
+    (tmp_path / "good.jsonl").write_text("{}\n")
+    env = {**os.environ, "MINT_API_KEY": "unused", "MINT_BASE_URL": f"http://127.0.0.1:{free_port()}"}
+    refused = subprocess.run(
+        [sys.executable, "-m", "mint", "jobs", "create", "--model", "smollm2-135m-instruct", "--file", "good.jsonl"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 6, refused.stderr
+    assert "`mint datasets upload good.jsonl`" in refused.stderr, refused.stderr

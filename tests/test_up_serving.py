@@ -1,6 +1,8 @@
 """`mint up` with two serving nodes of one base, as an operator runs it: it says when the base
 can serve, its `/readyz` counts the nodes, and a node killed with SIGKILL fails no request
 (the other answers) and is started again by the supervisor, taking its place at its address.
+The CLI finds the platform on its non-default port with nothing else set, and a clean start
+logs no traceback.
 """
 
 from __future__ import annotations
@@ -61,6 +63,14 @@ def test_up_runs_two_nodes_of_a_base_and_a_killed_one_fails_no_request(tmp_path:
         # Two nodes of one base on one machine: each has an adapter cache of its own.
         assert {folder.name for folder in (home / "adapter-cache").iterdir()} >= {BASE, f"{BASE}.1"}
 
+        # The CLI in the same environment finds this API on its non-default port with nothing else
+        # set (MINT_API_PORT), and a shell without even that finds it through what `mint up` wrote.
+        for cli_env in (env, {k: v for k, v in env.items() if k != "MINT_API_PORT"}):
+            listed = subprocess.run(
+                [sys.executable, "-m", "mint", "jobs", "list", "--json"], env=cli_env, capture_output=True, text=True
+            )
+            assert listed.returncode == 0 and listed.stdout.strip().startswith("["), listed.stdout + listed.stderr
+
         key = (home / "admin.key").read_text().strip()
         headers = {"Authorization": f"Bearer {key}"}
 
@@ -74,6 +84,11 @@ def test_up_runs_two_nodes_of_a_base_and_a_killed_one_fails_no_request(tmp_path:
                 assert reply.json()["usage"]["completion_tokens"] >= 1, reply.text
 
         complete(stream=False)
+        # A clean start logs no traceback: the expected answers while the nodes load (503s) are
+        # one line each, and every line names its request.
+        started = log_path.read_text()
+        assert "Traceback" not in started, started[-5000:]
+        assert "mint.api.requests [req_" in started and "/v1/chat/completions 200" in started, started[-3000:]
         killed_url, killed_pid = sorted(pids.items())[0]
         os.kill(killed_pid, signal.SIGKILL)
         for number in range(10):  # every one answered, by the node still up

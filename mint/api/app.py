@@ -13,11 +13,12 @@ import logging
 
 from fastapi import FastAPI
 
-from mint import __version__
+from mint import __version__, tracing
 from mint.api import dashboard, docs, openai, tinker
 from mint.api.errors import ERROR_RESPONSES, install_error_handlers
 from mint.api.gate import RequestGate
 from mint.api.metrics import CAPTURES_DROPPED, CAPTURES_WRITTEN, RequestMetrics
+from mint.api.request_log import RequestLog
 from mint.api.routes import (
     adapters,
     api_keys,
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
     other route works."""
     settings = settings or get_settings()
     logging.basicConfig(level=settings.log_level)
+    tracing.install()  # every line names the request it was written for
     # Download URLs carry their credential in the query string: the access log shows it redacted.
     install_log_redaction()
     # FastAPI's /docs and /redoc load their scripts from a CDN: mint.api.docs serves Swagger UI itself.
@@ -73,6 +75,8 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
     # checks the key and meters the body before the router and any route read it.
     app.add_middleware(RequestGate, settings=settings, routes=lambda: app.routes)
     app.add_middleware(RequestMetrics)
+    # Outermost: the request's id is set before anything else runs, and its line written last.
+    app.add_middleware(RequestLog)
     app.include_router(health.router)
     for module in (
         organization,

@@ -68,8 +68,14 @@ def mint_error_response(exc: errors.MintError) -> JSONResponse:
     """The answer to a MintError, through the one table (also used by the request gate, which
     answers before the app's exception handlers run)."""
     status = status_for(exc)
-    if status >= 500:
-        log.error("server error: %s", exc, exc_info=exc)
+    # A MintError is a condition the code named and explained, never a crash: one line, no
+    # traceback. A 503 (no serving node yet, a backing service down) is expected at start-up
+    # and in a failover, so a warning; tracebacks are for the errors nobody raised on purpose
+    # (`_unhandled`).
+    if status == 503:
+        log.warning("%s (503): %s", type(exc).__name__, exc.message)
+    elif status >= 500:
+        log.error("%s (%d): %s", type(exc).__name__, status, exc.message)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
     if isinstance(exc, errors.RateLimited):
         headers["Retry-After"] = str(exc.retry_after_s)

@@ -44,8 +44,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
+from mint import tracing
 from mint.api.errors import install_error_handlers
 from mint.api.node_guard import NodeCredentialGuard
+from mint.api.request_log import RequestLog
 from mint.chat.tool_calls import parse_tool_calls
 from mint.config import Settings
 from mint.errors import ConfigurationError, ServiceUnavailable
@@ -364,6 +366,8 @@ class NodeApp:
                     unregister_node(session, self.node_id)
 
     def build(self) -> FastAPI:
+        logging.basicConfig(level=self.settings.log_level)
+        tracing.install()  # every line names the API request it serves
         # No /docs or /openapi.json: the node is no public API (and the guard would refuse them).
         app = FastAPI(
             title=f"Mint serving node ({self.base_model})",
@@ -374,6 +378,8 @@ class NodeApp:
         )
         install_error_handlers(app)
         app.add_middleware(NodeCredentialGuard, token=self.credential.token)
+        # Outermost: the API's request id (its X-Request-Id) names this node's lines for the request.
+        app.add_middleware(RequestLog)
         for method, path, handler in ROUTES:
             app.add_api_route(path, handler, methods=[method])
         return app

@@ -28,7 +28,7 @@ def row_of(run: Any) -> dict[str, Any]:
             "benchmark_id": run.benchmark_id,
             "trials": len(run.trials),
             "best": f"{best.model} (dev {best.dev_pass_rate:.3f})" if best is not None else None,
-            "cost_usd": f"{run.cost_usd:.4f}",
+            "cost_usd": run.cost_usd,
             "elapsed_s": f"{run.elapsed_s:.0f}",
             "stop_reason": (run.result or {}).get("stop_reason"),
             "created_at": run.created_at,
@@ -48,7 +48,7 @@ def _show_run(api: Remote, run: Any) -> None:
             "status": t.status,
             "model": t.model,
             "dev_pass_rate": None if t.dev_pass_rate is None else f"{t.dev_pass_rate:.3f}",
-            "cost_usd": None if t.cost_usd is None else f"{t.cost_usd:.4f}",
+            "cost_usd": t.cost_usd,
         }
         for t in run.trials
     ]

@@ -37,6 +37,7 @@ from mint.sdk.errors import MintAPIError
 
 BASE = "smollm2-135m-instruct"
 POLL_S = 1.0
+PLAIN_EVERY_S = 30.0  # where output is no terminal: a progress line at least this often
 
 
 def _json(response: httpx.Response) -> Any:
@@ -59,13 +60,22 @@ class Demo:
             raise typer.Exit(1) from error
 
     def wait(self, path: str, label: str, progress: Progress, *, total_of: str, done_of: str) -> dict[str, Any]:
-        """Poll a job or an eval run until it finishes, advancing a progress bar."""
+        """Poll a job or an eval run until it finishes, advancing a progress bar; where output is
+        no terminal (a file, a pipe: the bar shows nothing), a plain line at each step done and
+        at least every `PLAIN_EVERY_S` (`progress_line`)."""
         bar = progress.add_task(label, total=None)
+        plain = not console.is_terminal
+        began, last_line, last_done = time.monotonic(), 0.0, -1
         while True:
             body = self.call("GET", path)
             total = body.get(total_of) or body.get("config", {}).get(total_of)
             done = body.get(done_of) or 0
             progress.update(bar, total=total, completed=done)
+            now = time.monotonic()
+            if plain and (done != last_done or now - last_line >= PLAIN_EVERY_S):
+                loss = self.last_loss(path) if done and "fine_tuning" in path else None
+                print(progress_line(label, body, done, total, loss, now - began), flush=True)
+                last_line, last_done = now, done
             if body["status"] in ("succeeded", "failed", "cancelled"):
                 progress.update(bar, completed=total or 1, total=total or 1)
                 if body["status"] != "succeeded":
@@ -74,12 +84,48 @@ class Demo:
                 return dict(body)
             time.sleep(POLL_S)
 
+    def last_loss(self, path: str) -> float | None:
+        """The loss of a job's newest step, from its metrics events (None if none yet)."""
+        try:
+            page = self.http.send(Call("GET", f"{path}/events", _json, params={"limit": 10}))
+        except MintAPIError:
+            return None
+        for event in page.get("data", []):
+            loss = (event.get("data") or {}).get("loss")
+            if event.get("type") == "metrics" and isinstance(loss, int | float):
+                return float(loss)
+        return None
+
     def evaluate(self, benchmark_id: str, model: str, split: str, progress: Progress) -> dict[str, Any]:
         body = {"benchmark_id": benchmark_id, "model": model, "split": split, "max_tokens": 48}
         run = self.call("POST", "/v1/evals", json=body)
         return self.wait(
             f"/v1/evals/{run['id']}", f"eval {model} on {split}", progress, total_of="task_count", done_of="tasks_done"
         )
+
+
+def _seconds(seconds: float) -> str:
+    """`4m 10s`, `45s`."""
+    minutes, secs = divmod(max(int(round(seconds)), 0), 60)
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+def progress_line(
+    label: str, body: dict[str, Any], done: int, total: int | None, loss: float | None, waited_s: float
+) -> str:
+    """One plain line of progress: `fine-tune (SFT, LoRA): step 6/24, loss 1.234, 4m 10s elapsed,
+    about 12m 30s left`. Elapsed and time left are the server's (`elapsed_s`, `eta_s`) where it
+    gives them, else the time this demo has waited."""
+    parts = [f"{label}: {body.get('status')}", f"{'step' if 'total_steps' in body else 'done'} {done}/{total or '?'}"]
+    if loss is not None:
+        parts.append(f"loss {loss:.4g}")
+    elapsed = body.get("elapsed_s")
+    parts.append(f"{_seconds(elapsed if isinstance(elapsed, int | float) else waited_s)} elapsed")
+    eta = body.get("eta_s")
+    if isinstance(eta, int | float):
+        basis = "measured" if str(body.get("eta_basis") or "").startswith("measured") else "estimated"
+        parts.append(f"about {_seconds(eta)} left ({basis})")
+    return ", ".join(parts)
 
 
 def _node_answers(api_url: str) -> bool:

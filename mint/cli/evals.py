@@ -1,4 +1,5 @@
-"""`mint evals ...`: evaluate a model on a benchmark, compare two runs, mine the failures."""
+"""`mint evals ...`: evaluate a model on a benchmark, read what it answered, compare two runs,
+mine the failures."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ from functools import partial
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from mint.cli.options import LimitOpt, Remote, TimeoutOpt, WaitOpt, exit_unless_succeeded, first, remote
 from mint.cli.output import console, emit, emit_one, errors, human, wire
 from mint.schemas.common import MAX_VERSION
 from mint.schemas.evals import MinedKind
 
-app = typer.Typer(help="Eval runs: evaluate, compare, mine failures.", no_args_is_help=True)
+app = typer.Typer(help="Eval runs: evaluate, read the answers, compare, mine failures.", no_args_is_help=True)
 
 LIST_COLUMNS = ["id", "status", "model", "benchmark_id", "version", "split", "accuracy", "passed", "created_at"]
 
@@ -139,3 +141,61 @@ def failures(
     if not api.as_json:
         for skipped in dataset.skipped:
             errors.print(f"skipped {skipped.task_id}: {skipped.reason}")
+
+
+@app.command("trajectories")
+@remote
+def trajectories(
+    api: Remote,
+    run_id: Annotated[str, typer.Argument(help="An eval run.")],
+    failed: Annotated[bool, typer.Option("--failed", help="Only the tasks the model failed.")] = False,
+    task: Annotated[str | None, typer.Option("--task", help="Only this task (its id in the benchmark).")] = None,
+    limit: LimitOpt = 20,
+) -> None:
+    """What the model answered, task by task and turn by turn, with its grade and why."""
+    with api.client() as client:
+        found = first(partial(client.evals.trajectories, run_id, passed=False if failed else None, task_id=task), limit)
+    if api.as_json:
+        emit([wire(trajectory) for trajectory in found], [], as_json=True)
+        return
+    if not found:
+        console.print("No trajectories" + (" of task " + escape(task) if task else "") + (" failed" if failed else ""))
+    for trajectory in found:
+        print_trajectory(trajectory)
+
+
+def print_trajectory(trajectory: Any) -> None:
+    """One task as a reader follows it: a header line with the grade and cost, every turn of the
+    conversation (tool calls and results included), then the grader's reason and any error."""
+    verdict = "[green]passed[/green]" if trajectory.passed else "[red]failed[/red]"
+    steps = f"{trajectory.steps} step" + ("s" if trajectory.steps != 1 else "")
+    console.print(
+        f"[bold]task {escape(trajectory.task_id)}[/bold]  {verdict}  score {trajectory.score:.2f}  {steps}  "
+        f"{trajectory.tokens_in} in / {trajectory.tokens_out} out tokens  {trajectory.latency_ms:.0f} ms"
+    )
+    for message in trajectory.messages:
+        for role, text in turn_lines(message):
+            console.print(f"  [cyan]{escape(role)}[/cyan]: {escape(text)}", soft_wrap=True)
+    detail = (trajectory.grade or {}).get("detail")
+    if detail:
+        console.print(f"  [magenta]graded[/magenta]: {escape(str(detail))}", soft_wrap=True)
+    if trajectory.error:
+        console.print(f"  [red]error[/red]: {escape(trajectory.error)}", soft_wrap=True)
+    console.print()
+
+
+def turn_lines(message: Any) -> list[tuple[str, str]]:
+    """The lines one message of a trajectory prints as: its text, then each tool call it made."""
+    if not isinstance(message, dict):
+        return [("message", str(message))]
+    role = str(message.get("role", "message"))
+    if role == "tool" and message.get("name"):
+        role = f"tool {message['name']}"
+    content = message.get("content")
+    if isinstance(content, list):  # OpenAI content parts: the text ones are what was said
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    lines = [(role, str(content))] if content else []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", call) if isinstance(call, dict) else {}
+        lines.append((f"{role} calls", f"{function.get('name', '?')}({function.get('arguments', '')})"))
+    return lines or [(role, "")]

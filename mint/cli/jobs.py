@@ -15,6 +15,7 @@ from mint.cli.options import (
     Remote,
     TimeoutOpt,
     WaitOpt,
+    dataset_id,
     exit_unless_succeeded,
     finite,
     first,
@@ -45,12 +46,43 @@ def row_of(job: Any) -> dict[str, Any]:
             "from_adapter": job.from_adapter,
             "stages": _stages_line(job),
             "training_file": job.training_file,
-            "cost_usd": f"{job.cost_usd:.4f}",
-            "estimated_usd": f"{job.estimate['cost_usd']:.4f}" if job.estimate else None,
+            "cost_usd": job.cost_usd,
+            "estimated_usd": job.estimate["cost_usd"] if job.estimate else None,
+            "elapsed": duration(job.elapsed_s) if job.elapsed_s is not None else None,
+            "eta": eta_words(job),
             "error": job.error.message if job.error else None,
             "created_at": wire(job)["created_at"],
         }
     )
+
+
+def duration(seconds: float, *, coarse: bool = False) -> str:
+    """Seconds in words: `45s`, `4m 10s`, `2h 5m`, `3d 4h`; `coarse`, a time that is only
+    expected, to the minute once it is a minute or more: `4m`."""
+    whole = max(int(round(seconds)), 0)
+    if coarse and whole >= 60:
+        whole = (whole + 30) // 60 * 60
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m" if coarse else f"{minutes}m {secs}s"
+    return f"{secs}s"
+
+
+def eta_words(job: Any) -> str | None:
+    """A running job's time left in words: `about 12m left (measured)`, `about 20s left (estimated)`,
+    or `over its estimate` once it ran past a guess with no step measured yet."""
+    if job.status != "running":
+        return None
+    if job.eta_s is None:
+        return "over its estimate, no step measured yet" if job.elapsed_s is not None else None
+    source = "measured" if (job.eta_basis or "").startswith("measured") else "estimated"
+    return f"about {duration(job.eta_s, coarse=True)} left ({source})"
 
 
 def _stages_line(job: Any) -> str | None:
@@ -142,6 +174,7 @@ def create(
 ) -> None:
     """Start a fine-tuning job (or a chain of stages); with --wait, until it has finished (exit 1
     unless it succeeded). With --estimate, only price it."""
+    file = dataset_id(file, "--file")
     hyperparameters = {
         name: value for name, value in (("batch_size", batch_size), ("n_epochs", epochs)) if value is not None
     }
@@ -162,7 +195,7 @@ def create(
     with api.client() as client:
         if estimate:
             priced = client.jobs.estimate(model, file, **fields)
-            api.show(priced, human(priced.model_dump(exclude={"object"})))
+            api.show(priced, estimate_row(priced))
             return
         job = client.jobs.create(model, file, **fields)
         if wait:
@@ -170,6 +203,35 @@ def create(
     api.show(job, row_of(job))
     if wait:
         exit_unless_succeeded(job.status, f"job {job.id}")
+
+
+RANGE_FIELDS = {"seconds_low", "seconds_high", "cost_usd_low", "cost_usd_high", "basis"}
+
+
+def estimate_row(priced: Any) -> dict[str, Any]:
+    """A job's estimate as lines for people: the figures, with the time in words and its range
+    after `seconds`, the cost's range after `cost_usd` and what they rest on (`basis`), then the
+    base's prices one a line (`trained_usd_per_million`, ..., `gpu_hour_usd`)."""
+    row: dict[str, Any] = {}
+    for key, value in human(priced.model_dump(exclude={"object", "prices", *RANGE_FIELDS})).items():
+        row[key] = value
+        if key == "seconds":
+            row["time"] = time_range(value, priced.seconds_low, priced.seconds_high)
+        elif key == "cost_usd" and priced.cost_usd_low is not None:
+            row["cost_usd_low"], row["cost_usd_high"] = priced.cost_usd_low, priced.cost_usd_high
+        elif key == "calibrated_on" and priced.basis:
+            row["basis"] = priced.basis
+    for name, usd in priced.prices.items():
+        row[f"{name}_usd" if name == "gpu_hour" else f"{name}_usd_per_million"] = usd
+    return row
+
+
+def time_range(seconds: float, low: float | None, high: float | None) -> str:
+    """`about 20s (10s to 6m 40s)`: an estimate's time and its range in words."""
+    words = f"about {duration(seconds, coarse=True)}"
+    if low is None or high is None:
+        return words
+    return f"{words} ({duration(low, coarse=True)} to {duration(high, coarse=True)})"
 
 
 @app.command("list")

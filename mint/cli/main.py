@@ -4,15 +4,17 @@ User commands (datasets, benchmarks, evals, jobs, adapters, deployments, chat, m
 audit, usage, webhooks) speak HTTP through the SDK and share their connection and `--json` options
 (`mint.cli.options`); `mint admin` acts on the database; `api | worker | beat | serve | up`
 run the processes.
-Errors Mint raises on purpose print their message and exit with a code that scripts can
-trust (see EXIT_CODES); anything else is a bug and shows a traceback. Waited-for work (a job
-or eval run with `--wait`) that does not succeed exits 1."""
+Errors Mint raises on purpose print their message, naming commands where the API's names
+routes (`mint.cli.hints`), and exit with a code that scripts can trust (see EXIT_CODES);
+anything else is a bug and shows a traceback. Waited-for work (a job or eval run with
+`--wait`) that does not succeed exits 1."""
 
 from __future__ import annotations
 
 import sys
 
 import typer
+from rich.markup import escape
 
 from mint import errors
 from mint.cli import (
@@ -32,6 +34,7 @@ from mint.cli import (
 )
 from mint.cli.admin import admin
 from mint.cli.chat import chat
+from mint.cli.hints import in_cli_words
 from mint.cli.output import errors as stderr
 from mint.cli.usage import usage
 from mint.sdk.errors import WaitTimeoutError
@@ -87,5 +90,5 @@ def main() -> None:
     try:
         app()
     except errors.MintError as exc:
-        stderr.print(f"[red]error:[/red] {exc.message}")
+        stderr.print(f"[red]error:[/red] {escape(in_cli_words(exc.message))}")
         sys.exit(exit_code_for(exc))

@@ -3,8 +3,10 @@ options and checks that several of them take.
 
 A user command is a function whose first parameter is a `Remote`; `@remote` gives it the
 options `--json`, `--base-url` and `--api-key` (declared here once) and builds the `Remote`
-from them. The connection comes from `--base-url` / `--api-key`, else `MINT_BASE_URL` /
-`MINT_API_KEY`, else the admin key that `mint up` writes to `$MINT_HOME/admin.key`.
+from them. The URL comes from `--base-url`, else `MINT_BASE_URL`, else the local API on
+`MINT_API_PORT`, else the URL `mint up` writes to `$MINT_HOME/api.url`; the key from
+`--api-key`, else `MINT_API_KEY`, else the admin key that `mint up` writes to
+`$MINT_HOME/admin.key`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -27,7 +30,12 @@ from mint.sdk.errors import BadRequestError
 JSON_HELP = "Print JSON for scripts."
 BaseUrlOpt = Annotated[
     str | None,
-    typer.Option("--base-url", envvar="MINT_BASE_URL", help="The API's URL.", show_default="http://127.0.0.1:8000"),
+    typer.Option(
+        "--base-url",
+        help="The API's URL; else MINT_BASE_URL, else the local API on MINT_API_PORT, else the URL `mint up` "
+        "wrote to MINT_HOME.",
+        show_default="http://127.0.0.1:8000",
+    ),
 ]
 ApiKeyOpt = Annotated[
     str | None,
@@ -139,6 +147,18 @@ def grader_option(value: str | None) -> str | dict[str, Any] | None:
     if value is None or not value.lstrip().startswith("{"):
         return value
     return json_option(value, "--grader")
+
+
+def dataset_id(value: str | None, option: str) -> str | None:
+    """A dataset id option (`file-...`), refusing a path to a local file with the command that
+    makes it a dataset: a user who passes `--file good.jsonl` means that file."""
+    if value is not None and not value.startswith("file-") and (Path(value).is_file() or Path(value).suffix):
+        raise BadRequestError(
+            f"{option} takes a dataset id (file-...), and {value!r} looks like a file on this machine: "
+            f"upload it first with `mint datasets upload {value}`, then pass the id it prints",
+            param=option.lstrip("-"),
+        )
+    return value
 
 
 def json_option(value: str | None, option: str) -> dict[str, Any] | None:

@@ -26,21 +26,56 @@ from rich.table import Table
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
 
-# Columns people copy into the next command: printed whole, never folded.
-WHOLE_COLUMNS = frozenset({"id", "name", "fine_tuned_model", "newest"})
+# Columns people copy into the next command: printed whole, never folded (and every `..._id`).
+WHOLE_COLUMNS = frozenset({"id", "name", "fine_tuned_model", "newest", "model", "ref"})
+# Amounts in dollars whose names do not say `usd`.
+MONEY_COLUMNS = frozenset({"cost", "spent", "price"})
 # A folded column keeps at least its header's width, and that of its longest word up to this.
 WORD_WIDTH_CAP = 16
 
 
-def cell(value: Any) -> str:
-    """A value as a table shows it: `-` for none, times to the second, lists joined."""
+def whole(column: str) -> bool:
+    """Whether a column is one people copy into the next command (never folded)."""
+    return column in WHOLE_COLUMNS or column.endswith("_id")
+
+
+def cell(value: Any, column: str = "") -> str:
+    """A value as a table shows it: `-` for none, times to the second, lists and mappings
+    joined, amounts in columns named in dollars (`cost_usd`, `trained_usd_per_million`) as
+    money, and other numbers in plain decimals (never `1.2e-05`)."""
     if value is None:
         return "-"
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S")
     if isinstance(value, list | tuple):
-        return ", ".join(str(item) for item in value)
+        return ", ".join(cell(item) for item in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{key}={cell(item, str(key))}" for key, item in value.items())
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and ("usd" in column.split("_") or column in MONEY_COLUMNS)
+    ):
+        return money(value)
+    if isinstance(value, float):
+        return decimal(value)
     return str(value)
+
+
+def money(usd: float) -> str:
+    """Dollars as people read them: cents at least, and the digits of a fraction of a cent
+    (`$0.000012`), never scientific notation."""
+    text = f"{abs(usd):,.6f}".rstrip("0")
+    whole_part, _, fraction = text.partition(".")
+    return ("-" if usd < 0 else "") + f"${whole_part}.{fraction.ljust(2, '0')}"
+
+
+def decimal(number: float) -> str:
+    """A float in plain decimals, at most six of them (`0.000012`, `1.5`, `3`)."""
+    if number != number or number in (float("inf"), float("-inf")):
+        return str(number)
+    text = f"{number:.6f}".rstrip("0").rstrip(".")
+    return "0" if text in ("", "-0") else text
 
 
 def wire(item: BaseModel) -> dict[str, Any]:
@@ -67,14 +102,14 @@ def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, as_json: boo
     if as_json:
         print(json.dumps(list(rows), default=str, indent=2))
         return
-    cells = [[cell(row.get(column)) for column in columns] for row in rows]
+    cells = [[cell(row.get(column), column) for column in columns] for row in rows]
     widths = fit_widths(list(columns), cells, console.width)
     if widths is None:
         _print_expanded(list(columns), cells, title)
         return
     table = _table(title)
     for column, width in zip(columns, widths, strict=True):
-        table.add_column(column, width=width, overflow="fold", no_wrap=column in WHOLE_COLUMNS)
+        table.add_column(column, width=width, overflow="fold", no_wrap=whole(column))
     for line in cells:
         table.add_row(*line)
     console.print(table)
@@ -86,7 +121,7 @@ def emit_one(row: dict[str, Any], *, as_json: bool) -> None:
         print(json.dumps(row, default=str, indent=2))
     else:
         for key, value in row.items():
-            console.print(f"[bold]{key}[/bold]: {cell(value)}")
+            console.print(f"[bold]{key}[/bold]: {cell(value, key)}")
 
 
 def _table(title: str | None) -> Table:
@@ -99,11 +134,11 @@ def fit_widths(columns: list[str], cells: list[list[str]], width: int) -> list[i
     """Widths of the columns so that the table is at most `width` wide, or None if it cannot be.
 
     Columns that may fold shrink down to their floor (their header and words up to
-    WORD_WIDTH_CAP stay whole); WHOLE_COLUMNS never shrink.
+    WORD_WIDTH_CAP stay whole); whole columns never shrink.
     """
     natural = [max([len(column), *(len(line[index]) for line in cells)]) for index, column in enumerate(columns)]
     floors = [
-        natural[index] if column in WHOLE_COLUMNS else max(len(column), _longest_word([line[index] for line in cells]))
+        natural[index] if whole(column) else max(len(column), _longest_word([line[index] for line in cells]))
         for index, column in enumerate(columns)
     ]
     budget = width - _frame_width(len(columns))

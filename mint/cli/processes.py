@@ -19,6 +19,7 @@ from rich.markup import escape
 from mint.cli.output import console, errors
 from mint.cli.supervisor import ChildKeepsDying, ChildSpec, Supervisor
 from mint.config import Settings, get_settings
+from mint.sdk._http import API_URL_FILE, local_api_url
 from mint.worker.queues import EVALS_QUEUE, SERVING_QUEUE, SYSTEM_QUEUE, training_queue
 
 READY_WAIT_S = 120.0
@@ -47,6 +48,7 @@ def api(
         host=settings.api_host,
         port=settings.api_port,
         log_level=settings.log_level.lower(),
+        access_log=False,  # the API writes one line per request itself, with its id (mint.api.request_log)
     )
 
 
@@ -187,7 +189,7 @@ def serve(
         raise typer.BadParameter(f"unknown or disabled base {base!r}; enabled: {', '.join(bases)}", param_hint="--base")
     bind = host or settings.serving_host
     app = create_node_app(settings, NodeHost(settings, base), url or f"http://{bind}:{port}")
-    uvicorn.run(app, host=bind, port=port, log_level=settings.log_level.lower())
+    uvicorn.run(app, host=bind, port=port, log_level=settings.log_level.lower(), access_log=False)
 
 
 def serving_plan(named: list[str] | None, nodes_per_base: int, enabled: list[str]) -> Counter[str]:
@@ -249,6 +251,8 @@ def up(
     key_file = settings.home / ADMIN_KEY_FILE
     if result.admin_key is not None:
         _write_secret(key_file, result.admin_key)
+    # Where the CLI and SDK find this API when nothing else names it (a shell without MINT_API_PORT).
+    (settings.home / API_URL_FILE).write_text(local_api_url(settings.api_host, settings.api_port) + "\n")
     # SIGTERM (a service manager, `timeout`, `make` interrupted) stops the children too, and so
     # does SIGINT even where it was ignored (a shell script's background job inherits SIG_IGN).
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mint.cli.options import Remote, remote
-from mint.cli.output import emit
+from mint.cli.output import emit, money
 
 COLUMNS = ["kind", "base_model", "tokens", "records", "cost_usd"]
 
@@ -26,4 +26,4 @@ def usage(
         print(summary.model_dump_json(indent=2))
         return
     rows = [line.model_dump() for line in summary.data]
-    emit(rows, COLUMNS, as_json=False, title=f"usage: ${summary.total_cost_usd:.4f}")
+    emit(rows, COLUMNS, as_json=False, title=f"usage: {money(summary.total_cost_usd)}")

@@ -241,6 +241,23 @@ class JobEstimate(BaseModel):
         description="Finished jobs of this base and method the cost model was calibrated on (the fewest over the "
         "job's stages); 0: the platform's defaults, before any such job ran here."
     )
+    seconds_low: float | None = Field(
+        default=None,
+        description="The low end of the time it may take: the point figure times the smallest ratio of actual to "
+        "estimated time seen (half of it, uncalibrated).",
+    )
+    seconds_high: float | None = Field(
+        default=None,
+        description="The high end of the time it may take: wide (x20 and more) while uncalibrated, the largest ratio "
+        "of actual to estimated time of the calibrating jobs once calibrated.",
+    )
+    cost_usd_low: float | None = Field(default=None, description="The low end of what it may cost.")
+    cost_usd_high: float | None = Field(default=None, description="The high end of what it may cost.")
+    basis: str | None = Field(
+        default=None,
+        description="What the figures rest on: `uncalibrated: the platform's defaults`, or `calibrated on N finished "
+        "jobs of this base and method`.",
+    )
     prices: dict[str, float] = Field(description="The base's prices: USD per million tokens, and per GPU-hour.")
     allowed_usd: float | None = Field(
         description="The most the job may cost under its budget and the organization's spend limits; null: no limit."
@@ -293,7 +310,10 @@ class FineTuningJob(WireModel):
     trained_tokens: int | None
     error: JobError | None
     result_files: list[str] = Field(default_factory=list)
-    estimated_finish: int | None = None
+    estimated_finish: int | None = Field(
+        default=None,
+        description="When a running job is expected to finish (unix seconds): now plus `eta_s`.",
+    )
     integrations: list[dict[str, Any]] | None = None
     # Mint's fields.
     training_type: TrainingType = "lora"
@@ -307,10 +327,26 @@ class FineTuningJob(WireModel):
     from_adapter: str | None = Field(default=None, description="The adapter version this job started from.")
     stages: list[JobStage] | None = Field(default=None, description="A chained job's stages, in order.")
     estimate: dict[str, Any] | None = Field(
-        default=None, description="What the job was estimated at when created (tokens, steps, seconds, cost_usd)."
+        default=None,
+        description="What the job was estimated at when created (tokens, steps, seconds, cost_usd, their range "
+        "`seconds_low`..`seconds_high`, `cost_usd_low`..`cost_usd_high`, and its `basis`).",
     )
     cost_usd: float = Field(default=0.0, description="What it has cost so far, at the price table's rates.")
     budget_usd: float | None = None
+    elapsed_s: float | None = Field(
+        default=None,
+        description="Seconds since the job started (to its finish once finished); null while queued.",
+    )
+    eta_s: float | None = Field(
+        default=None,
+        description="Seconds left of a running job: from its own measured step time once a step finished, from its "
+        "estimate before; null when queued, finished, or past its estimate with no step measured yet.",
+    )
+    eta_basis: str | None = Field(
+        default=None,
+        description="What `eta_s` (and `estimated_finish`) rest on: `measured: this job's first steps`, or the "
+        "estimate's basis.",
+    )
 
     @field_serializer("created_at", "finished_at", "started_at")
     def _times(self, moment: datetime | None) -> int | None:

@@ -25,11 +25,24 @@ from pydantic import BaseModel, ConfigDict, Field
 from mint.schemas.fine_tuning import TrainingType
 
 # The figures of an estimate a client sees (the job view's `estimate`, the estimate route).
-PUBLIC_ESTIMATE = ("trained_tokens", "sampled_tokens", "steps", "seconds", "cost_usd", "calibrated_on")
+PUBLIC_ESTIMATE = (
+    "trained_tokens",
+    "sampled_tokens",
+    "steps",
+    "seconds",
+    "cost_usd",
+    "calibrated_on",
+    "seconds_low",
+    "seconds_high",
+    "cost_usd_low",
+    "cost_usd_high",
+    "basis",
+)
 
 
 class PublicEstimate(TypedDict):
-    """The figures of an estimate a client sees (`PUBLIC_ESTIMATE`)."""
+    """The figures of an estimate a client sees (`PUBLIC_ESTIMATE`). The range and `basis` are
+    null on estimates stored before estimates had them."""
 
     trained_tokens: int
     sampled_tokens: int
@@ -37,6 +50,11 @@ class PublicEstimate(TypedDict):
     seconds: float
     cost_usd: float
     calibrated_on: int
+    seconds_low: float | None
+    seconds_high: float | None
+    cost_usd_low: float | None
+    cost_usd_high: float | None
+    basis: str | None
 
 
 class _Stored(BaseModel):
@@ -73,6 +91,12 @@ class StoredEstimate(_Stored):
     raw_trained_tokens: float = Field(description="Trained tokens by the heuristic alone, before calibration.")
     raw_sampled_tokens: float = Field(description="Sampled tokens by the heuristic alone, before calibration.")
     prices: dict[str, float] = Field(description="The base's prices at create (`pricing.Prices` as a dict).")
+    # Added with ranges; absent (null) on rows stored before.
+    seconds_low: float | None = Field(default=None, description="The fewest seconds the job is expected to take.")
+    seconds_high: float | None = Field(default=None, description="The most seconds the job is expected to take.")
+    cost_usd_low: float | None = Field(default=None, description="The least the job is expected to cost.")
+    cost_usd_high: float | None = Field(default=None, description="The most the job is expected to cost.")
+    basis: str | None = Field(default=None, description="What the figures rest on (`pricing.basis_of`).")
 
     def public(self) -> PublicEstimate:
         """The figures a client sees (`PUBLIC_ESTIMATE`), as stored."""
@@ -83,6 +107,11 @@ class StoredEstimate(_Stored):
             seconds=self.seconds,
             cost_usd=self.cost_usd,
             calibrated_on=self.calibrated_on,
+            seconds_low=self.seconds_low,
+            seconds_high=self.seconds_high,
+            cost_usd_low=self.cost_usd_low,
+            cost_usd_high=self.cost_usd_high,
+            basis=self.basis,
         )
 
 

@@ -54,6 +54,8 @@ T = TypeVar("T")
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+# Where `mint up` writes its API's URL, under MINT_HOME, for the CLI and SDK to find.
+API_URL_FILE = "api.url"
 # Generation on a large base can take minutes before the first byte of a non-streamed answer.
 DEFAULT_TIMEOUT_S = 600.0
 CONNECT_TIMEOUT_S = 10.0
@@ -76,14 +78,38 @@ FileInput = str | os.PathLike[str] | bytes | IO[bytes]
 # ---- where to connect ------------------------------------------------------------------------
 
 
-def resolve_base_url(base_url: str | None) -> str:
-    """The API's root URL: the argument, else `MINT_BASE_URL`, else the local default.
+def found_base_url(base_url: str | None) -> tuple[str, str]:
+    """The API's root URL and where it was found, for messages: the argument, else
+    `MINT_BASE_URL`, else the local API on `MINT_API_PORT` (the setting `mint up` reads, so a
+    shell that started Mint on another port finds it), else the URL `mint up` wrote into
+    `$MINT_HOME/api.url`, else the local default.
 
     A trailing `/v1` (as the `openai` client takes it) is accepted and dropped, since the
     SDK's paths name their version.
     """
-    url = (base_url or os.environ.get("MINT_BASE_URL") or DEFAULT_BASE_URL).strip().rstrip("/")
-    return url.removesuffix("/v1")
+    url_file = mint_home() / API_URL_FILE
+    if base_url:
+        url, source = base_url, "as given"
+    elif os.environ.get("MINT_BASE_URL"):
+        url, source = os.environ["MINT_BASE_URL"], "from MINT_BASE_URL"
+    elif os.environ.get("MINT_API_PORT"):
+        url, source = local_api_url(os.environ.get("MINT_API_HOST"), os.environ["MINT_API_PORT"]), "from MINT_API_PORT"
+    elif url_file.is_file() and url_file.read_text().strip():
+        url, source = url_file.read_text().strip(), f"from {url_file}, written by `mint up`"
+    else:
+        url, source = DEFAULT_BASE_URL, "the default: no MINT_BASE_URL, MINT_API_PORT or MINT_HOME/api.url"
+    return url.strip().rstrip("/").removesuffix("/v1"), source
+
+
+def local_api_url(host: str | None, port: str | int) -> str:
+    """The URL a client on this machine reaches an API listening on `host:port` at: an API
+    listening on every address (`0.0.0.0`, `::`) answers on the loopback one."""
+    host = (host or "").strip()
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{str(port).strip()}"
 
 
 def mint_home() -> Path:
@@ -256,10 +282,13 @@ def error_for(response: httpx.Response) -> MintAPIError:
     return error
 
 
-def _transport_error(exc: httpx.TransportError, url: str) -> APIConnectionError:
+def _transport_error(exc: httpx.TransportError, url: str, source: str) -> APIConnectionError:
     if isinstance(exc, httpx.TimeoutException):
         return APITimeoutError(f"{url} did not answer in time ({type(exc).__name__}); retry, or raise timeout_s")
-    return APIConnectionError(f"could not reach Mint at {url}: {exc or type(exc).__name__}")
+    return APIConnectionError(
+        f"could not reach Mint at {url} ({source}): {exc or type(exc).__name__}. Start it with `mint up`, or "
+        "point MINT_BASE_URL (or MINT_API_PORT, for a local API) at the one running"
+    )
 
 
 def _headers(api_key: str) -> dict[str, str]:
@@ -277,8 +306,9 @@ def _timeout(timeout_s: float) -> httpx.Timeout:
 class _Retrying:
     """What both transports share: settings, and the decision after each attempt."""
 
-    def __init__(self, base_url: str, max_retries: int, max_rate_limit_wait_s: float) -> None:
+    def __init__(self, base_url: str, max_retries: int, max_rate_limit_wait_s: float, base_url_source: str) -> None:
         self.base_url = base_url
+        self.base_url_source = base_url_source
         self.max_retries = max_retries
         self.max_rate_limit_wait_s = max_rate_limit_wait_s
 
@@ -286,7 +316,7 @@ class _Retrying:
         """The pause before retrying (counted in `spent`), or raise the error if this outcome is final."""
         if isinstance(outcome, httpx.TransportError):
             if spent.failures >= self.max_retries:
-                raise _transport_error(outcome, self.base_url) from outcome
+                raise _transport_error(outcome, self.base_url, self.base_url_source) from outcome
             delay = backoff_s(spent.failures, None)
             reason = type(outcome).__name__
         elif outcome.status_code == 429:  # an answer of any httpx-like client (Starlette's TestClient too)
@@ -328,8 +358,9 @@ class SyncHTTP(_Retrying):
         max_retries: int,
         max_rate_limit_wait_s: float = DEFAULT_MAX_RATE_LIMIT_WAIT_S,
         http_client: httpx.Client | None = None,
+        base_url_source: str = "as given",
     ) -> None:
-        super().__init__(base_url, max_retries, max_rate_limit_wait_s)
+        super().__init__(base_url, max_retries, max_rate_limit_wait_s, base_url_source)
         if http_client is None:
             http_client = httpx.Client(base_url=base_url, timeout=_timeout(timeout_s))
         http_client.headers.update(_headers(api_key))
@@ -384,8 +415,9 @@ class AsyncHTTP(_Retrying):
         max_retries: int,
         max_rate_limit_wait_s: float = DEFAULT_MAX_RATE_LIMIT_WAIT_S,
         http_client: httpx.AsyncClient | None = None,
+        base_url_source: str = "as given",
     ) -> None:
-        super().__init__(base_url, max_retries, max_rate_limit_wait_s)
+        super().__init__(base_url, max_retries, max_rate_limit_wait_s, base_url_source)
         if http_client is None:
             http_client = httpx.AsyncClient(base_url=base_url, timeout=_timeout(timeout_s))
         http_client.headers.update(_headers(api_key))

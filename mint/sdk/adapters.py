@@ -78,7 +78,7 @@ def split_ref(ref: str) -> tuple[str, int | None]:
 
 
 def not_found(name: str) -> NotFoundError:
-    return NotFoundError(f"no adapter named {name!r} in this organization", param="ref")
+    return NotFoundError(f"no adapter named {name!r} in this organization; list them at /v1/adapters", param="ref")
 
 
 def newest(adapter: AdapterPublic, versions: builtins.list[AdapterVersionPublic]) -> AdapterVersionPublic:

@@ -3,7 +3,7 @@
 ```python
 from mint.sdk import Mint
 
-client = Mint()                     # MINT_BASE_URL / MINT_API_KEY, or $MINT_HOME/admin.key
+client = Mint()                     # MINT_BASE_URL (or MINT_API_PORT) / MINT_API_KEY, or what `mint up` wrote
 file = client.datasets.upload("train.jsonl")
 job = client.jobs.create("tiny-glm-moe", file.id, suffix="support-bot", steps=30).wait()
 reply = client.chat.create(job.fine_tuned_model, [{"role": "user", "content": "Hi"}])
@@ -27,8 +27,8 @@ from mint.sdk._http import (
     DEFAULT_TIMEOUT_S,
     AsyncHTTP,
     SyncHTTP,
+    found_base_url,
     resolve_api_key,
-    resolve_base_url,
 )
 from mint.sdk.adapters import Adapters, AsyncAdapters
 from mint.sdk.autotune import AsyncAutotune, Autotune
@@ -47,7 +47,8 @@ from mint.sdk.webhooks import AsyncWebhooks, Webhooks
 class Mint:
     """A blocking client of the Mint API.
 
-    `base_url` defaults to `MINT_BASE_URL` (else http://127.0.0.1:8000), `api_key` to
+    `base_url` defaults to `MINT_BASE_URL`, else the local API on `MINT_API_PORT`, else the URL
+    `mint up` wrote to `$MINT_HOME/api.url`, else http://127.0.0.1:8000; `api_key` to
     `MINT_API_KEY` (else the admin key that `mint up` writes to `$MINT_HOME/admin.key`).
     `timeout_s` bounds each request; `max_retries` bounds the retries of one request that failed
     (a 5xx answer, or none; 0 also turns off waiting out 429s); `max_rate_limit_wait_s` bounds
@@ -66,7 +67,7 @@ class Mint:
         max_rate_limit_wait_s: float = DEFAULT_MAX_RATE_LIMIT_WAIT_S,
         http_client: httpx.Client | None = None,
     ) -> None:
-        self.base_url = resolve_base_url(base_url)
+        self.base_url, source = found_base_url(base_url)
         self._http = SyncHTTP(
             self.base_url,
             resolve_api_key(api_key),
@@ -74,6 +75,7 @@ class Mint:
             max_retries=max_retries,
             max_rate_limit_wait_s=max_rate_limit_wait_s,
             http_client=http_client,
+            base_url_source=source,
         )
         self.files = Files(self._http)
         self.datasets = Datasets(self._http)
@@ -123,7 +125,7 @@ class AsyncMint:
         max_rate_limit_wait_s: float = DEFAULT_MAX_RATE_LIMIT_WAIT_S,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
-        self.base_url = resolve_base_url(base_url)
+        self.base_url, source = found_base_url(base_url)
         self._http = AsyncHTTP(
             self.base_url,
             resolve_api_key(api_key),
@@ -131,6 +133,7 @@ class AsyncMint:
             max_retries=max_retries,
             max_rate_limit_wait_s=max_rate_limit_wait_s,
             http_client=http_client,
+            base_url_source=source,
         )
         self.files = AsyncFiles(self._http)
         self.datasets = AsyncDatasets(self._http)

@@ -57,8 +57,10 @@ class EvalRun(EvalRunPublic):
     def cancel(self) -> EvalRun:
         return self._resource().cancel(self.id)
 
-    def trajectories(self, *, passed: bool | None = None, limit: int = 20) -> SyncPager[TrajectoryPublic]:
-        return self._resource().trajectories(self.id, passed=passed, limit=limit)
+    def trajectories(
+        self, *, passed: bool | None = None, task_id: str | None = None, limit: int = 20
+    ) -> SyncPager[TrajectoryPublic]:
+        return self._resource().trajectories(self.id, passed=passed, task_id=task_id, limit=limit)
 
 
 class AsyncEvalRun(EvalRunPublic):
@@ -84,8 +86,10 @@ class AsyncEvalRun(EvalRunPublic):
     async def cancel(self) -> AsyncEvalRun:
         return await self._resource().cancel(self.id)
 
-    def trajectories(self, *, passed: bool | None = None, limit: int = 20) -> AsyncPager[TrajectoryPublic]:
-        return self._resource().trajectories(self.id, passed=passed, limit=limit)
+    def trajectories(
+        self, *, passed: bool | None = None, task_id: str | None = None, limit: int = 20
+    ) -> AsyncPager[TrajectoryPublic]:
+        return self._resource().trajectories(self.id, passed=passed, task_id=task_id, limit=limit)
 
 
 # ---- the calls ---------------------------------------------------------------------------------
@@ -110,12 +114,12 @@ def list_runs(benchmark_id: str | None, limit: int, cls: type[EvalRunPublic]) ->
     return lambda after: Call("GET", "/v1/evals", parse_model(page), {**params, "after": after})
 
 
-def list_trajectories(run_id: str, passed: bool | None, limit: int) -> PageCall:
+def list_trajectories(run_id: str, passed: bool | None, limit: int, task_id: str | None = None) -> PageCall:
     return lambda after: Call(
         "GET",
         f"/v1/evals/{run_id}/trajectories",
         parse_model(Page[TrajectoryPublic]),
-        {"passed": passed, "after": after, "limit": limit},
+        {"passed": passed, "task_id": task_id, "after": after, "limit": limit},
     )
 
 
@@ -231,9 +235,12 @@ class Evals:
         """Cancel a queued or running run (a running one stops after its current batch)."""
         return self._bind(self._http.send(cancel_run(run_id, EvalRun)))
 
-    def trajectories(self, run_id: str, *, passed: bool | None = None, limit: int = 20) -> SyncPager[TrajectoryPublic]:
-        """Every task of the run in the order written; `passed=False` keeps the failures."""
-        return SyncPager(self._http, list_trajectories(run_id, passed, limit))
+    def trajectories(
+        self, run_id: str, *, passed: bool | None = None, task_id: str | None = None, limit: int = 20
+    ) -> SyncPager[TrajectoryPublic]:
+        """Every task of the run in the order written; `passed=False` keeps the failures, `task_id`
+        one task's."""
+        return SyncPager(self._http, list_trajectories(run_id, passed, limit, task_id))
 
     def compare(self, a: str, b: str, *, resamples: int | None = None, seed: int | None = None) -> ComparisonPublic:
         """Run `b` against run `a`, task by task, with a paired bootstrap interval of the accuracy delta."""
@@ -338,8 +345,10 @@ class AsyncEvals:
     async def cancel(self, run_id: str) -> AsyncEvalRun:
         return self._bind(await self._http.send(cancel_run(run_id, AsyncEvalRun)))
 
-    def trajectories(self, run_id: str, *, passed: bool | None = None, limit: int = 20) -> AsyncPager[TrajectoryPublic]:
-        return AsyncPager(self._http, list_trajectories(run_id, passed, limit))
+    def trajectories(
+        self, run_id: str, *, passed: bool | None = None, task_id: str | None = None, limit: int = 20
+    ) -> AsyncPager[TrajectoryPublic]:
+        return AsyncPager(self._http, list_trajectories(run_id, passed, limit, task_id))
 
     async def compare(
         self, a: str, b: str, *, resamples: int | None = None, seed: int | None = None

@@ -19,7 +19,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from mint.errors import Conflict, InvalidRequest, NotFound
+from mint.errors import Conflict, InvalidRequest, NotFound, did_you_mean
 from mint.evals.benchmark import (
     BenchmarkTask,
     ParsedBenchmark,
@@ -34,7 +34,7 @@ from mint.schemas.evals import BenchmarkCreate, BenchmarkSource, BenchmarkVersio
 from mint.services.principal import Principal
 from mint.storage.keys import benchmark_key
 from mint.storage.objects import ObjectStore
-from mint.storage.queries import PageResult, get_owned, owned_by, paginate, rowcount
+from mint.storage.queries import PageResult, owned_by, paginate, rowcount
 from mint.storage.tables import Benchmark, BenchmarkVersion, new_id, utcnow
 
 DEFAULT_BUILTIN_TASKS = 20
@@ -141,7 +141,21 @@ def create_benchmark(
 
 
 def get_benchmark(session: Session, organization_id: str, benchmark_id: str) -> Benchmark:
-    return get_owned(session, Benchmark, benchmark_id, organization_id=organization_id, noun="benchmark")
+    """The organization's benchmark by id, or by its name (unique in the organization); a name
+    that names none gets the nearest names and how to create one."""
+    row = session.get(Benchmark, benchmark_id)
+    if row is not None and row.organization_id == organization_id:
+        return row
+    named = select(Benchmark).where(Benchmark.organization_id == organization_id)
+    found = session.execute(named.where(Benchmark.name == benchmark_id)).scalar_one_or_none()
+    if found is not None:
+        return found
+    names = session.execute(select(Benchmark.name).where(Benchmark.organization_id == organization_id)).scalars()
+    raise NotFound(
+        f"No benchmark with id or name {benchmark_id!r} in this organization{did_you_mean(benchmark_id, names)}; "
+        "create one with POST /v1/benchmarks",
+        param="id",
+    )
 
 
 def latest_version(session: Session, benchmark_id: str) -> BenchmarkVersion | None:

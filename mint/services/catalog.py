@@ -12,12 +12,13 @@ Everything here reads; nothing writes, commits or sends.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from mint.errors import Conflict, InvalidRequest, NotFound
+from mint.errors import Conflict, InvalidRequest, NotFound, did_you_mean
 from mint.evals.compare import RunOutcomes, TaskOutcome
 from mint.schemas.tinker import TINKER_SCHEME, TinkerPath
 from mint.storage.queries import get_owned
@@ -55,12 +56,14 @@ def resolve_model_ref(session: Session, organization_id: str, ref: str) -> Resol
             if not base.enabled:
                 raise InvalidRequest(f"base model {ref!r} is disabled on this platform", param="model")
             return ResolvedModel(ref=ref, base_model=base.name, adapter_version=None)
+    bases = session.execute(select(BaseModelRow.name).where(BaseModelRow.enabled.is_(True))).scalars()
     adapter, row = resolve_version_ref(
         session,
         organization_id,
         ref,
         param="model",
-        unknown="no base model or adapter named {name!r}; list them at /v1/base_models and /v1/adapters",
+        unknown="no base model or adapter named {name!r}{suggestion}; list them at /v1/base_models and /v1/adapters",
+        also=list(bases),
     )
     return ResolvedModel(ref=model_ref_of(adapter, row), base_model=adapter.base_model, adapter_version=row)
 
@@ -71,15 +74,18 @@ def resolve_version_ref(
     ref: str,
     *,
     param: str,
-    unknown: str = "no adapter named {name!r} in this organization; list them at /v1/adapters",
+    unknown: str = "no adapter named {name!r} in this organization{suggestion}; list them at /v1/adapters",
+    also: Sequence[str] = (),
 ) -> tuple[Adapter, AdapterVersion]:
     """The adapter and ready version that `adapter@version` (or `adapter`: its newest ready
-    version) names in the organization; NotFound (`unknown`, formatted with the name) or
-    InvalidRequest naming `param` otherwise."""
+    version) names in the organization; NotFound (`unknown`, formatted with the name and the
+    nearest names among the organization's adapters and `also`) or InvalidRequest naming
+    `param` otherwise."""
     name, _, version_text = ref.partition("@")
     adapter = adapter_named(session, organization_id, name)
     if adapter is None:
-        raise NotFound(unknown.format(name=name), param=param)
+        adapters = session.execute(select(Adapter.name).where(Adapter.organization_id == organization_id)).scalars()
+        raise NotFound(unknown.format(name=name, suggestion=did_you_mean(name, [*adapters, *also])), param=param)
     query = select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id, AdapterVersion.status == "ready")
     if version_text:
         if not version_text.isdigit():
@@ -182,7 +188,12 @@ def get_deployment(session: Session, organization_id: str, deployment_id: str) -
             select(Deployment).where(Deployment.organization_id == organization_id, Deployment.name == deployment_id)
         ).scalar_one_or_none()
     if row is None:
-        raise NotFound(f"No deployment {deployment_id!r} in this organization.", param="deployment_id")
+        names = session.execute(select(Deployment.name).where(Deployment.organization_id == organization_id)).scalars()
+        raise NotFound(
+            f"No deployment {deployment_id!r} in this organization{did_you_mean(deployment_id, names)}; "
+            "create one with POST /v1/deployments",
+            param="deployment_id",
+        )
     return row
 
 

@@ -36,7 +36,7 @@ from mint.evals.agent_environments import prompt_row_environment_errors
 from mint.schemas.common import loads_finite
 from mint.storage.keys import dataset_key
 from mint.storage.objects import ObjectStore
-from mint.storage.queries import PageResult, get_owned, insert_or_first, owned_by, paginate
+from mint.storage.queries import PageResult, insert_or_first, owned_by, paginate
 from mint.storage.tables import DATASET_KINDS, Dataset, new_id
 
 VALIDATORS: dict[str, Callable[[Any], list[str]]] = {
@@ -234,7 +234,20 @@ def create_dataset_from_rows(
 
 
 def get_dataset(session: Session, organization_id: str, dataset_id: str) -> Dataset:
-    return get_owned(session, Dataset, dataset_id, organization_id=organization_id, noun="dataset")
+    """The organization's dataset by id; an unknown id that is the file name of an upload gets
+    that upload's id, and any other how to upload one."""
+    row = session.get(Dataset, dataset_id)
+    if row is not None and row.organization_id == organization_id:
+        return row
+    uploads = session.execute(
+        select(Dataset.id)
+        .where(Dataset.organization_id == organization_id, Dataset.filename == dataset_id)
+        .order_by(Dataset.created_at.desc())
+        .limit(3)
+    ).scalars()
+    ids = ", ".join(uploads)
+    hint = f"{dataset_id!r} is the file name of {ids}: pass an id" if ids else "upload one with POST /v1/files"
+    raise NotFound(f"No dataset with id {dataset_id!r} in this organization; {hint}", param="id")
 
 
 def list_datasets(session: Session, organization_id: str, *, after: str | None, limit: int) -> PageResult[Dataset]:

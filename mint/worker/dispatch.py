@@ -8,6 +8,7 @@ holds it; upkeep to the system queue.
 
 from __future__ import annotations
 
+from mint import tracing
 from mint.config import Settings
 from mint.services.autotune.runs import resend_quiet_runs
 from mint.services.dispatch import WorkerRef
@@ -45,7 +46,12 @@ class CeleryDispatch:
         countdown_s: float | None = None,
     ) -> None:
         queue = queue_for(base_model, worker)
-        celery_for(self.settings).send_task(task, args=args, task_id=task_id, queue=queue, countdown=countdown_s)
+        # The request that sends the work names it: the worker's lines for it carry the same id.
+        request_id = tracing.current()
+        headers = {tracing.MESSAGE_HEADER: request_id} if request_id is not None else None
+        celery_for(self.settings).send_task(
+            task, args=args, task_id=task_id, queue=queue, countdown=countdown_s, headers=headers
+        )
 
 
 def pending_task_ids(settings: Settings) -> PendingTaskIds:

@@ -12,8 +12,9 @@ import socket
 import threading
 from typing import Any
 
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import after_setup_logger, task_postrun, task_prerun, worker_ready, worker_shutdown
 
+from mint import tracing
 from mint.config import get_settings
 from mint.services.workers import heartbeat, register_worker, unregister_worker
 from mint.storage.db import session_scope
@@ -37,6 +38,28 @@ def process_identity() -> str:
 def _base_model_of(queues: list[str]) -> str | None:
     bases = [base for base in map(base_of_queue, queues) if base is not None]
     return bases[0] if len(bases) == 1 else None
+
+
+@after_setup_logger.connect
+def on_setup_logger(logger: logging.Logger, **_: Any) -> None:
+    """Every line of the worker names the request whose work it is doing (`mint.tracing`)."""
+    tracing.install(logger.handlers)
+
+
+@task_prerun.connect
+def on_task_start(task: Any = None, **_: Any) -> None:
+    """Work under the id of the request that sent this task (a queue message header), if any."""
+    request = getattr(task, "request", None)
+    headers = getattr(request, "headers", None) or {}
+    sent = getattr(request, tracing.MESSAGE_HEADER, None) or headers.get(tracing.MESSAGE_HEADER)
+    _state["trace_token"] = tracing.begin(sent if isinstance(sent, str) else None)
+
+
+@task_postrun.connect
+def on_task_end(**_: Any) -> None:
+    token = _state.pop("trace_token", None)
+    if token is not None:
+        tracing.end(token)
 
 
 @worker_ready.connect

@@ -195,6 +195,8 @@ def test_versions_are_immutable_once_an_eval_used_them(client: TestClient, tenan
     assert run.json()["status"] == "queued" and run.json()["version"] == 1 and run.json()["config"]["task_count"] == 3
     locked = client.get(f"/v1/benchmarks/{benchmark['id']}", headers=dev).json()["latest_version"]
     assert locked["locked_at"] is not None
+    # A benchmark is found by its name too, as a user types it.
+    assert client.get(f"/v1/benchmarks/{benchmark['name']}", headers=dev).json()["id"] == benchmark["id"]
 
     refused = client.post(
         versions,
@@ -218,8 +220,10 @@ def test_versions_are_immutable_once_an_eval_used_them(client: TestClient, tenan
     bad_runs = [
         ({"version": 9}, 404, "has no version 9 (it has versions 1 to 2)"),
         ({"split": "easy"}, 400, "has no split 'easy'; its splits: hard (1 tasks)"),
-        ({"model": "no-such-model"}, 404, "no base model or adapter named 'no-such-model'"),
+        ({"model": "no-such-model"}, 404, "no base model or adapter named 'no-such-model'; list them"),
+        ({"model": IDLE_BASE[:-2]}, 404, f"did you mean {IDLE_BASE!r}"),  # a mistyped base: the nearest names
         ({"benchmark_id": "bench_missing"}, 404, "No benchmark"),
+        ({"benchmark_id": benchmark["name"] + "s"}, 404, f"(did you mean {benchmark['name']!r}?); create one with"),
         ({"max_tokens": 0}, 422, "max_tokens"),
     ]
     for change, status, expected in bad_runs:

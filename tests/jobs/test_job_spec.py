@@ -92,7 +92,24 @@ def test_a_chained_spec_reads_as_attributes() -> None:
     assert spec.stages[1].validation_file == "file_c" and spec.stages[1].plan["beta"] == 0.1
     assert spec.from_adapter is not None and spec.from_adapter.ref == "warm@2"
     assert spec.budget_usd == 1.5 and spec.base_load_seconds == 2.125
-    assert spec.estimate is not None and spec.estimate.public() == {key: ESTIMATE[key] for key in PUBLIC_ESTIMATE}
+    # stored before estimates had a range: the range and basis read as null
+    assert spec.estimate is not None and spec.estimate.public() == {key: ESTIMATE.get(key) for key in PUBLIC_ESTIMATE}
+    assert spec.estimate.public()["basis"] is None
+
+
+def test_an_estimate_with_its_range_is_stored_and_shown_whole() -> None:
+    ranged = {
+        **ESTIMATE,
+        "seconds_low": 7.6,
+        "seconds_high": 304.0,
+        "cost_usd_low": 0.00024,
+        "cost_usd_high": 0.00096,
+        "basis": "uncalibrated: the platform's defaults",
+    }
+    stored = {**CHAINED, "estimate": ranged}
+    spec = JobSpec.model_validate(stored)
+    assert _json(spec.stored()) == _json(stored)
+    assert spec.estimate is not None and spec.estimate.public() == {key: ranged[key] for key in PUBLIC_ESTIMATE}
 
 
 def test_keys_it_does_not_know_are_kept() -> None:

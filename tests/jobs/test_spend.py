@@ -15,7 +15,16 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from mint.config import Settings
-from mint.services.billing.prices import DEFAULT_PRICES, set_prices
+from mint.services.billing.prices import (
+    BASIS_MEASURED,
+    BASIS_UNCALIBRATED,
+    DEFAULT_OVERHEAD_S,
+    DEFAULT_PRICES,
+    DEFAULT_TOKENS_PER_SECOND,
+    FEW_JOBS_SPREAD,
+    UNCALIBRATED_TIME,
+    set_prices,
+)
 from mint.services.billing.usage import record_usage
 from mint.storage.db import session_scope
 from mint.storage.tables import Checkpoint, TrainingJob, UsageRecord
@@ -89,6 +98,16 @@ def test_an_estimate_checks_the_request_as_a_create_does_and_records_nothing(
     assert estimate["trained_tokens"] == round(10 * 8 * trained_bytes / 16 / 4)
     assert estimate["cost_usd"] == pytest.approx(estimate["trained_tokens"] * DEFAULT_PRICES.trained / 1e6, abs=1e-6)
     assert estimate["allowed_usd"] is None and estimate["limited_by"] is None
+    # A guess says so, with a wide range: x0.5..x20 of the time, the high end times the file's
+    # bytes per trained byte (its prompts run too); x0.5..x2 of the tokens, and so of the cost.
+    assert estimate["basis"] == BASIS_UNCALIBRATED
+    seconds = DEFAULT_OVERHEAD_S + estimate["trained_tokens"] / DEFAULT_TOKENS_PER_SECOND
+    assert estimate["seconds"] == pytest.approx(seconds, abs=0.1)
+    assert estimate["seconds_low"] == pytest.approx(seconds * UNCALIBRATED_TIME[0], abs=0.1)
+    work_ratio = file["size_bytes"] / trained_bytes
+    assert estimate["seconds_high"] == pytest.approx(seconds * UNCALIBRATED_TIME[1] * work_ratio, abs=0.5)
+    assert estimate["cost_usd_low"] < estimate["cost_usd"] < estimate["cost_usd_high"]
+    assert estimate["cost_usd_high"] == pytest.approx(2 * estimate["cost_usd"], abs=1e-6)
     doubled = _estimate(client, tenant, {**body, "steps": 20})
     assert doubled["trained_tokens"] == pytest.approx(2 * estimate["trained_tokens"], abs=1)
 
@@ -192,6 +211,12 @@ def test_a_job_records_its_cost_calibrates_the_next_estimate_and_stops_at_a_limi
     again = _estimate(client, tenant, body)
     assert again["calibrated_on"] == 1 and again["trained_tokens"] == done["trained_tokens"]
     assert again["cost_usd"] == pytest.approx(done["cost_usd"], abs=1e-6)
+    # ... and its range narrows, but one job is little evidence: at least x0.5..x2 until five jobs
+    # on this file (then the spread of the jobs it rests on, never under x0.8..x1.25)
+    assert again["basis"] == "calibrated on 1 finished job of this base and method"
+    assert again["seconds_high"] == pytest.approx(FEW_JOBS_SPREAD * again["seconds"], abs=0.2)
+    assert again["seconds_low"] == pytest.approx(again["seconds"] / FEW_JOBS_SPREAD, abs=0.2)
+    assert again["cost_usd_low"] < again["cost_usd"] < again["cost_usd_high"]
     report = mint("admin", "estimates", "--json").stdout
     assert first["id"] in report
 
@@ -202,6 +227,9 @@ def test_a_job_records_its_cost_calibrates_the_next_estimate_and_stops_at_a_limi
         json={**body, "steps": 200, "checkpoint_interval": 1000},
     ).json()
     running = wait_for(lambda: (j := _job(client, tenant, long["id"]))["completed_steps"] >= 2 and j, "two steps")
+    # its time left comes from its own steps once one finished
+    assert running["eta_basis"] == BASIS_MEASURED and running["eta_s"] > 0 and running["elapsed_s"] > 0
+    assert running["estimated_finish"] >= running["started_at"] + running["elapsed_s"] - 1
     spent = client.get("/v1/organization/spend_limits", headers=tenant.headers("viewer")).json()["spent_this_month_usd"]
     limit = spent + running["cost_usd"] * 3
     client.patch("/v1/organization/spend_limits", headers=tenant.headers("admin"), json={"month_usd": limit})

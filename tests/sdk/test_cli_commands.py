@@ -78,7 +78,8 @@ def test_upload_train_follow_and_download(cli: Cli, worker: Any, tmp_path: Path)
     versions = as_json(cli("adapters", "versions", "cli-bot", "--json"))
     assert versions == mine["versions"]
     assert "cli-bot@1" in cli("adapters", "versions", mine["id"], COLUMNS="200").stdout
-    assert "no adapter named 'nobody'" in cli("adapters", "versions", "nobody", code=3).stderr
+    unknown = cli("adapters", "versions", "nobody", code=3).stderr
+    assert "no adapter named 'nobody'" in unknown and "`mint adapters list`" in unknown and "/v1/" not in unknown
     out = tmp_path / "cli-bot"
     downloaded = as_json(cli("adapters", "download", "cli-bot@1", "--out", str(out), "--json"))
     assert downloaded["sha256"] == mine["versions"][0]["sha256"] and Path(downloaded["path"]) == out
@@ -123,6 +124,23 @@ def test_benchmark_evaluate_compare_and_mine(cli: Cli, trained: list[Job], sdk: 
     assert comparison["a"]["run_id"] == before["id"] and comparison["tasks"] == len(ACK_TASKS)
     table = cli("evals", "compare", before["id"], after.id).stdout
     assert "accuracy delta" in table and "fixed:" in table and "still failing:" in table
+
+    # What the model answered, from the terminal: every task, one task, or the failures only.
+    answers = as_json(cli("evals", "trajectories", before["id"], "--json"))
+    assert sorted(answer["task_id"] for answer in answers) == sorted(task["id"] for task in ACK_TASKS)
+    one = ACK_TASKS[1]["id"]
+    assert [
+        answer["task_id"] for answer in as_json(cli("evals", "trajectories", before["id"], "--task", one, "--json"))
+    ] == [one]
+    failed = as_json(cli("evals", "trajectories", before["id"], "--failed", "--json"))
+    assert len(failed) == len(ACK_TASKS) - before["metrics"]["passed"] and not any(
+        answer["passed"] for answer in failed
+    )
+    shown = cli("evals", "trajectories", before["id"], "--task", one, COLUMNS="200").stdout
+    answered = next(answer for answer in answers if answer["task_id"] == one)
+    assert f"task {one}" in shown and "user: Status check." in shown and "assistant:" in shown, shown
+    assert ("passed" if answered["passed"] else "failed") in shown, shown
+    assert ("graded:" in shown) == bool((answered["grade"] or {}).get("detail")), shown
 
     mined = as_json(cli("evals", "failures", before["id"], "--kind", "preference", "--json"))
     assert mined["kind"] == "preference" and mined["source_eval_run_id"] == before["id"]

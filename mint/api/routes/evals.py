@@ -107,12 +107,13 @@ def list_trajectories(
     session: SessionDep,
     principal: CurrentPrincipal,
     passed: Annotated[bool | None, Query(description="Only passed (true) or failed (false) tasks.")] = None,
+    task_id: Annotated[str | None, Query(max_length=200, description="Only the trajectories of this task.")] = None,
     after: After = None,
     limit: Limit = 20,
 ) -> Page[TrajectoryPublic]:
     """Every task of the run in the order it was written: messages with tool calls, output, grade and cost."""
     run = catalog.get_eval_run(session, principal.organization_id, eval_id)
-    result = evals.list_trajectories(session, run, passed=passed, after=after, limit=limit)
+    result = evals.list_trajectories(session, run, passed=passed, task_id=task_id, after=after, limit=limit)
     return page_of(result, TrajectoryPublic)
 
 

@@ -22,6 +22,13 @@ base) as a fixed part plus tokens per second (`_speed`). A base and method no jo
 on yet use the raw figures and `DEFAULT_TOKENS_PER_SECOND`; the estimate says which
 (`calibrated_on`: how many jobs). Each job stores its estimate in its spec's `estimate` (`JobSpec`), so
 `estimate_errors` can compare it with what the job cost.
+
+**Ranges.** Every estimate also gives a range of seconds and dollars and its `basis`, so that a
+guess reads as one. Uncalibrated, the range is wide (`UNCALIBRATED_TIME`, `UNCALIBRATED_TOKENS`,
+and the part of each row that is not trained on, `StageWork.work_ratio`); calibrated, it is the
+spread of what the calibrating jobs really took against what the cost model says of them
+(`Calibration.time_spread`, `token_spread`), never narrower than `MIN_CALIBRATED_SPREAD`. A
+running job then corrects its own figure from its measured steps (`mint.services.jobs.views`).
 """
 
 from __future__ import annotations
@@ -48,6 +55,34 @@ BYTES_PER_TOKEN = 4.0  # the raw heuristic's bytes of JSONL per token (English t
 DEFAULT_OVERHEAD_S = 3.0
 DEFAULT_TOKENS_PER_SECOND = 100.0
 CALIBRATION_JOBS = 20
+# The range of an uncalibrated estimate, as factors of its point figure. Time: the defaults
+# above are a small base on an idle CPU, while a worker may be a larger base, a machine busy
+# with other work, or a GPU; a demo job estimated at 20 s took 27 minutes on 2 loaded cores (x80:
+# its rows' prompts, which the heuristic does not count, a larger base, and the machine's load),
+# so x0.5..x20, the high end times the stage's `work_ratio` (its rows' bytes per trained byte).
+# Tokens: `BYTES_PER_TOKEN` holds for English prose; code, other languages and chat-template
+# tokens range from 2 to 8 bytes a token, so x0.5..x2.
+UNCALIBRATED_TIME = (0.5, 20.0)
+UNCALIBRATED_TOKENS = (0.5, 2.0)
+# The narrowest calibrated range: one job's own noise (a busy machine, a slower save) is about
+# +-25% on the CPUs measured here, so even jobs that all fit the model exactly give x0.8..x1.25.
+MIN_CALIBRATED_SPREAD = 1.25
+# ... once it rests on WELL_CALIBRATED_JOBS jobs on the same training file. On fewer, or on jobs
+# of other files (whose prompts may be far longer for what they train), at least x0.5..x2: one
+# or two jobs on short rows estimated a job on long rows x8.7 too high on this machine.
+WELL_CALIBRATED_JOBS = 5
+FEW_JOBS_SPREAD = 2.0
+BASIS_UNCALIBRATED = "uncalibrated: the platform's defaults"
+BASIS_MEASURED = "measured: this job's first steps"
+
+
+def basis_of(calibrated_on: int) -> str:
+    """What an estimate made with `calibrated_on` finished jobs rests on, in words."""
+    if calibrated_on <= 0:
+        return BASIS_UNCALIBRATED
+    return f"calibrated on {calibrated_on} finished job{'s' if calibrated_on != 1 else ''} of this base and method"
+
+
 MAX_PRICE = 1_000_000.0
 
 
@@ -157,6 +192,9 @@ class StageWork:
     steps: int
     raw_trained_tokens: float
     raw_sampled_tokens: float
+    # The file's bytes per byte trained on (>= 1): a step runs its rows' prompts too, which the
+    # heuristic does not count, so an uncalibrated time may be this much longer.
+    work_ratio: float = 1.0
 
 
 def stage_work(plan: TrainingPlan, training: Dataset) -> StageWork:
@@ -168,7 +206,9 @@ def stage_work(plan: TrainingPlan, training: Dataset) -> StageWork:
     # stored before that was counted.
     row_bytes = training.validation_report.get("trained_bytes") or training.size_bytes
     row_tokens = row_bytes / max(training.row_count, 1) / BYTES_PER_TOKEN
-    return StageWork(plan.method, training.id, plan.steps, plan.steps * plan.batch_size * row_tokens, 0.0)
+    work_ratio = max(1.0, training.size_bytes / row_bytes) if row_bytes else 1.0
+    trained = plan.steps * plan.batch_size * row_tokens
+    return StageWork(plan.method, training.id, plan.steps, trained, 0.0, work_ratio)
 
 
 @dataclass(frozen=True)
@@ -180,6 +220,10 @@ class Calibration:
     sampled_ratio: float
     overhead_s: float
     tokens_per_second: float
+    # (low, high) factors of an estimate's seconds and tokens: the spread, over the calibrating
+    # jobs, of what each really took to what this calibration says of it
+    time_spread: tuple[float, float] = UNCALIBRATED_TIME
+    token_spread: tuple[float, float] = UNCALIBRATED_TOKENS
 
 
 UNCALIBRATED = Calibration(
@@ -189,6 +233,15 @@ UNCALIBRATED = Calibration(
     overhead_s=DEFAULT_OVERHEAD_S,
     tokens_per_second=DEFAULT_TOKENS_PER_SECOND,
 )
+
+
+def spread(ratios: Sequence[float], floor: float = MIN_CALIBRATED_SPREAD) -> tuple[float, float]:
+    """(low, high) factors that cover every ratio of actual to predicted in `ratios`, and at
+    least 1/`floor`..`floor`."""
+    ratios = [ratio for ratio in ratios if ratio > 0]
+    low = min([*ratios, 1 / floor])
+    high = max([*ratios, floor])
+    return low, high
 
 
 def calibration(
@@ -219,6 +272,7 @@ def calibration(
     ]
     same_file = [entry for entry in measured if entry[0].training_dataset_id == training_file]
     measured = (same_file or measured)[:CALIBRATION_JOBS]
+    floor = MIN_CALIBRATED_SPREAD if len(same_file) >= WELL_CALIBRATED_JOBS else FEW_JOBS_SPREAD
     if not measured:
         return UNCALIBRATED
     raw_trained = sum(estimate.raw_trained_tokens for _, _, estimate in measured)
@@ -226,12 +280,24 @@ def calibration(
     trained = sum(job.trained_tokens for job, _, _ in measured)
     sampled = sum(job.sampled_tokens for job, _, _ in measured)
     overhead_s, tokens_per_second = _speed([(job.trained_tokens, _seconds(job, spec)) for job, spec, _ in measured])
+    trained_ratio = trained / raw_trained if raw_trained else 1.0
+    # how far each job was from this calibration: its seconds to the model's, its tokens to the pooled ratio's
+    time_ratios = [
+        _seconds(job, spec) / (overhead_s + job.trained_tokens / tokens_per_second) for job, spec, _ in measured
+    ]
+    token_ratios = [
+        job.trained_tokens / (estimate.raw_trained_tokens * trained_ratio)
+        for job, _, estimate in measured
+        if estimate.raw_trained_tokens > 0 and trained_ratio > 0
+    ]
     return Calibration(
         jobs=len(measured),
-        trained_ratio=trained / raw_trained if raw_trained else 1.0,
+        trained_ratio=trained_ratio,
         sampled_ratio=sampled / raw_sampled if raw_sampled else 1.0,
         overhead_s=overhead_s,
         tokens_per_second=tokens_per_second,
+        time_spread=spread(time_ratios, floor),
+        token_spread=spread(token_ratios, floor),
     )
 
 
@@ -278,6 +344,12 @@ class JobEstimate:
     raw_trained_tokens: float
     raw_sampled_tokens: float
     prices: dict[str, float]
+    # the range of seconds and dollars, and what the figures rest on (`basis_of`)
+    seconds_low: float = 0.0
+    seconds_high: float = 0.0
+    cost_usd_low: float = 0.0
+    cost_usd_high: float = 0.0
+    basis: str = BASIS_UNCALIBRATED
 
     def public(self) -> PublicEstimate:
         """The figures a client sees (`PUBLIC_ESTIMATE`), seconds to a tenth, dollars to a micro-dollar."""
@@ -288,6 +360,11 @@ class JobEstimate:
             seconds=round(self.seconds, 1),
             cost_usd=round(self.cost_usd, 6),
             calibrated_on=self.calibrated_on,
+            seconds_low=round(self.seconds_low, 1),
+            seconds_high=round(self.seconds_high, 1),
+            cost_usd_low=round(self.cost_usd_low, 6),
+            cost_usd_high=round(self.cost_usd_high, 6),
+            basis=self.basis,
         )
 
 
@@ -295,33 +372,52 @@ def estimate_stages(
     session: Session, base_model: str, stages: Sequence[StageWork], *, training_type: str = "lora"
 ) -> JobEstimate:
     """A LoRA job costs its tokens trained and sampled; a full-parameter one (`training_type`
-    full) the seconds it is expected to hold its device, at the GPU-hour price."""
+    full) the seconds it is expected to hold its device, at the GPU-hour price. The range sums
+    each stage's low and high figures: its calibration's spreads (`Calibration`), and for an
+    uncalibrated stage the part of its rows the heuristic leaves out (`StageWork.work_ratio`)."""
     prices = prices_for(session, base_model)
-    trained = sampled = seconds = 0.0
+    # (point, low, high) of trained and sampled tokens, and of seconds
+    trained, sampled, seconds = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
     calibrated_on: int | None = None
     for stage in stages:
         model = calibration(session, base_model, stage.method, stage.training_file, training_type)
         stage_trained = stage.raw_trained_tokens * model.trained_ratio
-        trained += stage_trained
-        sampled += stage.raw_sampled_tokens * model.sampled_ratio
-        seconds += model.overhead_s + stage_trained / model.tokens_per_second
+        stage_sampled = stage.raw_sampled_tokens * model.sampled_ratio
+        stage_seconds = model.overhead_s + stage_trained / model.tokens_per_second
+        time_low, time_high = model.time_spread
+        if model.jobs == 0:
+            time_high *= stage.work_ratio
+        for figures, point, (low, high) in (
+            (trained, stage_trained, model.token_spread),
+            (sampled, stage_sampled, model.token_spread),
+            (seconds, stage_seconds, (time_low, time_high)),
+        ):
+            figures[0] += point
+            figures[1] += point * low
+            figures[2] += point * high
         calibrated_on = model.jobs if calibrated_on is None else min(calibrated_on, model.jobs)
-    return JobEstimate(
-        trained_tokens=round(trained),
-        sampled_tokens=round(sampled),
-        steps=sum(stage.steps for stage in stages),
-        seconds=seconds,
+
+    def cost(index: int) -> float:
         # to the micro-dollar, as shown: a budget copied from an estimate covers it
-        cost_usd=round(
-            prices.device_seconds(seconds)
-            if training_type == "full"
-            else prices.of("trained", round(trained)) + prices.of("sampled", round(sampled)),
-            6,
-        ),
+        if training_type == "full":
+            return round(prices.device_seconds(seconds[index]), 6)
+        return round(prices.of("trained", round(trained[index])) + prices.of("sampled", round(sampled[index])), 6)
+
+    return JobEstimate(
+        trained_tokens=round(trained[0]),
+        sampled_tokens=round(sampled[0]),
+        steps=sum(stage.steps for stage in stages),
+        seconds=seconds[0],
+        cost_usd=cost(0),
         calibrated_on=calibrated_on or 0,
         raw_trained_tokens=sum(stage.raw_trained_tokens for stage in stages),
         raw_sampled_tokens=sum(stage.raw_sampled_tokens for stage in stages),
         prices=asdict(prices),
+        seconds_low=seconds[1],
+        seconds_high=seconds[2],
+        cost_usd_low=cost(1),
+        cost_usd_high=cost(2),
+        basis=basis_of(calibrated_on or 0),
     )
 
 

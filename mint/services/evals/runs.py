@@ -264,12 +264,21 @@ def cancel_eval_run(session: Session, principal: Principal, eval_id: str) -> Eva
 
 
 def list_trajectories(
-    session: Session, run: EvalRun, *, passed: bool | None, after: str | None, limit: int
+    session: Session,
+    run: EvalRun,
+    *,
+    passed: bool | None,
+    after: str | None,
+    limit: int,
+    task_id: str | None = None,
 ) -> PageResult[Trajectory]:
-    """A run's trajectories in the order they were written, optionally only passed or failed ones."""
+    """A run's trajectories in the order they were written, optionally only passed or failed
+    ones, or only those of one task."""
     query = select(Trajectory).where(Trajectory.eval_run_id == run.id)
     if passed is not None:
         query = query.where(Trajectory.passed.is_(passed))
+    if task_id is not None:
+        query = query.where(Trajectory.task_id == task_id)
     return paginate(session, query, Trajectory, after=after, limit=limit, newest_first=False)
 
 

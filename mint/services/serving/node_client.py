@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from mint import errors
+from mint import errors, tracing
 from mint.errors import MintError, ServiceUnavailable
 from mint.schemas.inference import AdapterOnNode
 from mint.schemas.node import NodeChoiceLine, NodeCompletion, NodeServedLine
@@ -149,8 +149,13 @@ class NodeTraffic:
 TRAFFIC = NodeTraffic()
 
 
-def _headers(node: NodeAddress) -> dict[str, str]:
-    return {"Authorization": f"Bearer {node.token}"} if node.token else {}
+def request_headers(node: NodeAddress) -> dict[str, str]:
+    """The node's credential, and the id of the request this call serves (`mint.tracing`)."""
+    headers = {"Authorization": f"Bearer {node.token}"} if node.token else {}
+    request_id = tracing.current()
+    if request_id is not None:
+        headers[tracing.HEADER] = request_id
+    return headers
 
 
 def node_error(node: NodeAddress, status: int, text: str, retry_after: str | None = None) -> MintError:
@@ -193,7 +198,9 @@ def _no_answer(node: NodeAddress, exc: httpx.HTTPError) -> ServiceUnavailable:
 def call_node(node: NodeAddress, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     """One JSON call to a node's internal route."""
     try:
-        response = httpx.request(method, f"{node.url}{path}", json=body, headers=_headers(node), timeout=TIMEOUT_S)
+        response = httpx.request(
+            method, f"{node.url}{path}", json=body, headers=request_headers(node), timeout=TIMEOUT_S
+        )
     except httpx.HTTPError as exc:
         raise _no_answer(node, exc) from exc
     if response.status_code >= 400:
@@ -208,7 +215,7 @@ def complete(node: NodeAddress, body: NodeCompletion) -> list[dict[str, Any]]:
         response = httpx.post(
             f"{node.url}{COMPLETE_PATH}",
             json=body.model_dump(mode="json"),
-            headers=_headers(node),
+            headers=request_headers(node),
             timeout=COMPLETION_TIMEOUT,
         )
     except httpx.HTTPError as exc:
@@ -240,7 +247,7 @@ async def _node_lines(node: NodeAddress, body: NodeCompletion, traffic: NodeTraf
     traffic.started(node)
     try:
         async with (
-            httpx.AsyncClient(timeout=COMPLETION_TIMEOUT, headers=_headers(node)) as client,
+            httpx.AsyncClient(timeout=COMPLETION_TIMEOUT, headers=request_headers(node)) as client,
             client.stream("POST", f"{node.url}{COMPLETE_PATH}", json=body.model_dump(mode="json")) as response,
         ):
             if response.status_code >= 400:
