@@ -6,6 +6,7 @@ its answer carries and the work it starts (queue messages, serving-node calls) c
 from __future__ import annotations
 
 import logging
+import secrets
 
 import pytest
 from celery.signals import task_prerun
@@ -16,8 +17,6 @@ from mint import errors, tracing
 from mint.api.errors import install_error_handlers, mint_error_response
 from mint.config import Settings
 from mint.services.serving.node_client import request_headers
-
-IDLE_BASE = "tiny-qwen3-moe"  # no worker of the suite consumes its queue
 
 
 @pytest.mark.backend_free
@@ -68,20 +67,22 @@ def test_every_request_is_one_line_under_an_id_its_answer_carries(
 def test_the_work_a_request_starts_carries_its_id(prepared: Settings) -> None:
     """A queue message sent under a request names it in its headers, the worker's task runs
     under that id, and a call to a serving node names it in X-Request-Id."""
+    from mint.services.dispatch import WorkerRef
     from mint.services.serving.nodes import NodeAddress
     from mint.worker import signals
     from mint.worker.app import celery_for
     from mint.worker.dispatch import CeleryDispatch
-    from mint.worker.queues import training_queue
+    from mint.worker.queues import process_queue
 
+    nobody = WorkerRef(f"no-such-host-{secrets.token_hex(4)}", 1)  # a queue of this test's alone
     token = tracing.begin("req_feedbeef")
     try:
-        CeleryDispatch(prepared)("mint.tests.never_run", args=["nothing"], base_model=IDLE_BASE)
+        CeleryDispatch(prepared)("mint.tests.never_run", args=["nothing"], worker=nobody)
         assert request_headers(NodeAddress("node_1", "http://127.0.0.1:9", "t"))[tracing.HEADER] == "req_feedbeef"
     finally:
         tracing.end(token)
     with celery_for(prepared).connection_for_read() as connection:
-        queue = connection.SimpleQueue(training_queue(IDLE_BASE))
+        queue = connection.SimpleQueue(process_queue(nobody.hostname, nobody.pid))
         message = queue.get(timeout=30)
         message.ack()
         queue.close()
