@@ -184,6 +184,8 @@ class Node(Protocol):
 
     def logprobs_content(self, event: Any) -> list[dict[str, Any]]: ...
 
+    def prompt_tokens(self, request: NodeCompletion) -> list[int]: ...
+
     def remember(self, request: NodeCompletion, decision: Any, reply: dict[str, Any]) -> None: ...
 
 
@@ -312,6 +314,8 @@ def _completion_lines(node: Node, body: NodeCompletion) -> Iterator[str]:
                     "finish_reason": event.finish_reason,
                     "usage": event.usage.model_dump() if event.usage else None,
                 }
+                if body.prompt_token_ids:
+                    line["prompt_token_ids"] = node.prompt_tokens(routed)
                 if body.messages is not None:
                     reply = _assistant_message("".join(text), hashlib.sha256("".join(text).encode()).hexdigest()[:12])
                     line["message"] = reply

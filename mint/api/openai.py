@@ -38,12 +38,15 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 
 from mint.api.deps import BriefPrincipal, SettingsDep
 from mint.api.pagination import id_path
 from mint.config import Settings
 from mint.errors import InvalidRequest, MintError, NotFound
+from mint.schemas.episodes import EPISODE_HEADER, TASK_HEADER, EpisodeMark
 from mint.schemas.inference import (
     ChatCompletion,
     ChatCompletionCreate,
@@ -56,6 +59,7 @@ from mint.schemas.node import NodeChoiceLine, NodeCompletion, ServedBy, TokenLog
 from mint.services.billing.usage import record_usage
 from mint.services.principal import Principal
 from mint.services.serving.captures import CaptureRecord, CaptureWriter
+from mint.services.serving.episodes import EpisodeTurnRecord, records_episode
 from mint.services.serving.inference import ServingPlan, available_models, plan_for
 from mint.services.serving.node_client import TRAFFIC, complete_lines, open_stream
 from mint.services.serving.nodes import NodeAddress, nodes_for
@@ -64,6 +68,8 @@ from mint.storage.tables import utcnow
 
 router = APIRouter(tags=["inference"])
 
+# Says, on the answer of a request marked as an episode's turn, whether its turn was recorded.
+RECORDED_HEADER = "X-Mint-Episode-Recorded"
 ModelName = Annotated[str, id_path("A base, `adapter@version`, or a deployment name.")]
 
 
@@ -130,51 +136,119 @@ class _Choices:
         self.by_index: dict[int, dict[str, Any]] = {}
 
     def add(self, line: NodeChoiceLine) -> None:
-        choice = self.by_index.setdefault(line.choice, {"text": [], "token_ids": [], "logprobs_content": []})
+        choice = self.by_index.setdefault(
+            line.choice, {"text": [], "token_ids": [], "logprobs": [], "logprobs_content": []}
+        )
         choice["text"].append(line.text)
         choice["token_ids"] += line.token_ids
+        choice["logprobs"] += line.logprobs
         choice["logprobs_content"] += line.logprobs_content or []
         if "finish_reason" in line.model_fields_set:
             choice["finish_reason"] = line.finish_reason
             choice["message"] = line.message
+            choice["prompt_token_ids"] = line.prompt_token_ids or []
 
     def in_order(self) -> list[tuple[int, dict[str, Any]]]:
         return sorted(self.by_index.items())
 
 
-def _capture(
-    writer: CaptureWriter,
-    principal: Principal,
-    plan: ServingPlan,
-    served: str | None,
-    body: ChatCompletionCreate | CompletionCreate,
-    completion_id: str,
-    choices: _Choices,
-    usage: dict[str, int],
-    started: float,
-) -> Future[bool]:
-    """Hand a request its deployment chose to capture to the capture writer; the receipt says
-    when its row is written."""
-    assert plan.capture is not None
-    chat = isinstance(body, ChatCompletionCreate)
-    asked = body.model_dump(mode="json", exclude_none=True, exclude={"stream", "stream_options", "model"})
-    answers = [_choice(index, choice, body, with_logprobs=False) for index, choice in choices.in_order()]
-    return writer.offer(
-        CaptureRecord(
-            id=completion_id,
-            organization_id=principal.organization_id,
-            target=plan.capture,
-            revision=plan.revision or 0,
-            model_ref=served or plan.base_model,
-            kind="chat" if chat else "completion",
-            request=asked,
-            response={"choices": answers},
-            prompt_tokens=usage["prompt_tokens"],
-            completion_tokens=usage["completion_tokens"],
-            latency_ms=(time.perf_counter() - started) * 1000,
-            created_at=utcnow(),
+class _Keeping:
+    """What is kept of one request: its capture (its deployment's rate chose it) and its
+    episode's turn (it is marked, and its deployment records the episode's tokens), both handed
+    to the capture writer once the answer is whole; `landed` waits until their rows are written."""
+
+    def __init__(
+        self,
+        writer: CaptureWriter,
+        principal: Principal,
+        plan: ServingPlan,
+        body: ChatCompletionCreate | CompletionCreate,
+        completion_id: str,
+        *,
+        capture: bool,
+        episode: EpisodeMark | None,
+        started: float,
+    ) -> None:
+        self.writer, self.principal, self.plan, self.body = writer, principal, plan, body
+        self.completion_id, self.capture, self.episode, self.started = completion_id, capture, episode, started
+        self.receipts: list[Future[bool]] = []
+
+    @property
+    def anything(self) -> bool:
+        return self.capture or self.episode is not None
+
+    def offer(self, served: str | None, choices: _Choices, usage: dict[str, int]) -> None:
+        plan, body = self.plan, self.body
+        assert plan.capture is not None
+        chat = isinstance(body, ChatCompletionCreate)
+        unkept = {"stream", "stream_options", "model", "episode"}
+        asked = body.model_dump(mode="json", exclude_none=True, exclude=unkept)
+        latency_ms = (time.perf_counter() - self.started) * 1000
+        now = utcnow()
+        if self.capture:
+            answers = [_choice(index, choice, body, with_logprobs=False) for index, choice in choices.in_order()]
+            record = CaptureRecord(
+                id=self.completion_id,
+                organization_id=self.principal.organization_id,
+                target=plan.capture,
+                revision=plan.revision or 0,
+                model_ref=served or plan.base_model,
+                kind="chat" if chat else "completion",
+                request=asked,
+                response={"choices": answers},
+                prompt_tokens=usage["prompt_tokens"],
+                completion_tokens=usage["completion_tokens"],
+                latency_ms=latency_ms,
+                created_at=now,
+            )
+            self.receipts.append(self.writer.offer(record))
+        if self.episode is not None and choices.by_index:
+            index, choice = choices.in_order()[0]  # an episode's turn is one choice (n = 1)
+            answer = _choice(index, choice, body, with_logprobs=False)
+            turn = EpisodeTurnRecord(
+                id=self.completion_id,
+                organization_id=self.principal.organization_id,
+                target=plan.capture,
+                mark=self.episode,
+                revision=plan.revision or 0,
+                model_ref=served or plan.base_model,
+                request=asked,
+                response={key: value for key, value in answer.items() if key in ("message", "text", "finish_reason")},
+                prompt_token_ids=choice.get("prompt_token_ids") or [],
+                token_ids=choice["token_ids"],
+                logprobs=choice["logprobs"],
+                latency_ms=latency_ms,
+                created_at=now,
+            )
+            self.receipts.append(self.writer.offer(turn))
+
+    async def landed(self, timeout_s: float) -> None:
+        for receipt in self.receipts:
+            await self.writer.landed(receipt, timeout_s)
+
+
+def _episode_mark(body: ChatCompletionCreate | CompletionCreate, headers: Headers) -> EpisodeMark | None:
+    """The episode a request says it is a turn of: its `X-Mint-Episode` (and `X-Mint-Task`)
+    headers, or its `episode` field; a 400 when the two disagree or a key is malformed."""
+    key, task = headers.get(EPISODE_HEADER), headers.get(TASK_HEADER)
+    if key is None:
+        if task is not None:
+            raise InvalidRequest(f"{TASK_HEADER} needs {EPISODE_HEADER}: name the episode too", param=TASK_HEADER)
+        return body.episode
+    try:
+        mark = EpisodeMark(id=key, task=task)
+    except ValidationError:
+        raise InvalidRequest(
+            f"{EPISODE_HEADER} and {TASK_HEADER} are 1 to 128 letters, digits, '_', '.', ':' or '-', starting with a "
+            f"letter or digit; got {key!r}" + (f" and {task!r}" if task is not None else ""),
+            param=EPISODE_HEADER,
+        ) from None
+    if body.episode is not None and body.episode != mark:
+        raise InvalidRequest(
+            f"the request names episode {body.episode.id!r} in its body and {key!r} in {EPISODE_HEADER}; give one",
+            param="episode",
         )
-    )
+    return mark
 
 
 def _mint_field(plan: ServingPlan, served: ServedBy) -> dict[str, Any]:
@@ -188,7 +262,9 @@ def _mint_field(plan: ServingPlan, served: ServedBy) -> dict[str, Any]:
     }
 
 
-def _node_request(plan: ServingPlan, body: ChatCompletionCreate | CompletionCreate) -> NodeCompletion:
+def _node_request(
+    plan: ServingPlan, body: ChatCompletionCreate | CompletionCreate, *, prompt_token_ids: bool = False
+) -> NodeCompletion:
     """The one request a node serves, built from OpenAI's body and the model the plan resolved."""
     prompt: dict[str, Any]
     if isinstance(body, ChatCompletionCreate):
@@ -213,6 +289,7 @@ def _node_request(plan: ServingPlan, body: ChatCompletionCreate | CompletionCrea
         stream=True,
         logprobs=body.alternatives is not None,
         top_logprobs=body.alternatives or 0,
+        prompt_token_ids=prompt_token_ids,
     )
 
 
@@ -249,6 +326,7 @@ async def _serve(
     settings: Settings,
     principal: Principal,
     captures: CaptureWriter,
+    headers: Headers,
 ) -> Response:
     started = time.perf_counter()
     chat = isinstance(request_body, ChatCompletionCreate)
@@ -258,10 +336,24 @@ async def _serve(
         and not request_body.logprobs
     ):
         raise InvalidRequest("top_logprobs needs logprobs: set logprobs to true to use it", param="top_logprobs")
+    mark = _episode_mark(request_body, headers)
     plan, nodes = await run_in_threadpool(_plan, settings, principal, request_body.model)
     capturing = plan.capture is not None and plan.capture.chosen()  # decided once, before serving
-    node_body = _node_request(plan, request_body)
+    recording = records_episode(plan.capture, mark)
+    if recording and request_body.n > 1:
+        raise InvalidRequest("a turn of an episode is one completion: send n = 1", param="n")
+    node_body = _node_request(plan, request_body, prompt_token_ids=recording)
     completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    keeping = _Keeping(
+        captures,
+        principal,
+        plan,
+        request_body,
+        completion_id,
+        capture=capturing,
+        episode=mark if recording else None,
+        started=started,
+    )
     created = int(time.time())
     # A node's refusal is raised here, before any response starts; a node that died is passed
     # over: until the first line of a stream, and until the last of a whole answer.
@@ -272,11 +364,11 @@ async def _serve(
     served = first.served
     mint = _mint_field(plan, served)
     headers = {"X-Mint-Adapter": served.adapter or plan.base_model}
+    if mark is not None:
+        headers[RECORDED_HEADER] = "true" if recording else "false"
     if request_body.stream:
-        writer = captures if capturing else None
-        events = _sse(
-            lines, request_body, plan, mint, settings, principal, completion_id, created, chat, writer, started
-        )
+        kept = keeping if keeping.anything else None
+        events = _sse(lines, request_body, plan, mint, settings, principal, completion_id, created, chat, kept)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     choices = _Choices()
     counted = _StreamedUsage()
@@ -284,14 +376,10 @@ async def _serve(
         counted.add(line)
         choices.add(line)
     usage = counted.usage()
-    receipt = None
-    if capturing:
-        receipt = _capture(
-            captures, principal, plan, served.adapter, request_body, completion_id, choices, usage, started
-        )
+    if keeping.anything:
+        keeping.offer(served.adapter, choices, usage)
     await run_in_threadpool(_record, settings, principal, plan, served.adapter, usage["total_tokens"])
-    if receipt is not None:  # the row is written before the answer goes out
-        await captures.landed(receipt, settings.capture_wait_s)
+    await keeping.landed(settings.capture_wait_s)  # the rows are written before the answer goes out
     body: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion" if chat else "text_completion",
@@ -335,17 +423,16 @@ async def _sse(
     completion_id: str,
     created: int,
     chat: bool,
-    captures: CaptureWriter | None,
-    began: float,
+    keeping: _Keeping | None,
 ) -> AsyncIterator[bytes]:
     """OpenAI's server-sent events; the first chunk of each choice carries the role and `mint`.
-    A stream that ends whole is captured (when `captures`: its deployment chose it) from the
-    node's lines, its last chunk sent once the capture is written."""
+    A stream that ends whole is kept (`keeping`: captured, or an episode's turn recorded) from
+    the node's lines, its last chunk sent once its rows are written."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     started: set[int] = set()
     offsets: dict[int, int] = {}  # each choice's characters of token text streamed so far
     served = _StreamedUsage()
-    answer = _Choices() if captures is not None else None
+    answer = _Choices() if keeping is not None else None
     recorded = False
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -385,14 +472,11 @@ async def _sse(
             yield chunk([piece], **extra)
         usage = served.usage()
         recorded = True
-        receipt = None
-        if captures is not None and answer is not None:
-            receipt = _capture(
-                captures, principal, plan, mint.get("adapter"), request_body, completion_id, answer, usage, began
-            )
+        if keeping is not None and answer is not None:
+            keeping.offer(mint.get("adapter"), answer, usage)
         await run_in_threadpool(_record, settings, principal, plan, mint.get("adapter"), usage["total_tokens"])
-        if captures is not None and receipt is not None:
-            await captures.landed(receipt, settings.capture_wait_s)
+        if keeping is not None:
+            await keeping.landed(settings.capture_wait_s)
         yield chunk([], usage=usage)
         yield b"data: [DONE]\n\n"
     except MintError as error:
@@ -414,7 +498,7 @@ async def chat_completions(
 ) -> Response:
     """OpenAI's chat completions, streaming included, on a base, an adapter version or a deployment.
     A deployment that captures traffic records the share of requests its rate chooses."""
-    return await _serve(body, settings, principal, request.app.state.capture_writer)
+    return await _serve(body, settings, principal, request.app.state.capture_writer, request.headers)
 
 
 @router.post("/v1/completions", response_model=None, responses={200: {"model": TextCompletion, "content": SSE}})
@@ -422,7 +506,7 @@ async def completions(
     body: CompletionCreate, request: Request, settings: SettingsDep, principal: BriefPrincipal
 ) -> Response:
     """OpenAI's text completions: the prompt is continued as is, without a chat template."""
-    return await _serve(body, settings, principal, request.app.state.capture_writer)
+    return await _serve(body, settings, principal, request.app.state.capture_writer, request.headers)
 
 
 def _models(settings: Settings, principal: Principal) -> list[dict[str, Any]]:

@@ -25,6 +25,11 @@ class CaptureSettings(BaseModel):
 
     rate: float = Field(description="Share of requests recorded, chosen at random (0: capture is off).")
     retention_days: int = Field(description="Days a capture is kept, then deleted.")
+    tokens: bool = Field(
+        default=False,
+        description="Whether the turns of marked episodes are recorded token-exact (prompt ids, sampled ids, "
+        "logprobs): what online RL trains from. Episodes are chosen at `rate`, whole.",
+    )
 
 
 class CaptureUpdate(RequestModel):
@@ -34,6 +39,10 @@ class CaptureUpdate(RequestModel):
 
     rate: float | None = Field(default=None, ge=0, le=1, description="Share of requests recorded (0: off).")
     retention_days: int | None = Field(default=None, ge=1, le=3650, description="Days a capture is kept.")
+    tokens: bool | None = Field(
+        default=None,
+        description="Record the turns of marked episodes (header X-Mint-Episode) token-exact, for online RL.",
+    )
 
 
 class FeedbackCreate(RequestModel):

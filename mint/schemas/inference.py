@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mint.schemas.common import MAX_SEED, MODEL_REF_PATTERN, FiniteJson, RequestModel
+from mint.schemas.episodes import EpisodeMark
 
 MAX_COMPLETION_TOKENS = 4096
 # OpenAI's ranges: `top_logprobs` 0-20 (chat), `logprobs` 0-5 (completions; Mint takes up to 20 for both).
@@ -52,6 +53,11 @@ class _Sampling(_Lenient):
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     metadata: FiniteJson | None = Field(default=None, description="Routing metadata for mixture deployments.")
+    episode: EpisodeMark | None = Field(
+        default=None,
+        description="The episode this request is a turn of (or the headers X-Mint-Episode and X-Mint-Task): a "
+        "deployment whose capture records tokens records it token-exact, for online RL.",
+    )
 
     @field_validator("stop")
     @classmethod

@@ -76,6 +76,9 @@ class NodeCompletion(BaseModel):
     stream: bool = False
     logprobs: bool = False
     top_logprobs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
+    prompt_token_ids: bool = Field(
+        default=False, description="Send the prompt's ids as the engine rendered them on each choice's last line."
+    )
 
     @model_validator(mode="after")
     def _one_prompt_one_target(self) -> NodeCompletion:
@@ -129,7 +132,8 @@ class TokenLogprobEntry(TokenLogprob):
 class NodeChoiceLine(_Line):
     """New tokens of one choice. `logprobs_content` is present when the request asked for
     logprobs; `finish_reason` and `usage` on the choice's last line only, with `message` (the
-    OpenAI assistant message) when the request was chat messages."""
+    OpenAI assistant message) when the request was chat messages, and `prompt_token_ids` (the
+    prompt as the engine rendered it) when the request asked for them."""
 
     choice: int = Field(ge=0)
     text: str
@@ -139,6 +143,7 @@ class NodeChoiceLine(_Line):
     finish_reason: str | None = None
     usage: Usage | None = None
     message: dict[str, Any] | None = None
+    prompt_token_ids: list[int] | None = None
 
     @property
     def finished(self) -> bool:

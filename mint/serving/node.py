@@ -211,7 +211,9 @@ class ServingNode:
 
     # ---- generation -------------------------------------------------------------------------
 
-    def _prompt_tokens(self, request: NodeCompletion) -> list[int]:
+    def prompt_tokens(self, request: NodeCompletion) -> list[int]:
+        """The prompt's ids as the engine is given them: chat messages rendered with the base's
+        template and tools, or text tokenized as is."""
         if request.messages is not None:
             return render_prompt(self.tokenizer, request.messages, request.tools)
         assert request.prompt is not None
@@ -220,7 +222,7 @@ class ServingNode:
     def _engine_request(self, request: NodeCompletion) -> GenerateRequest:
         return GenerateRequest(
             adapter_id=request.adapter.sha256 if request.adapter else None,
-            prompt_tokens=self._prompt_tokens(request),
+            prompt_tokens=self.prompt_tokens(request),
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             top_p=request.top_p,

@@ -619,12 +619,12 @@ def test_a_capturing_deployment_records_what_it_served_and_takes_feedback_even_f
 
     api = httpx.Client(base_url=live_server.url, headers=owner.headers("developer"), timeout=60)
     created = api.post("/v1/deployments", json={"name": "captured-prod", "model": versions[0]}).json()
-    assert created["capture"] == {"rate": 0.0, "retention_days": 30}
+    assert created["capture"] == {"rate": 0.0, "retention_days": 30, "tokens": False}
     quiet = _ask(client, "captured-prod")
     assert api.get(f"/v1/captures/{quiet.id}").status_code == 404  # capture is opt-in
 
     set_ = api.patch(f"/v1/deployments/{created['id']}/capture", json={"rate": 1.0, "retention_days": 7})
-    assert set_.status_code == 200 and set_.json()["capture"] == {"rate": 1.0, "retention_days": 7}, set_.text
+    assert set_.status_code == 200 and set_.json()["capture"] == {"rate": 1.0, "retention_days": 7, "tokens": False}, set_.text
     reply = _ask(client, "captured-prod")
     chunks = list(_ask(client, "captured-prod", stream=True))
     streamed_text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

@@ -47,7 +47,11 @@ def _prefetch_later(session: SessionDep, settings: SettingsDep, deployment: Depl
 def _public(session: SessionDep, deployment: Deployment) -> DeploymentPublic:
     wire = DeploymentPublic.model_validate(deployment)
     serving = RevisionPublic.model_validate(catalog.current_revision(session, deployment))
-    capture = CaptureSettings(rate=deployment.capture_rate, retention_days=deployment.capture_retention_days)
+    capture = CaptureSettings(
+        rate=deployment.capture_rate,
+        retention_days=deployment.capture_retention_days,
+        tokens=bool(deployment.capture_tokens),
+    )
     return wire.model_copy(update={"serving": serving, "capture": capture})
 
 
@@ -148,10 +152,14 @@ def set_capture(
     deployment_id: DeploymentId, body: CaptureUpdate, session: SessionDep, principal: CurrentPrincipal
 ) -> DeploymentPublic:
     """Record a share of the requests this deployment serves (`rate`, 0 to stop), each kept for
-    `retention_days`; audited. Capture is written behind the request path: it never slows or
-    fails a request. Find a capture by its completion's id at `/v1/captures/{id}`."""
+    `retention_days`; with `tokens`, the turns of episodes a client marks (header X-Mint-Episode)
+    are recorded token-exact, for online RL (`/v1/episodes`); audited. Capture is written behind
+    the request path: it never slows or fails a request. Find a capture by its completion's id
+    at `/v1/captures/{id}`."""
     deployment = catalog.get_deployment(session, principal.organization_id, deployment_id)
-    captures.set_capture(session, principal, deployment, rate=body.rate, retention_days=body.retention_days)
+    captures.set_capture(
+        session, principal, deployment, rate=body.rate, retention_days=body.retention_days, tokens=body.tokens
+    )
     return _public(session, deployment)
 
 

@@ -45,6 +45,8 @@ from mint.services.principal import Principal
 from mint.services.workers import workers_of_base
 from mint.storage.tables import (
     Capture,
+    Episode,
+    EpisodeTurn,
     EvalRun,
     Feedback,
     Organization,
@@ -213,8 +215,9 @@ RULES: dict[QuotaKind, QuotaRule] = {
         ),
         StorageQuotaRule(
             "capture_storage_mib",
-            "MiB of captured completions and their feedback kept (deleted after each deployment's retention)",
-            "captured completions and their feedback",
+            "MiB of captured completions, their feedback, and episodes' turns kept (deleted after each "
+            "deployment's retention)",
+            "captured completions, their feedback and episodes' turns",
             "--capture-storage-mib",
             "space comes back as captures pass their deployment's retention and are deleted with their feedback; "
             "lower a deployment's capture rate or retention_days (PATCH /v1/deployments/{id}/capture)",
@@ -222,7 +225,7 @@ RULES: dict[QuotaKind, QuotaRule] = {
             None,
             maximum=MAX_STORAGE_QUOTA_MIB,
             retry_after_s=STORAGE_RETRY_AFTER_S,
-            models=(Capture, Feedback),
+            models=(Capture, Feedback, Episode, EpisodeTurn),
         ),
     )
 }

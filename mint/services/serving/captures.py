@@ -35,7 +35,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -71,6 +71,7 @@ class CaptureTarget:
     deployment_id: str
     rate: float
     retention_days: int
+    tokens: bool = False  # the turns of marked episodes are recorded token-exact (`episodes`)
 
     def chosen(self) -> bool:
         """Whether this request is in the sampled share."""
@@ -80,22 +81,37 @@ class CaptureTarget:
 def capture_target(deployment: Deployment) -> CaptureTarget | None:
     if deployment.capture_rate <= 0:
         return None
-    return CaptureTarget(deployment.id, deployment.capture_rate, deployment.capture_retention_days)
+    return CaptureTarget(
+        deployment.id, deployment.capture_rate, deployment.capture_retention_days, bool(deployment.capture_tokens)
+    )
 
 
 def set_capture(
-    session: Session, principal: Principal, deployment: Deployment, *, rate: float | None, retention_days: int | None
+    session: Session,
+    principal: Principal,
+    deployment: Deployment,
+    *,
+    rate: float | None,
+    retention_days: int | None,
+    tokens: bool | None = None,
 ) -> Deployment:
-    """Set a deployment's capture rate (0: off) and retention (None: unchanged), audited."""
+    """Set a deployment's capture rate (0: off), retention and whether marked episodes are
+    recorded token-exact (None: unchanged), audited."""
     rate = deployment.capture_rate if rate is None else rate
     if not 0 <= rate <= 1:
         raise InvalidRequest(f"the capture rate is a share of requests from 0 to 1, not {rate}", param="rate")
     days = deployment.capture_retention_days if retention_days is None else retention_days
     if not 1 <= days <= MAX_RETENTION_DAYS:
         raise InvalidRequest(f"retention_days is from 1 to {MAX_RETENTION_DAYS}, not {days}", param="retention_days")
-    before = {"rate": deployment.capture_rate, "retention_days": deployment.capture_retention_days}
+    keep_tokens = bool(deployment.capture_tokens) if tokens is None else tokens
+    before = {
+        "rate": deployment.capture_rate,
+        "retention_days": deployment.capture_retention_days,
+        "tokens": bool(deployment.capture_tokens),
+    }
     deployment.capture_rate, deployment.capture_retention_days = rate, days
-    after = {"rate": rate, "retention_days": days}
+    deployment.capture_tokens = keep_tokens
+    after = {"rate": rate, "retention_days": days, "tokens": keep_tokens}
     if before != after:
         record_audit(
             session, principal, "deployment.capture", "deployment", deployment.id, {"from": before, "to": after}
@@ -128,6 +144,9 @@ class CaptureRecord:
         """What its row counts against the organization's capture storage quota."""
         return json_bytes(self.request) + json_bytes(self.response)
 
+    def write(self, session: Session) -> None:
+        session.add(self.row())
+
     def row(self) -> Capture:
         return Capture(
             id=self.id,
@@ -147,11 +166,24 @@ class CaptureRecord:
         )
 
 
+class Writable(Protocol):
+    """What the writer writes: a captured completion (`CaptureRecord`), or an episode's turn
+    (`mint.services.serving.episodes.EpisodeTurnRecord`)."""
+
+    @property
+    def organization_id(self) -> str: ...
+
+    @property
+    def stored_bytes(self) -> int: ...
+
+    def write(self, session: Session) -> None: ...
+
+
 @dataclass
 class _Pending:
     """A record in the writer's queue, and the receipt its request may wait on."""
 
-    record: CaptureRecord
+    record: Writable
     receipt: Future[bool] = field(default_factory=Future)
 
     def settle(self, written: bool) -> None:
@@ -187,7 +219,7 @@ class CaptureWriter:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def offer(self, record: CaptureRecord) -> Future[bool]:
+    def offer(self, record: Writable) -> Future[bool]:
         """Queue a record for writing; its receipt is settled True once written, False if dropped
         (at once, and counted, when the queue is full)."""
         self._start()
@@ -237,7 +269,8 @@ class CaptureWriter:
         try:
             with session_scope(self.database) as session:
                 kept, refused = self._within_quota(session, batch)
-                session.add_all(pending.record.row() for pending in kept)
+                for pending in kept:
+                    pending.record.write(session)
         except Exception:  # a capture is never worth a request: log, count, go on
             log.exception("could not write %d captures; dropped", len(batch))
             self._drop(batch)

@@ -30,6 +30,7 @@ from sqlalchemy import func, select
 from mint.config import Settings
 from mint.services.models.object_gc import delete_if_unreferenced
 from mint.services.serving.captures import expire_captures
+from mint.services.serving.episodes import expire_episodes
 from mint.services.tinker.checkpoints import checkpoint_objects
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore, object_store_for
@@ -47,6 +48,7 @@ class RetentionReport:
 
     expired_tinker_checkpoints: list[str] = field(default_factory=list)
     expired_captures: list[str] = field(default_factory=list)
+    expired_episodes: list[str] = field(default_factory=list)
     pruned_job_checkpoints: list[str] = field(default_factory=list)
     deleted_objects: list[str] = field(default_factory=list)
 
@@ -131,6 +133,7 @@ def enforce_retention(settings: Settings, *, now: datetime | None = None) -> Ret
     report = expire_tinker_checkpoints(settings.database, store, now=now)
     with session_scope(settings.database) as session:
         report.expired_captures = expire_captures(session, now=now, batch=BATCH)
+        report.expired_episodes = expire_episodes(session, now=now, batch=BATCH)
     prune_job_checkpoints(
         settings.database,
         store,
@@ -139,12 +142,18 @@ def enforce_retention(settings: Settings, *, now: datetime | None = None) -> Ret
         now=now,
         report=report,
     )
-    if report.expired_tinker_checkpoints or report.pruned_job_checkpoints or report.expired_captures:
+    if (
+        report.expired_tinker_checkpoints
+        or report.pruned_job_checkpoints
+        or report.expired_captures
+        or report.expired_episodes
+    ):
         log.info(
-            "retention: %d expired Tinker checkpoints, %d expired captures, %d job checkpoints pruned, "
-            "%d objects deleted",
+            "retention: %d expired Tinker checkpoints, %d expired captures, %d expired episodes, "
+            "%d job checkpoints pruned, %d objects deleted",
             len(report.expired_tinker_checkpoints),
             len(report.expired_captures),
+            len(report.expired_episodes),
             len(report.pruned_job_checkpoints),
             len(report.deleted_objects),
         )

@@ -43,6 +43,10 @@ from mint.storage.tables.datasets import (
     DATASET_STATUSES,
     Dataset,
 )
+from mint.storage.tables.episodes import (
+    Episode,
+    EpisodeTurn,
+)
 from mint.storage.tables.evals import (
     EVAL_STATUSES,
     EvalRun,
@@ -122,6 +126,8 @@ __all__ = [
     "Deployment",
     "DeploymentRevision",
     "EVAL_STATUSES",
+    "Episode",
+    "EpisodeTurn",
     "EVENT_LEVELS",
     "EVENT_TYPES",
     "EvalRun",

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from mint.storage.tables.base import ID_LENGTH, Base, created_column, id_column, one_of, organization_column
 
-JOB_METHODS = ("sft", "dpo", "rl")
+JOB_METHODS = ("sft", "dpo", "rl", "online_rl")
 JOB_STATUSES = ("validating_files", "queued", "running", "succeeded", "failed", "cancelled")
 EVENT_LEVELS = ("info", "warning", "error")
 EVENT_TYPES = ("message", "metrics")
@@ -33,7 +33,8 @@ class TrainingJob(Base):
     method: Mapped[str] = mapped_column(String(16))
     spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
     status: Mapped[str] = mapped_column(String(20), default="validating_files")
-    training_dataset_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("datasets.id"))
+    # None for an online RL job, which trains from a deployment's live episodes.
+    training_dataset_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("datasets.id"))
     validation_dataset_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("datasets.id"))
     suffix: Mapped[str | None] = mapped_column(String(64))
     seed: Mapped[int] = mapped_column(Integer, default=0)

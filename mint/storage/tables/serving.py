@@ -5,8 +5,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.sql.expression import false
 
 from mint.storage.tables.base import ID_LENGTH, Base, created_column, id_column, one_of, organization_column, utcnow
 
@@ -36,6 +49,8 @@ class Deployment(Base):
     # Production capture, opt-in: the share of requests recorded (0: none) and for how long.
     capture_rate: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     capture_retention_days: Mapped[int] = mapped_column(Integer, default=30, server_default="30")
+    # Whether the turns of marked episodes are recorded token-exact (prompt ids, sampled ids, logprobs).
+    capture_tokens: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = created_column()
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 
