@@ -31,7 +31,7 @@ from mint.schemas.plans import (
 )
 
 Auto = Literal["auto"]
-MethodType = Literal["supervised", "dpo", "reinforcement"]
+MethodType = Literal["supervised", "dpo", "reinforcement", "online_rl"]
 TrainingType = Literal["lora", "full"]
 JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled"]
 SUFFIX_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -131,11 +131,62 @@ class ReinforcementMethod(_Strict):
     hyperparameters: ReinforcementHyperparameters = Field(default_factory=ReinforcementHyperparameters)
 
 
+class OnlineRlHyperparameters(_Strict):
+    batch_size: BatchSize | Auto = Field(default="auto", description="Rewarded episodes per step (`auto`: 8).")
+    learning_rate_multiplier: Multiplier | Auto = Field(
+        default="auto", description="Scales the base's default learning rate for RL."
+    )
+    publish_every: int = Field(default=1, ge=1, le=MAX_STEPS, description="Steps between published versions.")
+    baseline: Literal["group", "task_mean"] = Field(
+        default="group",
+        description="group: episodes sharing a task key (X-Mint-Task) in one step form a group, each rewarded "
+        "against the group's mean; task_mean: against the running mean reward of its task.",
+    )
+    reward_timeout_s: float = Field(
+        default=3600,
+        gt=0,
+        le=30 * 86400,
+        description="An episode not rewarded this long after its last turn is left out of training (and counted).",
+    )
+    max_wait_s: float = Field(
+        default=600,
+        gt=0,
+        le=7 * 86400,
+        description="How long a step waits for its episodes before the job fails with `no_episodes`.",
+    )
+    kl_beta: float = Field(default=0.0, ge=0, le=MAX_BETA, description="KL penalty towards the base.")
+    max_steps_without_signal: Annotated[int, Field(ge=1, le=MAX_STEPS)] | Auto = Field(
+        default="auto", description="Steps in a row without reward signal before the job stops."
+    )
+    loss_fn: RlLossName = Field(default="importance_sampling", description="The policy-gradient loss.")
+    loss_fn_config: dict[str, Annotated[float, Field(ge=-1e6, le=1e6)]] = Field(default_factory=dict, max_length=16)
+    max_steps_off_policy: int = Field(
+        default=2,
+        ge=0,
+        le=MAX_STEPS_OFF_POLICY,
+        description="How many updates behind the policy the version that sampled an episode may be; older "
+        "episodes are dropped (and counted), newer ones corrected by the importance ratio.",
+    )
+
+
+class OnlineRlMethod(_Strict):
+    deployment: str = Field(
+        min_length=1, max_length=200, description="The deployment (name or id) whose live episodes it learns from."
+    )
+    serve: Literal["immediate", "register"] = Field(
+        default="immediate",
+        description="immediate: the deployment serves each published version at once (requests in flight finish "
+        "on theirs); register: versions are registered for a promotion through the deployment's gate.",
+    )
+    hyperparameters: OnlineRlHyperparameters = Field(default_factory=OnlineRlHyperparameters)
+
+
 class Method(_Strict):
     type: MethodType
     supervised: SupervisedMethod | None = None
     dpo: DpoMethod | None = None
     reinforcement: ReinforcementMethod | None = None
+    online_rl: OnlineRlMethod | None = None
 
 
 class LoraSpec(_Strict):
@@ -280,7 +331,7 @@ class JobStage(BaseModel):
 
     stage: int = Field(description="1 for the first stage.")
     method: dict[str, Any]
-    training_file: str
+    training_file: str | None
     validation_file: str | None
     status: StageStatus
     total_steps: int
@@ -300,7 +351,7 @@ class FineTuningJob(WireModel):
     fine_tuned_model: str | None = Field(description="`adapter@version` once the job succeeded: a model reference.")
     organization_id: str
     status: JobStatus
-    training_file: str
+    training_file: str | None = Field(description="The dataset it trains on; null for an online RL job.")
     validation_file: str | None
     hyperparameters: dict[str, Any]
     method: dict[str, Any]

@@ -74,7 +74,7 @@ class StoredStage(_Stored):
     """One stage of a chained job."""
 
     plan: dict[str, Any] = Field(description="The stage's resolved plan (`TrainingPlan` as JSON).")
-    training_file: str = Field(description="The stage's training dataset id.")
+    training_file: str | None = Field(description="The stage's training dataset id (None: online RL).")
     validation_file: str | None = Field(default=None, description="The stage's validation dataset id, if any.")
 
 

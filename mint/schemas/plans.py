@@ -156,10 +156,51 @@ class RlPlan(_Plan):
         return self
 
 
-TrainingPlan = Annotated[SftPlan | DpoPlan | RlPlan, Field(discriminator="method")]
+class OnlineRlPlan(_Plan):
+    """Online RL from a deployment's live episodes: each step trains on `batch_size` rewarded
+    episodes recorded token-exact on the serving path, importance-weighted against the logprobs
+    the serving engine recorded, and every `publish_every` steps the policy becomes a version the
+    deployment serves (`serve: immediate`) or that waits to be promoted (`serve: register`)."""
+
+    method: Literal["online_rl"] = "online_rl"
+    deployment_id: str = Field(
+        min_length=1, max_length=100, description="The deployment whose episodes it learns from."
+    )
+    serve: Literal["immediate", "register"] = Field(
+        description="immediate: the deployment serves each new version at once; register: versions wait for a "
+        "promotion (through the deployment's gate)."
+    )
+    publish_every: int = Field(ge=1, le=MAX_STEPS, description="Steps between published versions.")
+    baseline: Literal["group", "task_mean"] = Field(
+        description="group: episodes of one task in a step form a group; task_mean: each task's running mean reward."
+    )
+    reward_timeout_s: float = Field(gt=0, le=30 * 86400, description="An episode unrewarded this long is left out.")
+    max_wait_s: float = Field(gt=0, le=7 * 86400, description="How long a step waits for its episodes.")
+    kl_beta: float = Field(ge=0, le=MAX_BETA, description="KL penalty towards the base (0: none).")
+    max_steps_without_signal: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    loss_fn: RlLossName = Field(default="importance_sampling", description="The policy-gradient loss.")
+    loss_fn_config: dict[str, float] = Field(default_factory=dict, description="The loss's options over its defaults.")
+    max_steps_off_policy: int = Field(
+        ge=0,
+        le=MAX_STEPS_OFF_POLICY,
+        description="Updates an episode's version may lag the policy before it is dropped.",
+    )
+
+    @field_validator("loss_fn_config")
+    @classmethod
+    def _known_keys(cls, config: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        if "loss_fn" in info.data:
+            try:
+                check_loss_config(info.data["loss_fn"], config)
+            except InvalidRequest as exc:
+                raise ValueError(exc.message) from None
+        return config
+
+
+TrainingPlan = Annotated[SftPlan | DpoPlan | RlPlan | OnlineRlPlan, Field(discriminator="method")]
 PLAN_ADAPTER: TypeAdapter[TrainingPlan] = TypeAdapter(TrainingPlan)
 # method name -> plan type, read from the union so the two cannot disagree.
-PLAN_TYPES: dict[str, type[SftPlan | DpoPlan | RlPlan]] = {
+PLAN_TYPES: dict[str, type[SftPlan | DpoPlan | RlPlan | OnlineRlPlan]] = {
     get_args(plan_type.model_fields["method"].annotation)[0]: plan_type
     for plan_type in get_args(get_args(TrainingPlan)[0])
 }

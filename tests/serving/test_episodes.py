@@ -17,11 +17,13 @@ from typing import Any
 import httpx
 import pytest
 
-from mint.config import Settings
-from tests.conftest import LiveServer, Tenant, make_tenant, serving_node
+from mint.config import PROJECT_ROOT, Settings
+from tests.conftest import LiveServer, Tenant, Workers, make_tenant, serving_node, wait_for
 from tests.serving.test_inference_api import BASE, QUESTION, _train_version
 
 pytestmark = [pytest.mark.torch, pytest.mark.integration]
+
+HARNESS = PROJECT_ROOT / "examples" / "agent_harness"
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +149,114 @@ def test_a_marked_episode_is_recorded_token_exact_and_rewarded_after_the_fact(
         headers={"X-Mint-Episode": "ep-4"},
     )
     assert several.status_code == 400 and several.json()["error"]["param"] == "n"
+
+
+def test_an_online_rl_job_trains_from_live_episodes_and_the_deployment_serves_its_versions_while_traffic_runs(
+    live_server: LiveServer, api: httpx.Client, owner: Tenant, version: str, workers: Workers
+) -> None:
+    """The loop where the agent runs: traffic (single-turn episodes rewarded by whether the answer
+    says "five", and the example harness's multi-turn tool episodes beside them) flows through a
+    deployment while an online RL job trains from its rewarded episodes, publishes a version each
+    step and the deployment serves it at once. No request fails across the switches, later turns
+    name the new versions, and the job reports its signal and what it left out."""
+    import sys
+    import threading
+
+    from openai import OpenAI
+
+    sys.path.insert(0, str(HARNESS))
+    import agent as harness  # noqa: PLC0415
+    import tasks as order_desk  # noqa: PLC0415
+
+    created = api.post("/v1/deployments", json={"name": "agent-online", "model": version})
+    assert created.status_code == 201, created.text
+    deployment = created.json()["id"]
+    api.patch(f"/v1/deployments/{deployment}/capture", json={"rate": 1.0, "tokens": True}).raise_for_status()
+    job = api.post(
+        "/v1/fine_tuning/jobs",
+        json={
+            "model": BASE,
+            "steps": 3,
+            "learning_rate": 2e-3,
+            "method": {
+                "type": "online_rl",
+                "online_rl": {
+                    "deployment": "agent-online",
+                    "hyperparameters": {"batch_size": 4, "publish_every": 1, "max_steps_off_policy": 1},
+                },
+            },
+        },
+    )
+    assert job.status_code == 200, job.text
+    job_id = job.json()["id"]
+    assert job.json()["training_file"] is None
+    workers.start("online")
+
+    client = OpenAI(base_url=f"{live_server.url}/v1", api_key=owner.keys["developer"], max_retries=0)
+    stop = threading.Event()
+    failures: list[str] = []
+    served: list[str] = []
+
+    def traffic() -> None:
+        number = 0
+        while not stop.is_set():
+            key = f"sum-{number}"
+            number += 1
+            try:
+                reply = client.chat.completions.with_raw_response.create(
+                    model="agent-online",
+                    messages=QUESTION,
+                    max_tokens=6,
+                    temperature=1.0,
+                    seed=number,
+                    extra_headers={"X-Mint-Episode": key, "X-Mint-Task": "sum"},
+                )
+                served.append(reply.headers["X-Mint-Adapter"])
+                text = reply.parse().choices[0].message.content or ""
+                rewarded = api.post(f"/v1/episodes/{key}/reward", json={"score": float("five" in text)})
+                rewarded.raise_for_status()
+            except Exception as exc:  # noqa: BLE001 - every failure is a finding
+                failures.append(f"{key}: {exc}")
+
+    def harness_traffic() -> None:
+        while not stop.is_set():
+            summary = harness.run(client, "agent-online", order_desk.load_split("train")[:2], 2, max_tokens=16)
+            failures.extend(summary.errors)
+
+    threads = [threading.Thread(target=traffic), threading.Thread(target=harness_traffic)]
+    for thread in threads:
+        thread.start()
+    try:
+        finished = wait_for(
+            lambda: (
+                (row := api.get(f"/v1/fine_tuning/jobs/{job_id}").json())["status"]
+                in ("succeeded", "failed", "cancelled")
+                and row
+            ),
+            "the online RL job to finish",
+            timeout=600,
+        )
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert finished["status"] == "succeeded", finished
+    assert failures == []
+
+    events = api.get(f"/v1/fine_tuning/jobs/{job_id}/events", params={"limit": 100}).json()["data"]
+    published = [event["data"]["model"] for event in events if event.get("data", {}).get("served")]
+    assert len(published) == 2  # steps 1 and 2; step 3's version is the job's result, served at its end
+    metrics = [event["data"] for event in events if event.get("type") == "metrics"]
+    assert len(metrics) == 3
+    for step in metrics:
+        assert step["episodes"] >= 1 and "episodes_stale" in step and "episodes_unrewarded" in step
+        assert "reward" in step and "groups_with_signal" in step
+    result = finished["fine_tuned_model"]
+    history = api.get(f"/v1/deployments/{deployment}").json()
+    assert history["serving"]["routing"]["model"] == result, history
+    assert history["current_revision"] == 4  # created, then two versions along the way and the result
+    # Later turns name the versions the deployment switched to.
+    later = api.get("/v1/episodes", params={"deployment": "agent-online", "limit": 100}).json()["data"]
+    models = {model for episode in later for model in episode["models"]}
+    assert version in models and models & set(published), (models, published)
+    assert set(served) >= {version}

@@ -624,7 +624,8 @@ def test_a_capturing_deployment_records_what_it_served_and_takes_feedback_even_f
     assert api.get(f"/v1/captures/{quiet.id}").status_code == 404  # capture is opt-in
 
     set_ = api.patch(f"/v1/deployments/{created['id']}/capture", json={"rate": 1.0, "retention_days": 7})
-    assert set_.status_code == 200 and set_.json()["capture"] == {"rate": 1.0, "retention_days": 7, "tokens": False}, set_.text
+    assert set_.status_code == 200, set_.text
+    assert set_.json()["capture"] == {"rate": 1.0, "retention_days": 7, "tokens": False}
     reply = _ask(client, "captured-prod")
     chunks = list(_ask(client, "captured-prod", stream=True))
     streamed_text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

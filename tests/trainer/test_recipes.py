@@ -25,10 +25,10 @@ from mint.trainer.recipes.rl import (
     NoRewardSignal,
     RlConfig,
     RlPrompt,
-    _kl_to_base,
     clip_fraction,
     completion_datum,
     group_advantages,
+    kl_to_base,
     run_rl,
 )
 from mint.trainer.recipes.sft import SftConfig, run_sft, run_sft_plan
@@ -136,7 +136,7 @@ def test_kl_penalty_lowers_the_advantage_of_tokens_the_base_finds_unlikely(resid
     # Pretend the policy gave its tokens higher logprobs than the base does.
     boosted = SampledSequence(tokens=sample.tokens, logprobs=[lp + 1.0 for lp in sample.logprobs], stop_reason="length")
     datum = completion_datum(prompt, boosted, advantage=1.0)
-    (penalised,), kl = _kl_to_base([datum], resident, kl_beta=0.5)
+    (penalised,), kl = kl_to_base([datum], resident, kl_beta=0.5)
     assert kl == pytest.approx(1.0, abs=1e-3)
     completion = penalised.loss_fn_inputs["advantages"][len(prompt) - 1 :]
     assert completion == pytest.approx([0.5] * len(sample.tokens), abs=1e-3)

@@ -34,11 +34,13 @@ def list_episodes(
     after: After = None,
     limit: Limit = 20,
 ) -> Page[EpisodePublic]:
-    """A deployment's recorded episodes, newest first, without their turns (read one for them)."""
+    """A deployment's recorded episodes, newest first: each one's reward, tokens and the versions
+    that sampled it, without its turns (read one for them)."""
     result = episodes.list_episodes(
         session, principal.organization_id, deployment, rewarded=rewarded, task=task, after=after, limit=limit
     )
-    shown = [episodes.episode_public(row, None, whole=False) for row in result.rows]
+    turns = episodes.turns_of(session, [row.id for row in result.rows])
+    shown = [episodes.episode_public(row, turns[row.id], whole=False) for row in result.rows]
     return page_from(shown, result.has_more, EpisodePublic)
 
 

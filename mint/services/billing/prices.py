@@ -197,8 +197,17 @@ class StageWork:
     work_ratio: float = 1.0
 
 
-def stage_work(plan: TrainingPlan, training: Dataset) -> StageWork:
-    """The raw tokens of one stage: its plan and its training file's size."""
+# The tokens an online RL job assumes of each live episode before it has seen any.
+ONLINE_EPISODE_TOKENS = 256
+
+
+def stage_work(plan: TrainingPlan, training: Dataset | None) -> StageWork:
+    """The raw tokens of one stage: its plan and its training file's size (an online RL stage,
+    with no file: its episodes at `ONLINE_EPISODE_TOKENS` each, sampled by the deployment and so
+    only trained here)."""
+    if plan.method == "online_rl" or training is None:
+        trained = float(plan.steps * plan.batch_size * ONLINE_EPISODE_TOKENS)
+        return StageWork("rl", "", plan.steps, trained, 0.0)
     if plan.method == "rl":
         sampled = float(plan.steps * plan.batch_size * plan.group_size * plan.max_tokens)
         return StageWork("rl", training.id, plan.steps, sampled, sampled)

@@ -20,15 +20,20 @@ from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.fine_tuning import FineTuningJobCreate, Method, StageCreate, SupervisedMethod
 from mint.schemas.plans import TrainingPlan
 from mint.services.billing import prices as pricing
-from mint.services.catalog import model_ref_of, resolve_version_ref
+from mint.services.catalog import current_revision, get_deployment, model_ref_of, resolve_version_ref
 from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
-from mint.services.jobs.plans import METHOD_OF_TYPE, resolve_plan
+from mint.services.jobs.plans import METHOD_OF_TYPE, resolve_online_plan, resolve_plan
 from mint.services.models.adapters import adapter_for_base
-from mint.storage.tables import BaseModelRow, Dataset
+from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Dataset, Deployment
 from mint.trainer.types import LoraOptions
 
 
 def _checked(method: Method, param: str) -> Method:
+    if method.type == "online_rl" and method.online_rl is None:
+        raise InvalidRequest(
+            f"{param}.online_rl.deployment is required: the deployment whose live episodes the job learns from",
+            param=f"{param}.online_rl.deployment",
+        )
     if method.type == "reinforcement" and (
         method.reinforcement is None
         or (method.reinforcement.grader is None and method.reinforcement.environment is None)
@@ -68,6 +73,12 @@ def stage_requests(body: FineTuningJobCreate) -> list[StageCreate]:
     stages = []
     for index, stage in enumerate(body.stages):
         _checked(stage.method, f"stages[{index}].method")
+        if stage.method.type == "online_rl":
+            raise InvalidRequest(
+                f"stages[{index}].method: online RL learns from a deployment's live episodes as they arrive and "
+                "cannot be a stage of a chain; train the chain, deploy its version, then start an online RL job",
+                param=f"stages[{index}].method",
+            )
         unset = {field: value for field, value in inherited.items() if getattr(stage, field) is None}
         stages.append(stage.model_copy(update=unset))
     return stages
@@ -129,7 +140,7 @@ class CheckedStage:
     """A stage as create_job checked it: its method, files and plan."""
 
     kind: str
-    training: Dataset
+    training: Dataset | None  # None: an online RL stage, which learns from a deployment's episodes
     validation_file: str | None
     plan: TrainingPlan
 
@@ -138,6 +149,17 @@ def _check_stage(session: Session, organization_id: str, stage: StageCreate, ind
     """Resolve one stage into its plan, with its files checked against its method."""
     prefix = f"stages[{index}]." if chained else ""
     kind = METHOD_OF_TYPE[stage.method.type]
+    if kind == "online_rl":
+        assert stage.method.online_rl is not None
+        if stage.training_file is not None or stage.validation_file is not None:
+            raise InvalidRequest(
+                "an online RL job learns from its deployment's live episodes, not from a file: omit training_file "
+                "and validation_file",
+                param="training_file",
+            )
+        deployment, _ = live_deployment(session, organization_id, stage.method.online_rl.deployment)
+        plan = resolve_online_plan(stage, stage.method, deployment.id)
+        return CheckedStage(kind=kind, training=None, validation_file=None, plan=plan)
     if stage.training_file is None:
         raise InvalidRequest(
             f"{prefix}training_file is required: give the stage's dataset, or the job's `training_file`",
@@ -171,6 +193,59 @@ def _check_full_parameter(stages: Sequence[CheckedStage], chained: bool) -> None
             )
 
 
+def live_deployment(session: Session, organization_id: str, name: str) -> tuple[Deployment, AdapterVersion]:
+    """The deployment an online RL job learns from, and the LoRA version it serves (what the job
+    starts from): active, serving one adapter version, and recording its episodes' tokens."""
+    param = "method.online_rl.deployment"
+    deployment = get_deployment(session, organization_id, name)
+    if deployment.status != "active" or deployment.kind != "single":
+        raise Conflict(
+            f"deployment {deployment.name!r} is {'withdrawn' if deployment.status != 'active' else 'a mixture'}; "
+            "online RL trains the one adapter version an active single deployment serves",
+            param=param,
+        )
+    if not deployment.capture_tokens or deployment.capture_rate <= 0:
+        raise Conflict(
+            f"deployment {deployment.name!r} records no episodes: turn on token capture first "
+            f'(PATCH /v1/deployments/{deployment.id}/capture {{"rate": 1, "tokens": true}}) so that its '
+            "episodes are kept token-exact",
+            param=param,
+        )
+    revision = current_revision(session, deployment)
+    version = session.get(AdapterVersion, revision.adapter_version_id) if revision.adapter_version_id else None
+    if version is None or version.kind != "lora":
+        raise Conflict(
+            f"deployment {deployment.name!r} does not serve a LoRA adapter version; online RL trains the adapter "
+            "it serves: promote one first",
+            param=param,
+        )
+    return deployment, version
+
+
+def _online_warm_start(session: Session, organization_id: str, body: FineTuningJobCreate, base: str) -> dict[str, Any]:
+    """An online RL job starts from the version its deployment serves now (on the job's base)."""
+    assert body.method is not None and body.method.online_rl is not None
+    if body.from_adapter is not None:
+        raise InvalidRequest(
+            "an online RL job starts from the version its deployment serves; omit from_adapter", param="from_adapter"
+        )
+    if body.training_type != "lora" or body.lora.model_fields_set:
+        raise InvalidRequest(
+            "an online RL job trains the LoRA adapter its deployment serves, as it is: omit training_type and lora",
+            param="lora" if body.lora.model_fields_set else "training_type",
+        )
+    deployment, version = live_deployment(session, organization_id, body.method.online_rl.deployment)
+    if deployment.base_model != base:
+        raise Conflict(
+            f"deployment {deployment.name!r} serves base {deployment.base_model!r}, not {base!r}: give that model",
+            param="model",
+        )
+    adapter = session.get(Adapter, version.adapter_id)
+    assert adapter is not None
+    ref = model_ref_of(adapter, version)
+    return {"ref": ref, "adapter_version_id": version.id, "rank": version.rank, "alpha": version.alpha}
+
+
 @dataclass(frozen=True)
 class CheckedJob:
     """A create request as checked: its base, stages, warm start, LoRA options and estimate."""
@@ -198,7 +273,11 @@ def check_job(session: Session, organization_id: str, body: FineTuningJobCreate)
             "lora: a full-parameter job (training_type 'full') trains every weight, with no adapter; omit `lora`",
             param="lora",
         )
-    warm = _warm_start(session, organization_id, body, base.name) if body.from_adapter else None
+    online = body.method is not None and body.method.type == "online_rl" and body.stages is None
+    if online:
+        warm: dict[str, Any] | None = _online_warm_start(session, organization_id, body, base.name)
+    else:
+        warm = _warm_start(session, organization_id, body, base.name) if body.from_adapter else None
     if full:
         lora = {}
     elif warm is None:

@@ -31,7 +31,7 @@ class Stage:
 
     number: int
     plan: TrainingPlan
-    training_file: str
+    training_file: str | None  # None: an online RL stage, which learns from a deployment's episodes
     offset: int
 
 

@@ -88,7 +88,7 @@ def create_job(
         base_model=base.name,
         method=first.kind,
         status="validating_files",
-        training_dataset_id=first.training.id,
+        training_dataset_id=first.training.id if first.training is not None else None,
         validation_dataset_id=first.validation_file,
         suffix=body.suffix,
         seed=seed,
@@ -108,7 +108,7 @@ def create_job(
         spec.from_adapter = FromAdapter(ref=warm["ref"], adapter_version_id=warm["adapter_version_id"])
     if chained:
         spec.stages = [
-            StoredStage(plan=plan, training_file=stage.training.id, validation_file=stage.validation_file)
+            StoredStage(plan=plan, training_file=stage.training.id, validation_file=stage.validation_file)  # type: ignore[union-attr]
             for stage, plan in zip(stages, stored_plans, strict=True)
         ]
     spec.estimate = StoredEstimate.model_validate(
@@ -134,6 +134,11 @@ def create_job(
         return recorded
     for number, stage in enumerate(stages, start=1):
         training = stage.training
+        if training is None:  # online RL: no file, the deployment's episodes
+            emit_event(
+                session, job.id, f"Training from the live episodes of deployment {body.method.online_rl.deployment}"
+            )  # type: ignore[union-attr]
+            continue
         where = f"Stage {number}/{len(stages)} ({stage.kind}): v" if chained else "V"
         emit_event(
             session,
@@ -144,7 +149,8 @@ def create_job(
         warm_start = spec.from_adapter.model_dump(mode="json")
         emit_event(session, job.id, f"Warm start from {spec.from_adapter.ref}", data={"from_adapter": warm_start})
     planned = {"plan": stored_plans[0]} if not chained else {"stages": stored_plans}
-    emit_event(session, job.id, f"Files validated; {job.total_steps} optimizer steps planned", data=planned)
+    checked_what = "Deployment checked" if first.training is None else "Files validated"
+    emit_event(session, job.id, f"{checked_what}; {job.total_steps} optimizer steps planned", data=planned)
     mark_queued(session, job, reason="Job enqueued")
     session.commit()
     send_job(job, send)

@@ -9,17 +9,18 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
+from mint.errors import InvalidRequest
 from mint.evals.agent_environments import check_environment_spec
 from mint.evals.graders import reward_spec
 from mint.schemas.fine_tuning import Method
 from mint.schemas.plans import TrainingPlan, parse_plan
 
-METHOD_OF_TYPE = {"supervised": "sft", "dpo": "dpo", "reinforcement": "rl"}
+METHOD_OF_TYPE = {"supervised": "sft", "dpo": "dpo", "reinforcement": "rl", "online_rl": "online_rl"}
 TYPE_OF_METHOD = {method: kind for kind, method in METHOD_OF_TYPE.items()}
 # Defaults an `auto` hyperparameter takes.
 DEFAULT_EPOCHS = 3
-DEFAULT_BATCH = {"sft": 8, "dpo": 4, "rl": 4}
-DEFAULT_LEARNING_RATE = {"sft": 4e-4, "dpo": 1e-4, "rl": 1e-4}
+DEFAULT_BATCH = {"sft": 8, "dpo": 4, "rl": 4, "online_rl": 8}
+DEFAULT_LEARNING_RATE = {"sft": 4e-4, "dpo": 1e-4, "rl": 1e-4, "online_rl": 1e-4}
 DEFAULT_BETA = 0.1
 DEFAULT_GROUP_SIZE = 4
 CHECKPOINTS_PER_JOB = 5
@@ -35,6 +36,41 @@ class Schedule(Protocol):
     steps: int | None
     learning_rate: float | None
     checkpoint_interval: int | None
+
+
+def resolve_online_plan(body: Schedule, method: Method, deployment_id: str) -> TrainingPlan:
+    """An online RL stage's plan: it has no file to count steps from, so `steps` is required."""
+    assert method.online_rl is not None
+    if body.steps is None:
+        raise InvalidRequest(
+            "an online RL job trains as episodes arrive, with no file to count epochs from: give `steps`",
+            param="steps",
+        )
+    hyper = method.online_rl.hyperparameters
+    batch = _resolve(hyper.batch_size, DEFAULT_BATCH["online_rl"])
+    multiplier = _resolve(hyper.learning_rate_multiplier, 1.0)
+    return parse_plan(
+        {
+            "method": "online_rl",
+            "batch_size": batch,
+            "n_epochs": 1,
+            "learning_rate_multiplier": multiplier,
+            "learning_rate": body.learning_rate or DEFAULT_LEARNING_RATE["online_rl"] * multiplier,
+            "steps": body.steps,
+            "checkpoint_interval": body.checkpoint_interval or max(1, body.steps // CHECKPOINTS_PER_JOB),
+            "deployment_id": deployment_id,
+            "serve": method.online_rl.serve,
+            "publish_every": hyper.publish_every,
+            "baseline": hyper.baseline,
+            "reward_timeout_s": hyper.reward_timeout_s,
+            "max_wait_s": hyper.max_wait_s,
+            "kl_beta": hyper.kl_beta,
+            "max_steps_without_signal": _resolve(hyper.max_steps_without_signal, None),
+            "loss_fn": hyper.loss_fn,
+            "loss_fn_config": hyper.loss_fn_config,
+            "max_steps_off_policy": hyper.max_steps_off_policy,
+        }
+    )
 
 
 def resolve_plan(body: Schedule, method: Method, rows: int) -> TrainingPlan:

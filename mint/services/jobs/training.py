@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from mint.config import Settings
 from mint.schemas.job_spec import JobSpec
+from mint.schemas.plans import OnlineRlPlan
 from mint.services import catalog, datasets
 from mint.services.billing import prices as pricing
 from mint.services.billing import spend
@@ -25,6 +26,7 @@ from mint.services.jobs.claims import require_ours
 from mint.services.jobs.context import JobContext
 from mint.services.jobs.endings import finish_stage, stop_at_budget, stop_cancelled
 from mint.services.jobs.events import emit_event, rounded
+from mint.services.jobs.live_episodes import serve_result, train_online
 from mint.services.jobs.usage import unbilled_cost
 from mint.services.jobs.versions import done_stages, version_folder
 from mint.storage.archives import unpack_folder
@@ -40,7 +42,18 @@ if TYPE_CHECKING:
     from mint.trainer.training_session import TrainingSession
 
 # The metrics a step's event message shows (its data carries them all).
-SHOWN = ("loss", "reward", "reward_std", "groups_with_signal", "kl", "turns", "accuracy", "tokens_per_second")
+SHOWN = (
+    "loss",
+    "reward",
+    "reward_std",
+    "groups_with_signal",
+    "kl",
+    "turns",
+    "accuracy",
+    "tokens_per_second",
+    "episodes",
+    "episodes_stale",
+)
 
 
 class JobRun:
@@ -134,7 +147,7 @@ class JobRun:
         and fails with `budget_exhausted`)."""
         context = self.context
         trained = int(report.metrics.get("trained_tokens", report.metrics.get("tokens", 0)))
-        sampled = int(report.metrics.get("tokens", 0)) if context.plan.method == "rl" else 0
+        sampled = int(report.metrics.get("tokens", 0)) if context.plan.method == "rl" else 0  # online: served
         context.trained_tokens += trained
         step_s = self._device_seconds()
         if context.full:
@@ -217,6 +230,8 @@ class JobRun:
                     return
                 if not finish_stage(self.settings, self.store, context, training, self.send):
                     return  # cancelled between stages
+                if isinstance(stage.plan, OnlineRlPlan):
+                    serve_result(self.settings, context, stage.plan, self.send)
             finally:
                 if not context.full:  # a full-parameter copy is freed with its last reference
                     self.resident.close(self.session_id)
@@ -269,6 +284,19 @@ class JobRun:
         def on_step(report: StepReport) -> bool:
             return self.on_step(training, report)
 
+        if self.context.plan.method == "online_rl":  # learns from a deployment's episodes, not rows
+            self._clock = time.perf_counter()
+            return train_online(
+                self.settings,
+                self.store,
+                self.context,
+                training,
+                tokenizer=self.resident.tokenizer,
+                reference=self.resident,
+                on_step=on_step,
+                send=self.send,
+                max_steps_without_signal=self.settings.rl_max_steps_without_signal,
+            )
         inputs = RecipeInputs(
             # A full-parameter trainer runs SFT only (the plan says so at create), whose recipe
             # calls no more than the methods both trainers have.

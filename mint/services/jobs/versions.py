@@ -33,7 +33,11 @@ def done_stages(settings: Settings, job_id: str) -> dict[int, tuple[str, int]]:
     """The stages of this job done in earlier attempts: their versions and trained tokens."""
     with session_scope(settings.database) as session:
         rows = session.execute(select(AdapterVersion).where(AdapterVersion.training_job_id == job_id)).scalars()
-        return {int(row.metrics.get("stage", 1)): (row.id, int(row.metrics.get("trained_tokens", 0))) for row in rows}
+        return {
+            int(row.metrics.get("stage", 1)): (row.id, int(row.metrics.get("trained_tokens", 0)))
+            for row in rows
+            if "published_at_step" not in row.metrics  # an online RL job's versions along the way
+        }
 
 
 def version_folder(settings: Settings, store: ObjectStore, version_id: str, scratch: Path, *, kind: str) -> Path:
@@ -85,7 +89,7 @@ def register_stage_version(
     version it started from, the file it trained on (and its sha256), its plan and method."""
     stage = context.stage
     parent, _ = context.parent_of(stage)
-    dataset = session.get(Dataset, stage.training_file)
+    dataset = session.get(Dataset, stage.training_file) if stage.training_file is not None else None
     return adapters.register_version(
         session,
         store,
@@ -128,5 +132,7 @@ def stage_versions_of(session: Session, job: TrainingJob) -> dict[int, tuple[str
         .where(AdapterVersion.training_job_id == job.id)
     ).all()
     return {
-        int(version.metrics.get("stage", 1)): (version.id, model_ref_of(adapter, version)) for version, adapter in rows
+        int(version.metrics.get("stage", 1)): (version.id, model_ref_of(adapter, version))
+        for version, adapter in rows
+        if "published_at_step" not in version.metrics
     }

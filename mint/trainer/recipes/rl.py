@@ -154,7 +154,7 @@ def completion_datum(prompt_tokens: Sequence[int], sample: SampledSequence, adva
     return single_turn(prompt_tokens, sample).datum(advantage)
 
 
-def _kl_to_base(data: list[Datum], reference: Scorer, kl_beta: float) -> tuple[list[Datum], float]:
+def kl_to_base(data: list[Datum], reference: Scorer, kl_beta: float) -> tuple[list[Datum], float]:
     """The mean of logp_sample - logp_base over the sampled tokens with signal (an estimate of
     KL(policy || base)); with `kl_beta > 0`, each such token's advantage is also lowered by
     kl_beta * (logp_sample - logp_base)."""
@@ -355,7 +355,7 @@ def _rl_steps(
         lr = config.learning_rate
         if data:
             if reference is not None:
-                data, metrics["kl"] = _kl_to_base(data, reference, config.kl_beta)
+                data, metrics["kl"] = kl_to_base(data, reference, config.kl_beta)
             result = policy.forward_backward(
                 mean_over_tokens(data, "advantages"), config.loss_fn, config.loss_fn_config
             )

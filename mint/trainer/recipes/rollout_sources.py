@@ -47,17 +47,23 @@ class PolicyVersions:
         """The policy's version after `steps_done` optimizer steps (the latest wins for equal weights)."""
         self._steps_done[version] = steps_done
 
+    def updates_since(self, version: str, step: int) -> int | None:
+        """How many updates the policy that trains step `step` (0-based) has taken since its
+        weights were `version`; None for weights it never had."""
+        done = self._steps_done.get(version)
+        return None if done is None else step - done
+
     def lag(self, step: int, seen: Iterable[str], max_steps_off_policy: int) -> float:
         """The mean number of updates between the weights that sampled `seen` and the policy that
         trains step `step` (0-based); raises StaleSampler when one is more than
         `max_steps_off_policy` updates old or unknown."""
         lags, stale = [], set()
         for version in seen:
-            done = self._steps_done.get(version)
-            if done is None or step - done > max_steps_off_policy:
+            updates = self.updates_since(version, step)
+            if updates is None or updates > max_steps_off_policy:
                 stale.add(str(version))
             else:
-                lags.append(step - done)
+                lags.append(updates)
         if stale:
             current = max(self._steps_done, key=self._steps_done.__getitem__)
             allowed = "" if max_steps_off_policy == 0 else f" or up to {max_steps_off_policy} updates before it"
