@@ -10,10 +10,11 @@ For each concurrency level, that many chat completions are sent at once; the ben
 errors by status (goal: 0), p50 and p95 latency (to the last byte), and completion tokens
 per second over the level's wall time.
 
-Then the cost of production capture: two deployments of the same adapter version, one that
-captures every request and one that captures none, are sent the same load in turns (`--rounds`
-of each, alternating), and the bench prints requests per second of each and their ratio, and
-how many captures were written and dropped.
+Then the cost of production capture: three deployments of the same adapter version, one that
+captures none, one that captures every request, and one that records every request token-exact
+as an episode's turn (capture with `tokens`, each request marked), are sent the same load in
+turns (`--rounds` of each, alternating), and the bench prints requests per second of each and
+their ratios to the first, and how many captures and episodes were written and dropped.
 
 Then, with `--kill-node-after K`, a node's death under steady traffic: `--concurrency` clients
 each send one request after another (pausing ERROR_PAUSE_S after a failed one, as a client
@@ -105,9 +106,20 @@ def register_adapters(settings: Any, organization_id: str, count: int) -> list[s
     return refs
 
 
-async def one(client: httpx.AsyncClient, model: str, stream: bool, max_tokens: int) -> tuple[int, float, int]:
-    """(status, latency s, completion tokens) of one chat completion."""
-    body = {"model": model, "messages": QUESTION, "max_tokens": max_tokens, "temperature": 1.0, "stream": stream}
+async def one(
+    client: httpx.AsyncClient, model: str, stream: bool, max_tokens: int, episode: str | None = None
+) -> tuple[int, float, int]:
+    """(status, latency s, completion tokens) of one chat completion; with `episode`, marked as
+    that episode's turn."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": QUESTION,
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "stream": stream,
+    }
+    if episode is not None:
+        body["episode"] = {"id": episode, "task": "load"}
     if stream:
         body["stream_options"] = {"include_usage": True}
     started = time.perf_counter()
@@ -133,13 +145,20 @@ async def one(client: httpx.AsyncClient, model: str, stream: bool, max_tokens: i
     return status, time.perf_counter() - started, tokens
 
 
-async def level(api_url: str, key: str, models: list[str], concurrency: int, max_tokens: int) -> dict[str, Any]:
+async def level(
+    api_url: str, key: str, models: list[str], concurrency: int, max_tokens: int, *, episodes: str | None = None
+) -> dict[str, Any]:
+    """One level of load: `concurrency` completions at once, half streamed; with `episodes`, each
+    marked as the turn of an episode keyed from it."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=600, limits=limits) as client:
         started = time.perf_counter()
         results = await asyncio.gather(
-            *(one(client, models[n % len(models)], n % 2 == 1, max_tokens) for n in range(concurrency))
+            *(
+                one(client, models[n % len(models)], n % 2 == 1, max_tokens, f"{episodes}-{n}" if episodes else None)
+                for n in range(concurrency)
+            )
         )
         wall_s = time.perf_counter() - started
     latencies = sorted(latency for status, latency, _ in results if status == 200)
@@ -330,28 +349,38 @@ def main() -> None:
 
 
 def capture_cost(api_url: str, key: str, version: str, concurrency: int, max_tokens: int, rounds: int) -> None:
-    """Requests per second through a deployment that captures every request and one that
-    captures none, the same version behind both, in alternating rounds."""
+    """Requests per second through three deployments of the same version, in alternating
+    rounds: one that captures none, one that captures every request, and one that records every
+    request token-exact as the turn of an episode (capture with `tokens`, requests marked)."""
     headers = {"Authorization": f"Bearer {key}"}
+    settings = {
+        "load-plain": {"rate": 0.0},
+        "load-captured": {"rate": 1.0},
+        "load-episodes": {"rate": 1.0, "tokens": True},
+    }
     with httpx.Client(base_url=api_url, headers=headers, timeout=60) as api:
-        for name, rate in (("load-plain", 0.0), ("load-captured", 1.0)):
+        for name, capture in settings.items():
             api.post("/v1/deployments", json={"name": name, "model": version}).raise_for_status()
-            api.patch(f"/v1/deployments/{name}/capture", json={"rate": rate}).raise_for_status()
-        walls: dict[str, float] = {"load-plain": 0.0, "load-captured": 0.0}
-        for _ in range(rounds):
+            api.patch(f"/v1/deployments/{name}/capture", json=capture).raise_for_status()
+        walls: dict[str, float] = dict.fromkeys(settings, 0.0)
+        for number in range(rounds):
             for name in walls:
-                row = asyncio.run(level(api_url, key, [name], concurrency, max_tokens))
+                episodes = f"load-{number}" if name == "load-episodes" else None
+                row = asyncio.run(level(api_url, key, [name], concurrency, max_tokens, episodes=episodes))
                 assert not row["errors"], row
                 walls[name] += row["wall_s"]
-        plain, captured = (rounds * concurrency / walls[name] for name in ("load-plain", "load-captured"))
+        plain, captured, tokens = (rounds * concurrency / walls[name] for name in settings)
         stored = api.get("/v1/deployments/load-captured/captures", params={"limit": 100}).json()
+        recorded = api.get("/v1/episodes", params={"deployment": "load-episodes", "limit": 100}).json()
         metrics = api.get("/metrics").text
     counted = [line.split()[-1] for line in metrics.splitlines() if line.startswith("mint_captures_dropped_total")]
     dropped = counted[0] if counted else "0"
     print(
         f"capture at concurrency {concurrency}, {rounds} rounds each: {plain:.1f} req/s without, {captured:.1f} req/s "
-        f"with every request captured (ratio {captured / plain:.3f}); captures listed {len(stored['data'])}"
-        f"{'+' if stored['has_more'] else ''}, dropped {dropped}"
+        f"with every request captured (ratio {captured / plain:.3f}), {tokens:.1f} req/s with every request recorded "
+        f"token-exact as an episode's turn (ratio {tokens / plain:.3f}); captures listed {len(stored['data'])}"
+        f"{'+' if stored['has_more'] else ''}, episodes listed {len(recorded['data'])}"
+        f"{'+' if recorded['has_more'] else ''}, dropped {dropped}"
     )
 
 

@@ -326,7 +326,7 @@ async def _serve(
     settings: Settings,
     principal: Principal,
     captures: CaptureWriter,
-    headers: Headers,
+    request_headers: Headers,
 ) -> Response:
     started = time.perf_counter()
     chat = isinstance(request_body, ChatCompletionCreate)
@@ -336,7 +336,7 @@ async def _serve(
         and not request_body.logprobs
     ):
         raise InvalidRequest("top_logprobs needs logprobs: set logprobs to true to use it", param="top_logprobs")
-    mark = _episode_mark(request_body, headers)
+    mark = _episode_mark(request_body, request_headers)
     plan, nodes = await run_in_threadpool(_plan, settings, principal, request_body.model)
     capturing = plan.capture is not None and plan.capture.chosen()  # decided once, before serving
     recording = records_episode(plan.capture, mark)

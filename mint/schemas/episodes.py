@@ -12,9 +12,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mint.schemas.common import RequestModel, WireModel
+from mint.schemas.common import FiniteJson, RequestModel, WireModel
 
 EPISODE_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 EPISODE_HEADER = "X-Mint-Episode"
@@ -35,17 +35,31 @@ class EpisodeMark(RequestModel):
 
 
 class EpisodeReward(RequestModel):
-    """The reward of a finished episode: a score (any finite float; [0, 1] by convention), and
-    optionally a score per turn, a label and a comment. Given again, it replaces the last."""
+    """The reward of a finished episode: a score (any finite float; [0, 1] by convention), or a
+    grader of the registry (a judge's included) with its reference, run on the episode's
+    messages; optionally a score per turn, a label and a comment. Given again, it replaces the last."""
 
     model_config = ConfigDict(extra="forbid")
 
-    score: float = Field(description="The episode's reward.")
+    score: float | None = Field(default=None, description="The episode's reward (or give `grader`).")
+    grader: FiniteJson | None = Field(
+        default=None,
+        description='A grader of the registry, e.g. `{"type": "regex", "config": {"pattern": "shipped"}}` or a '
+        "`judge` naming a model of the organization, run on what the model and the harness added after the first "
+        "prompt; its score is the reward, its detail the comment unless one is given.",
+    )
+    reference: FiniteJson | str | float | None = Field(default=None, description="The grader's reference.")
     turn_scores: list[float] | None = Field(
         default=None, max_length=MAX_TURN_SCORES, description="A score per turn, in order (as many as it has turns)."
     )
     label: str | None = Field(default=None, min_length=1, max_length=100, description="e.g. `solved`, `gave_up`.")
     comment: str | None = Field(default=None, max_length=MAX_COMMENT)
+
+    @model_validator(mode="after")
+    def _score_or_grader(self) -> EpisodeReward:
+        if (self.score is None) == (self.grader is None):
+            raise ValueError("give a score, or a grader (with its reference) to compute it, not both")
+        return self
 
 
 class EpisodeTurnPublic(BaseModel):

@@ -130,6 +130,23 @@ def test_a_marked_episode_is_recorded_token_exact_and_rewarded_after_the_fact(
     listed = api.get("/v1/episodes", params={"deployment": "agent-prod", "rewarded": True}).json()["data"]
     assert [row["id"] for row in listed] == ["ep-1"] and listed[0]["reward"] == 0.5
 
+    # Or a grader of the registry computes it, on the episode's added messages (the last answer
+    # for a text grader), against a reference; a judge asks the model its config names.
+    last = second_turn["message"]["content"]
+    right = api.post("/v1/episodes/ep-1/reward", json={"grader": {"type": "exact"}, "reference": last})
+    assert right.status_code == 200 and right.json()["reward"] == 1.0, right.text
+    assert "exact grader" in right.json()["rewarded_by"]
+    wrong_answer = api.post("/v1/episodes/ep-1/reward", json={"grader": {"type": "exact"}, "reference": "seven"})
+    assert wrong_answer.json()["reward"] == 0.0 and wrong_answer.json()["comment"]
+    judged = api.post(
+        "/v1/episodes/ep-1/reward",
+        json={"grader": {"type": "judge", "config": {"rubric": "Is it five?", "model": version}}, "reference": "five"},
+    )
+    assert judged.status_code == 200, judged.text
+    assert 0.0 <= judged.json()["reward"] <= 1.0 and "judge grader" in judged.json()["rewarded_by"]
+    both = api.post("/v1/episodes/ep-1/reward", json={"score": 1.0, "grader": {"type": "exact"}})
+    assert both.status_code in (400, 422), both.text
+
     # A malformed key, and two names for one request, are refused before anything is served.
     bad = api.post(
         "/v1/chat/completions",

@@ -13,10 +13,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from mint.api.deps import CurrentPrincipal, QuotasDep, SessionDep
+from mint.api.deps import CurrentPrincipal, QuotasDep, SessionDep, SettingsDep
 from mint.api.pagination import After, Limit, id_path, page_from
 from mint.schemas.common import Page
 from mint.schemas.episodes import EpisodePublic, EpisodeReward
+from mint.services.evals import episode_grades
 from mint.services.serving import episodes
 
 router = APIRouter(tags=["episodes"])
@@ -56,11 +57,23 @@ def get_episode(episode_id: EpisodeId, session: SessionDep, principal: CurrentPr
 
 @router.post("/v1/episodes/{episode_id}/reward", response_model=EpisodePublic)
 def reward_episode(
-    episode_id: EpisodeId, body: EpisodeReward, session: SessionDep, principal: CurrentPrincipal, quotas: QuotasDep
+    episode_id: EpisodeId,
+    body: EpisodeReward,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: CurrentPrincipal,
+    quotas: QuotasDep,
 ) -> EpisodePublic:
-    """Reward a finished episode: a score (any finite float, [0, 1] by convention), optionally one
-    score per turn, a label and a comment; a later reward replaces it. Any key of the
-    organization, viewers included. Online RL trains on an episode once it is rewarded, within
-    its job's `reward_timeout_s` of the episode's last turn."""
+    """Reward a finished episode: a score (any finite float, [0, 1] by convention), or a grader
+    of the registry with its reference (a judge's included: it asks the model its config names),
+    run on what the model and the harness added; optionally one score per turn, a label and a
+    comment. A later reward replaces it. Any key of the organization, viewers included. Online
+    RL trains on an episode once it is rewarded, within its job's `reward_timeout_s` of the
+    episode's last turn."""
+    if body.grader is not None:
+        episode = episode_grades.grade_episode(
+            session, principal, episode_id, body, quotas=quotas, shared_token=settings.shared_node_token
+        )
+        return episodes.episode_public(episode, None, whole=False)
     episode = episodes.reward_episode(session, principal, episode_id, body, quotas=quotas)
     return episodes.episode_public(episode, None, whole=False)

@@ -135,9 +135,9 @@ def create_job(
     for number, stage in enumerate(stages, start=1):
         training = stage.training
         if training is None:  # online RL: no file, the deployment's episodes
-            emit_event(
-                session, job.id, f"Training from the live episodes of deployment {body.method.online_rl.deployment}"
-            )  # type: ignore[union-attr]
+            assert body.method is not None and body.method.online_rl is not None
+            source = body.method.online_rl.deployment
+            emit_event(session, job.id, f"Training from the live episodes of deployment {source}")
             continue
         where = f"Stage {number}/{len(stages)} ({stage.kind}): v" if chained else "V"
         emit_event(

@@ -47,6 +47,7 @@ from mint.storage.tables import Adapter, AdapterVersion, Episode, EpisodeTurn, a
 
 if TYPE_CHECKING:
     from mint.services.jobs.context import Training
+    from mint.trainer.recipes.common import StepReport
     from mint.trainer.recipes.online_rl import LiveEpisode
 
 log = logging.getLogger(__name__)
@@ -298,7 +299,7 @@ def train_online(
     on_step: Callable[..., bool],
     send: Dispatch | None,
     max_steps_without_signal: int,
-) -> list:  # type: ignore[type-arg]
+) -> list[StepReport]:
     """Run the online RL recipe on the deployment's episodes (see the module's docstring)."""
     from mint.trainer.recipes.online_rl import OnlineRlConfig, run_online_rl
 
@@ -336,7 +337,7 @@ def train_online(
         max_steps_without_signal=plan.max_steps_without_signal or max_steps_without_signal,
     )
     return run_online_rl(
-        training,  # type: ignore[arg-type]
+        training,
         feed,
         config,
         start_version=start_version,

@@ -33,17 +33,22 @@ RL_HYPERPARAMETERS = (
     "max_turns",
     "max_steps_off_policy",
 )
+# An online RL plan's own knobs, likewise.
+ONLINE_RL_HYPERPARAMETERS = ("publish_every", "baseline", "reward_timeout_s", "max_wait_s", "loss_fn", "loss_fn_config")
 
 
 def method_view(kind: str, plan: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """OpenAI's `method` object of a plan, and the plan's common hyperparameters."""
     hyperparameters = {key: plan[key] for key in ("batch_size", "learning_rate_multiplier", "n_epochs") if key in plan}
     method_type = TYPE_OF_METHOD[kind]
-    extra = {key: plan[key] for key in ("beta", *RL_HYPERPARAMETERS) if key in plan}
+    extra = {key: plan[key] for key in ("beta", *RL_HYPERPARAMETERS, *ONLINE_RL_HYPERPARAMETERS) if key in plan}
     method: dict[str, Any] = {"type": method_type, method_type: {"hyperparameters": hyperparameters | extra}}
     if kind == "rl":
         method[method_type]["grader"] = plan.get("grader")
         method[method_type]["environment"] = plan.get("environment")
+    if kind == "online_rl":
+        method[method_type]["deployment"] = plan.get("deployment_id")
+        method[method_type]["serve"] = plan.get("serve")
     return method, hyperparameters
 
 

@@ -201,6 +201,21 @@ def _added(previous: EpisodeTurn | None, turn: EpisodeTurn) -> list[Any]:
     return messages
 
 
+def trajectory_output(public: EpisodePublic) -> list[Any]:
+    """What the model and the harness added after the episode's first prompt, in order: what a
+    grader reads of an episode, as it reads an eval trajectory."""
+    turns = public.turns or []
+    if not turns:
+        return []
+    added: list[Any] = []
+    for index, turn in enumerate(turns):
+        if index:
+            added += turn.added_messages
+        if turn.message is not None:
+            added.append(turn.message)
+    return added
+
+
 def episode_public(episode: Episode, turns: list[EpisodeTurn] | None, *, whole: bool) -> EpisodePublic:
     """An episode as the API shows it; `whole` (read alone) adds its turns and conversation."""
     turns = turns or []
@@ -262,19 +277,28 @@ def episode_public(episode: Episode, turns: list[EpisodeTurn] | None, *, whole: 
 
 
 def reward_episode(
-    session: Session, principal: Principal, key: str, body: EpisodeReward, *, quotas: QuotaDefaults
+    session: Session,
+    principal: Principal,
+    key: str,
+    body: EpisodeReward,
+    *,
+    quotas: QuotaDefaults,
+    episode: Episode | None = None,
+    by: str | None = None,
 ) -> Episode:
     """Record an episode's reward (any key of its organization, viewers too); a later reward
     replaces it. Per-turn scores must be one per recorded turn; the reward counts against the
-    organization's capture storage quota (429 past it)."""
-    episode = get_episode(session, principal.organization_id, key)
+    organization's capture storage quota (429 past it). A grader's reward comes with its score
+    in `body` and the grader named in `by`."""
+    assert body.score is not None, "a grader's reward is computed first (mint.services.evals.episode_grades)"
+    episode = episode or get_episode(session, principal.organization_id, key)
     if body.turn_scores is not None and len(body.turn_scores) != episode.turn_count:
         raise InvalidRequest(
             f"turn_scores gives {len(body.turn_scores)} scores, and episode {key!r} has {episode.turn_count} "
             "recorded turns: give one score per turn, in order, or none",
             param="turn_scores",
         )
-    size = json_bytes(body.model_dump(mode="json"))
+    size = json_bytes(body.model_dump(mode="json", include={"score", "turn_scores", "label", "comment"}))
     given = {"score": episode.reward, "turn_scores": episode.turn_scores, "label": episode.label}
     before = json_bytes(given | {"comment": episode.comment}) if episode.reward is not None else 0
     hold(session, episode.organization_id, STORAGE_QUOTA, quotas, adding=max(0, size - before))
@@ -282,7 +306,7 @@ def reward_episode(
     episode.turn_scores = body.turn_scores
     episode.label = body.label
     episode.comment = body.comment
-    episode.rewarded_by = principal.name
+    episode.rewarded_by = principal.name if by is None else f"{principal.name} ({by})"
     episode.rewarded_at = utcnow()
     episode.stored_bytes += size - before
     session.flush()
