@@ -63,13 +63,13 @@ bench: install
 
 # mypy checks the packages that [tool.mypy] in pyproject.toml lists.
 lint: install
-	$(VENV)/bin/ruff check mint tests migrations
-	$(VENV)/bin/ruff format --check mint tests migrations
+	$(VENV)/bin/ruff check mint tests migrations examples bench
+	$(VENV)/bin/ruff format --check mint tests migrations examples bench
 	$(VENV)/bin/mypy
 
 format: install
-	$(VENV)/bin/ruff format mint tests migrations
-	$(VENV)/bin/ruff check --fix mint tests migrations
+	$(VENV)/bin/ruff format mint tests migrations examples bench
+	$(VENV)/bin/ruff check --fix mint tests migrations examples bench
 
 # The documentation site (mkdocs.yml, docs/) into site/, with strict checks: a broken link or a
 # warning fails the build. The REST reference's routes and OpenAPI document come from the code
@@ -112,7 +112,8 @@ vllm-venv: $(VLLM_STAMP)
 # in .venv (its adapters and their peft reference outputs come from Mint's trainer, which needs
 # the newer transformers); the engine runs in .venv-vllm as a child process.
 test-vllm: install vllm-venv
-	MINT_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest tests/serving/test_engine_contract.py -k vllm \
+	MINT_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest tests/serving/test_engine_contract.py \
+		tests/serving/test_sampler_trainer_logprobs.py -k vllm \
 		--backend=embedded -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:

@@ -12,6 +12,7 @@ up`) through MINT_* environment variables, exactly as in production.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import signal
@@ -328,6 +329,62 @@ def record_capture(
     )
     with session_scope(get_settings().database) as session:
         session.add(record.row())
+    return record.id
+
+
+@functools.cache
+def _capture_writer(database: str) -> Any:
+    """One capture writer (and its thread) per database, for the helpers below."""
+    from mint.services.serving.captures import CaptureWriter
+
+    return CaptureWriter(database)
+
+
+def record_episode_turn(
+    tenant: Tenant,
+    deployment_id: str,
+    *,
+    episode: str,
+    messages: list[dict[str, Any]],
+    answer: str | dict[str, Any],
+    task: str | None = None,
+    model_ref: str = "captured@1",
+    revision: int = 1,
+    prompt_token_ids: list[int] | None = None,
+    token_ids: list[int] | None = None,
+    logprobs: list[float] | None = None,
+) -> str:
+    """Record one turn of episode `episode` of a deployment whose capture records tokens, as the
+    API records it: an `EpisodeTurnRecord` written by a `CaptureWriter`, for tests that run no
+    serving node (tests/serving/test_episodes.py records real traffic). `messages` is what the
+    harness sent, `answer` the assistant's text or message (tool calls and all). Returns the
+    turn's completion id."""
+    from mint.schemas.episodes import EpisodeMark
+    from mint.services.serving.captures import CaptureTarget
+    from mint.services.serving.episodes import EpisodeTurnRecord
+    from mint.storage.tables import utcnow
+
+    message = {"role": "assistant", "content": answer} if isinstance(answer, str) else answer
+    token_ids = token_ids if token_ids is not None else [11, 12, 13]
+    record = EpisodeTurnRecord(
+        id=f"chatcmpl-{secrets.token_hex(16)}",
+        organization_id=tenant.organization_id,
+        target=CaptureTarget(deployment_id, rate=1.0, retention_days=30, tokens=True),
+        mark=EpisodeMark(id=episode, task=task),
+        revision=revision,
+        model_ref=model_ref,
+        request={"messages": messages},
+        response={"message": message, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"},
+        prompt_token_ids=prompt_token_ids if prompt_token_ids is not None else [1, 2, 3, 4],
+        token_ids=token_ids,
+        logprobs=logprobs if logprobs is not None else [-0.5] * len(token_ids),
+        latency_ms=42.0,
+        created_at=utcnow(),
+    )
+    writer = _capture_writer(get_settings().database)
+    receipt = writer.offer(record)
+    writer.flush()
+    assert receipt.result(), f"the capture writer dropped turn {record.id} of episode {episode!r}"
     return record.id
 
 

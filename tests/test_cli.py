@@ -248,6 +248,18 @@ def test_errors_name_commands_where_the_api_names_routes() -> None:
     )
     # A route no command calls stays as the API wrote it.
     assert in_cli_words("see GET /v1/adapters/{version_id}") == "see GET /v1/adapters/{version_id}"
+    # Episodes, and the capture that records them: the deployment the route names goes along
+    # (NAME for a placeholder), and the body that turns tokens on becomes the flags that do.
+    assert in_cli_words('turn it on (PATCH /v1/deployments/deploy_x1/capture {"rate": 1, "tokens": true}) so') == (
+        "turn it on (`mint deployments capture deploy_x1 --rate 1 --tokens`) so"
+    )
+    assert in_cli_words("lower its rate (PATCH /v1/deployments/{id}/capture)") == (
+        "lower its rate (`mint deployments capture NAME`)"
+    )
+    assert in_cli_words("rewarding them (POST /v1/episodes/{id}/reward)?") == "rewarding them (`mint episodes reward`)?"
+    assert in_cli_words("read GET /v1/episodes/{episode_id}, or list /v1/episodes") == (
+        "read `mint episodes get`, or list `mint episodes list`"
+    )
 
 
 @pytest.mark.backend_free

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import Tenant, record_capture
+from tests.conftest import Tenant, record_capture, record_episode_turn
 
 # Routes open to anyone: health probes for load balancers and Prometheus, and the objects
 # behind signed download URLs (exported Tinker weights, session traces), whose URL is the credential (checked in
@@ -64,7 +64,9 @@ SELF_ROUTES = {
 # checked in tests/serving/test_inference_api.py.
 # An estimate names its files in the body as a create does: checked in tests/jobs/test_spend.py.
 # Mining captures names its deployment in the body: checked in tests/serving/test_inference_api.py.
+# Listing episodes names its deployment in the query: checked in tests/serving/test_episodes.py.
 REFERENCE_ROUTES = {
+    "/v1/episodes",
     "/v1/evals/compare",
     "/v1/datasets/from-failures",
     "/v1/chat/completions",
@@ -221,6 +223,15 @@ def _capture(client: TestClient, owner: Tenant) -> str:
     return record_capture(owner, _deployment(client, owner), asked="hi", answered="hello")
 
 
+def _episode(client: TestClient, owner: Tenant) -> str:
+    """A recorded episode of one of the owner's deployments."""
+    key = f"tenancy-{secrets.token_hex(4)}"
+    record_episode_turn(
+        owner, _deployment(client, owner), episode=key, messages=[{"role": "user", "content": "hi"}], answer="hello"
+    )
+    return key
+
+
 def _tinker_sampler(client: TestClient, owner: Tenant) -> str:
     body = {"session_id": _tinker_session(client, owner), "sampling_session_seq_id": 0, "base_model": "tiny-glm-moe"}
     response = client.post("/api/v1/create_sampling_session", headers=owner.headers("developer"), json=body)
@@ -261,6 +272,7 @@ RESOURCE_MAKERS: dict[str, ResourceMaker] = {
     "delivery_id": _delivery,
     "deployment_id": _deployment,
     "completion_id": _capture,
+    "episode_id": _episode,
     "key_id": lambda client, owner: owner.key_ids["viewer"],
     "model": lambda client, owner: _model_ref(client, owner),
     "dataset_id": _dataset,
@@ -282,6 +294,7 @@ RESOURCE_MAKERS: dict[str, ResourceMaker] = {
 ROUTE_BODIES: dict[str, dict[str, Any]] = {
     "/v1/adapters/{adapter_id}/versions/{version}/replay": {"model": "tiny-qwen3-moe"},
     "/api/v1/sessions/{session_id}/project": {"project_id": "tenancy"},
+    "/v1/episodes/{episode_id}/reward": {"score": 1.0},
 }
 
 

@@ -30,10 +30,16 @@ def row_of(deployment: Any) -> dict[str, Any]:
         "serving": (serving.routing.get("model") or deployment.kind) if serving else None,
         "action": serving.action if serving else None,
         "base_model": deployment.base_model,
-        "capture": f"{deployment.capture.rate:g} for {deployment.capture.retention_days} d"
-        if deployment.capture and deployment.capture.rate
-        else "off",
+        "capture": capture_words(deployment.capture),
     }
+
+
+def capture_words(capture: Any) -> str:
+    """`0.2 for 30 d`, `1 for 7 d, tokens` (episodes recorded token-exact), or `off`."""
+    if not capture or not capture.rate:
+        return "off"
+    words = f"{capture.rate:g} for {capture.retention_days} d"
+    return words + (", tokens" if capture.tokens else "")
 
 
 def _last_words(payload: dict[str, Any]) -> str:
@@ -165,13 +171,21 @@ def capture(
     retention_days: Annotated[
         int | None, typer.Option("--retention-days", min=1, max=3650, help="Days each capture is kept.")
     ] = None,
+    tokens: Annotated[
+        bool | None,
+        typer.Option(
+            "--tokens/--no-tokens",
+            help="Record the turns of marked episodes (X-Mint-Episode) token-exact, for online RL.",
+        ),
+    ] = None,
 ) -> None:
-    """Record a share of the requests a deployment serves (audited); without options, show it."""
+    """Record a share of the requests a deployment serves (audited), and with --tokens the
+    episodes its clients mark, token-exact; without options, show it."""
     with api.client() as client:
-        if rate is None and retention_days is None:
+        if rate is None and retention_days is None and tokens is None:
             deployment = client.deployments.get(name)
         else:
-            deployment = client.deployments.set_capture(name, rate=rate, retention_days=retention_days)
+            deployment = client.deployments.set_capture(name, rate=rate, retention_days=retention_days, tokens=tokens)
     api.show(deployment, row_of(deployment))
 
 

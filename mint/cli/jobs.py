@@ -1,4 +1,4 @@
-"""`mint jobs ...`: fine-tuning jobs (SFT, DPO, RL), their progress and their logs."""
+"""`mint jobs ...`: fine-tuning jobs (SFT, DPO, RL, online RL), their progress and their logs."""
 
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ from mint.cli.output import console, human, wire
 from mint.schemas.fine_tuning import MethodType, TrainingType
 from mint.schemas.plans import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_STEPS
 from mint.sdk.errors import BadRequestError
+from mint.sdk.jobs import ServeMode, online_rl_method
 
-app = typer.Typer(help="Fine-tuning jobs: SFT, DPO, RL.", no_args_is_help=True)
+app = typer.Typer(help="Fine-tuning jobs: SFT, DPO, RL, online RL.", no_args_is_help=True)
 
 LIST_COLUMNS = ["id", "status", "model", "method", "steps", "fine_tuned_model", "created_at"]
 
@@ -166,20 +167,44 @@ def create(
         float | None,
         typer.Option("--budget-usd", min=0.0, callback=finite, help="The most the job may cost (USD)."),
     ] = None,
+    deployment: Annotated[
+        str | None,
+        typer.Option(
+            "--deployment",
+            help="For online_rl: the deployment (name or id) whose live, rewarded episodes it trains from; "
+            "its capture must record tokens.",
+        ),
+    ] = None,
+    serve: Annotated[
+        ServeMode | None,
+        typer.Option(
+            "--serve",
+            help="For online_rl: immediate (default): the deployment serves each published version at once; "
+            "register: versions wait for a promotion.",
+        ),
+    ] = None,
+    publish_every: Annotated[
+        int | None,
+        typer.Option("--publish-every", min=1, max=MAX_STEPS, help="For online_rl: steps between published versions."),
+    ] = None,
     estimate: Annotated[
         bool, typer.Option("--estimate", help="Print what the job would use and cost, and start nothing.")
     ] = False,
     wait: WaitOpt = False,
     timeout: TimeoutOpt = None,
 ) -> None:
-    """Start a fine-tuning job (or a chain of stages); with --wait, until it has finished (exit 1
-    unless it succeeded). With --estimate, only price it."""
+    """Start a fine-tuning job (or a chain of stages, or with --method online_rl --deployment NAME
+    --steps N an online RL job on a deployment's rewarded episodes); with --wait, until it has
+    finished (exit 1 unless it succeeded). With --estimate, only price it."""
     file = dataset_id(file, "--file")
     hyperparameters = {
         name: value for name, value in (("batch_size", batch_size), ("n_epochs", epochs)) if value is not None
     }
+    chosen: MethodType | dict[str, Any] | None = method
+    if method == "online_rl" or deployment is not None or serve is not None or publish_every is not None:
+        chosen = online_method(method, deployment, serve, publish_every, hyperparameters, grader)
     fields: dict[str, Any] = {
-        "method": method,
+        "method": chosen,
         "hyperparameters": hyperparameters or None,
         "grader": grader_option(grader),
         "steps": steps,
@@ -203,6 +228,35 @@ def create(
     api.show(job, row_of(job))
     if wait:
         exit_unless_succeeded(job.status, f"job {job.id}")
+
+
+def online_method(
+    method: MethodType | None,
+    deployment: str | None,
+    serve: ServeMode | None,
+    publish_every: int | None,
+    hyperparameters: dict[str, Any],
+    grader: str | None,
+) -> dict[str, Any]:
+    """The `online_rl` method object from `--method online_rl --deployment NAME [--serve]
+    [--publish-every] [--batch-size]` (exit 6 when the flags do not make one)."""
+    if method not in (None, "online_rl"):
+        raise BadRequestError(
+            f"--deployment, --serve and --publish-every are for --method online_rl, not {method}", param="method"
+        )
+    if deployment is None:
+        raise BadRequestError(
+            "--method online_rl trains from a deployment's live episodes: give --deployment NAME", param="deployment"
+        )
+    if grader is not None:
+        raise BadRequestError(
+            "--grader is for --method reinforcement; an online RL job's rewards are its episodes' "
+            "(`mint episodes reward`)",
+            param="grader",
+        )
+    if publish_every is not None:
+        hyperparameters = {**hyperparameters, "publish_every": publish_every}
+    return online_rl_method(deployment, serve=serve, hyperparameters=hyperparameters or None)
 
 
 RANGE_FIELDS = {"seconds_low", "seconds_high", "cost_usd_low", "cost_usd_high", "basis"}

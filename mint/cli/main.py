@@ -1,7 +1,7 @@
 """The `mint` command: one module per command group, assembled here.
 
-User commands (datasets, benchmarks, evals, jobs, adapters, deployments, chat, models, keys,
-audit, usage, webhooks) speak HTTP through the SDK and share their connection and `--json` options
+User commands (datasets, benchmarks, evals, jobs, adapters, deployments, captures, episodes, chat,
+models, keys, audit, usage, webhooks) speak HTTP through the SDK and share their connection and `--json` options
 (`mint.cli.options`); `mint admin` acts on the database; `api | worker | beat | serve | up`
 run the processes.
 Errors Mint raises on purpose print their message, naming commands where the API's names
@@ -25,6 +25,7 @@ from mint.cli import (
     datasets,
     demo,
     deployments,
+    episodes,
     evals,
     jobs,
     models,
@@ -56,6 +57,7 @@ app.add_typer(jobs.app, name="jobs")
 app.add_typer(adapters.app, name="adapters")
 app.add_typer(deployments.app, name="deployments")
 app.add_typer(captures.app, name="captures")
+app.add_typer(episodes.app, name="episodes")
 app.command("deploy")(deployments.deploy)
 app.command("promote")(deployments.promote)
 app.command("rollback")(deployments.rollback)

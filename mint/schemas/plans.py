@@ -58,6 +58,16 @@ MAX_STEPS_OFF_POLICY = 8
 ENVIRONMENT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 
 
+def known_loss_options(config: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+    """A plan's `loss_fn_config`, checked against its `loss_fn`'s options (a validator of the RL plans)."""
+    if "loss_fn" in info.data:
+        try:
+            check_loss_config(info.data["loss_fn"], config)
+        except InvalidRequest as exc:
+            raise ValueError(exc.message) from None
+    return config
+
+
 class _Plan(BaseModel):
     """What every method's plan holds: the optimizer's schedule and the checkpoint cadence."""
 
@@ -139,15 +149,7 @@ class RlPlan(_Plan):
         description="Steps a sampler copy of the policy may sample ahead while it trains (0: on policy).",
     )
 
-    @field_validator("loss_fn_config")
-    @classmethod
-    def _known_keys(cls, config: dict[str, float], info: ValidationInfo) -> dict[str, float]:
-        if "loss_fn" in info.data:
-            try:
-                check_loss_config(info.data["loss_fn"], config)
-            except InvalidRequest as exc:
-                raise ValueError(exc.message) from None
-        return config
+    _known_keys = field_validator("loss_fn_config")(known_loss_options)
 
     @model_validator(mode="after")
     def _rewarded(self) -> RlPlan:
@@ -186,15 +188,7 @@ class OnlineRlPlan(_Plan):
         description="Updates an episode's version may lag the policy before it is dropped.",
     )
 
-    @field_validator("loss_fn_config")
-    @classmethod
-    def _known_keys(cls, config: dict[str, float], info: ValidationInfo) -> dict[str, float]:
-        if "loss_fn" in info.data:
-            try:
-                check_loss_config(info.data["loss_fn"], config)
-            except InvalidRequest as exc:
-                raise ValueError(exc.message) from None
-        return config
+    _known_keys = field_validator("loss_fn_config")(known_loss_options)
 
 
 TrainingPlan = Annotated[SftPlan | DpoPlan | RlPlan | OnlineRlPlan, Field(discriminator="method")]

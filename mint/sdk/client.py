@@ -36,6 +36,7 @@ from mint.sdk.benchmarks import AsyncBenchmarks, Benchmarks
 from mint.sdk.captures import AsyncCaptures, Captures
 from mint.sdk.chat import AsyncChat, AsyncCompletions, Chat, Completions
 from mint.sdk.deployments import AsyncDeployments, Deployments
+from mint.sdk.episodes import AsyncEpisodes, Episodes
 from mint.sdk.evals import AsyncEvals, Evals
 from mint.sdk.files import AsyncDatasets, AsyncFiles, Datasets, Files
 from mint.sdk.jobs import AsyncFineTuning, FineTuning
@@ -87,6 +88,7 @@ class Mint:
         self.adapters = Adapters(self._http)
         self.deployments = Deployments(self._http)
         self.captures = Captures(self._http)
+        self.episodes = Episodes(self._http)
         self.chat = Chat(self._http)
         self.completions = Completions(self._http)
         self.models = Models(self._http)
@@ -145,6 +147,7 @@ class AsyncMint:
         self.adapters = AsyncAdapters(self._http)
         self.deployments = AsyncDeployments(self._http)
         self.captures = AsyncCaptures(self._http)
+        self.episodes = AsyncEpisodes(self._http)
         self.chat = AsyncChat(self._http)
         self.completions = AsyncCompletions(self._http)
         self.models = AsyncModels(self._http)

@@ -115,10 +115,18 @@ class Deployments:
         return self._http.send(list_revisions(deployment))
 
     def set_capture(
-        self, deployment: str, *, rate: float | None = None, retention_days: int | None = None
+        self,
+        deployment: str,
+        *,
+        rate: float | None = None,
+        retention_days: int | None = None,
+        tokens: bool | None = None,
     ) -> DeploymentPublic:
-        """Record `rate` (0 to 1; 0 stops) of the requests it serves, each kept `retention_days`."""
-        return self._http.send(set_capture(deployment, {"rate": rate, "retention_days": retention_days}))
+        """Record `rate` (0 to 1; 0 stops) of the requests it serves, each kept `retention_days`;
+        with `tokens`, also the turns of the episodes its clients mark (`X-Mint-Episode`),
+        token-exact, for online RL (see `client.episodes`). An argument left out is unchanged."""
+        fields = {"rate": rate, "retention_days": retention_days, "tokens": tokens}
+        return self._http.send(set_capture(deployment, fields))
 
     def captures(self, deployment: str, *, limit: int = 20) -> SyncPager[CapturePublic]:
         """The requests it captured, newest first, each with its feedback."""
@@ -163,9 +171,15 @@ class AsyncDeployments:
         return await self._http.send(change(deployment, "withdraw", WithdrawRequest, {"reason": reason or None}))
 
     async def set_capture(
-        self, deployment: str, *, rate: float | None = None, retention_days: int | None = None
+        self,
+        deployment: str,
+        *,
+        rate: float | None = None,
+        retention_days: int | None = None,
+        tokens: bool | None = None,
     ) -> DeploymentPublic:
-        return await self._http.send(set_capture(deployment, {"rate": rate, "retention_days": retention_days}))
+        fields = {"rate": rate, "retention_days": retention_days, "tokens": tokens}
+        return await self._http.send(set_capture(deployment, fields))
 
     def captures(self, deployment: str, *, limit: int = 20) -> AsyncPager[CapturePublic]:
         return AsyncPager(self._http, list_captures(deployment, limit))

@@ -1,8 +1,9 @@
 """Fine-tuning jobs (`client.fine_tuning.jobs`, also `client.jobs`): create, read, list, cancel,
 events, checkpoints, and `wait()` with a progress bar of steps, the latest loss and the ETA.
 
-A job trains a LoRA adapter on a base by SFT (`supervised`), DPO (`dpo`) or RL
-(`reinforcement`, with a grader); when it succeeds, `fine_tuned_model` names the new adapter
+A job trains a LoRA adapter on a base by SFT (`supervised`), DPO (`dpo`), RL
+(`reinforcement`, with a grader) or online RL (`online_rl`: from a deployment's live, rewarded
+episodes, `create_online`); when it succeeds, `fine_tuned_model` names the new adapter
 version (`suffix@N`), ready to evaluate or deploy. `from_adapter="name@3"` continues training
 an existing version; `stages=[...]` chains methods in one job (SFT, then RL), each stage
 registering its own version. Creates carry an `Idempotency-Key`, so a
@@ -18,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import PrivateAttr
 
@@ -32,6 +33,7 @@ from mint.schemas.fine_tuning import (
     JobEstimate,
     LoraSpec,
     MethodType,
+    OnlineRlHyperparameters,
     StageCreate,
     TrainingType,
 )
@@ -40,6 +42,8 @@ from mint.sdk.errors import BadRequestError
 from mint.sdk.pagination import AsyncPager, PageCall, SyncPager, bind_items
 from mint.sdk.progress import Deadline, WaitProgress, apatiently, patiently, poll_pause
 
+# How an online RL job's versions reach its deployment (`OnlineRlMethod.serve`).
+ServeMode = Literal["immediate", "register"]
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 # Events to read for the latest loss: metrics are written once per step, messages rarely.
 RECENT_EVENTS = 20
@@ -116,6 +120,26 @@ def method_body(
             raise BadRequestError(f"a grader is for method 'reinforcement', not {kind!r}", param="grader")
         inner["grader"] = {"type": grader} if isinstance(grader, str) else grader
     return {"type": kind, kind: inner}
+
+
+def online_rl_method(
+    deployment: str,
+    *,
+    serve: ServeMode | None = None,
+    hyperparameters: OnlineRlHyperparameters | dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The `method` of an online RL job: `{"type": "online_rl", "online_rl": {"deployment",
+    "serve"?, "hyperparameters"?}}`, for `create(..., method=...)` or a stage."""
+    inner: dict[str, Any] = {"deployment": deployment}
+    if serve is not None:
+        inner["serve"] = serve
+    if hyperparameters is not None:
+        inner["hyperparameters"] = (
+            hyperparameters.model_dump(mode="json", exclude_unset=True)
+            if isinstance(hyperparameters, OnlineRlHyperparameters)
+            else hyperparameters
+        )
+    return {"type": "online_rl", "online_rl": inner}
 
 
 def create_job(fields: dict[str, Any], idempotency_key: str | None, cls: type[FineTuningJob]) -> Call[Any]:
@@ -255,7 +279,8 @@ class Jobs:
 
         `method` is supervised (default) | dpo | reinforcement, with `hyperparameters`
         (batch_size, n_epochs, learning_rate_multiplier, beta, group_size, ...) and, for
-        reinforcement, a `grader` by name or as `{"type", "config"}`. `steps` fixes the number
+        reinforcement, a `grader` by name or as `{"type", "config"}`; or a whole method object,
+        such as `online_rl_method(deployment)`'s (an online RL job: see `create_online`). `steps` fixes the number
         of optimizer steps; `suffix` names the adapter (each job adds a version to it).
 
         `from_adapter` (`"name@3"`, or `"name"` for its newest version) starts from that
@@ -298,6 +323,50 @@ class Jobs:
             budget_usd=budget_usd,
         )
         return self._bind(self._http.send(create_job(fields, idempotency_key, Job)))
+
+    def create_online(
+        self,
+        model: str,
+        deployment: str,
+        *,
+        steps: int,
+        serve: ServeMode | None = None,
+        hyperparameters: OnlineRlHyperparameters | dict[str, Any] | None = None,
+        suffix: str | None = None,
+        seed: int | None = None,
+        learning_rate: float | None = None,
+        checkpoint_interval: int | None = None,
+        metadata: dict[str, str] | None = None,
+        budget_usd: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> Job:
+        """Start an online RL job on base `model`: it trains the adapter version `deployment`
+        serves from the episodes its clients mark and reward, for `steps` optimizer steps of
+        `batch_size` rewarded episodes each, and publishes a version every `publish_every` steps.
+        The deployment must record tokens (`client.deployments.set_capture(name, rate=1.0,
+        tokens=True)`).
+
+        `serve="immediate"` (the default) makes the deployment serve each published version at
+        once; `"register"` only registers them, for a promotion through the deployment's gate.
+        `hyperparameters`: batch_size, publish_every, baseline (`group` | `task_mean`),
+        reward_timeout_s, max_wait_s, max_steps_off_policy, loss_fn, loss_fn_config, kl_beta,
+        learning_rate_multiplier, max_steps_without_signal (`OnlineRlHyperparameters`). Its
+        events say `Step n: published NAME@k, now served` and carry each step's metrics
+        (episodes, episodes_stale, episodes_late, episodes_unrewarded, reward, groups_with_signal).
+        """
+        method = online_rl_method(deployment, serve=serve, hyperparameters=hyperparameters)
+        return self.create(
+            model,
+            method=method,
+            steps=steps,
+            suffix=suffix,
+            seed=seed,
+            learning_rate=learning_rate,
+            checkpoint_interval=checkpoint_interval,
+            metadata=metadata,
+            budget_usd=budget_usd,
+            idempotency_key=idempotency_key,
+        )
 
     def estimate(
         self,
@@ -438,6 +507,36 @@ class AsyncJobs:
             budget_usd=budget_usd,
         )
         return self._bind(await self._http.send(create_job(fields, idempotency_key, AsyncJob)))
+
+    async def create_online(
+        self,
+        model: str,
+        deployment: str,
+        *,
+        steps: int,
+        serve: ServeMode | None = None,
+        hyperparameters: OnlineRlHyperparameters | dict[str, Any] | None = None,
+        suffix: str | None = None,
+        seed: int | None = None,
+        learning_rate: float | None = None,
+        checkpoint_interval: int | None = None,
+        metadata: dict[str, str] | None = None,
+        budget_usd: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncJob:
+        method = online_rl_method(deployment, serve=serve, hyperparameters=hyperparameters)
+        return await self.create(
+            model,
+            method=method,
+            steps=steps,
+            suffix=suffix,
+            seed=seed,
+            learning_rate=learning_rate,
+            checkpoint_interval=checkpoint_interval,
+            metadata=metadata,
+            budget_usd=budget_usd,
+            idempotency_key=idempotency_key,
+        )
 
     async def estimate(
         self,

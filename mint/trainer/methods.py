@@ -20,9 +20,10 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from mint.errors import ConfigurationError
-from mint.schemas.plans import PLAN_TYPES, DpoPlan, RlPlan, SftPlan, TrainingPlan
+from mint.schemas.plans import PLAN_TYPES, DpoPlan, OnlineRlPlan, RlPlan, SftPlan, TrainingPlan
 from mint.trainer.recipes.common import RecipeInputs, StepReport
 from mint.trainer.recipes.dpo import run_dpo_plan
+from mint.trainer.recipes.online_rl import run_online_rl_plan
 from mint.trainer.recipes.rl import run_rl_plan
 from mint.trainer.recipes.sft import run_sft_plan
 
@@ -75,3 +76,4 @@ METHODS = MethodRegistry()
 METHODS.register("sft", SftPlan, run_sft_plan)
 METHODS.register("dpo", DpoPlan, run_dpo_plan)
 METHODS.register("rl", RlPlan, run_rl_plan)
+METHODS.register("online_rl", OnlineRlPlan, run_online_rl_plan)

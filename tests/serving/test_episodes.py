@@ -56,7 +56,7 @@ def api(live_server: LiveServer, owner: Tenant, node: Any) -> httpx.Client:
 
 
 def test_a_marked_episode_is_recorded_token_exact_and_rewarded_after_the_fact(
-    live_server: LiveServer, api: httpx.Client, owner: Tenant, version: str, resident: Any
+    live_server: LiveServer, api: httpx.Client, owner: Tenant, version: str, resident: Any, prepared: Settings
 ) -> None:
     from openai import OpenAI
 
@@ -129,6 +129,11 @@ def test_a_marked_episode_is_recorded_token_exact_and_rewarded_after_the_fact(
     assert given.json()["status"] == "rewarded" and given.json()["rewarded_by"]
     listed = api.get("/v1/episodes", params={"deployment": "agent-prod", "rewarded": True}).json()["data"]
     assert [row["id"] for row in listed] == ["ep-1"] and listed[0]["reward"] == 0.5
+    # Another organization's key finds neither the deployment's episodes nor the episode.
+    stranger = {"Authorization": f"Bearer {make_tenant(prepared).keys['developer']}"}
+    assert api.get("/v1/episodes", params={"deployment": "agent-prod"}, headers=stranger).status_code == 404
+    assert api.get("/v1/episodes/ep-1", headers=stranger).status_code == 404
+    assert api.post("/v1/episodes/ep-1/reward", json={"score": 1.0}, headers=stranger).status_code == 404
 
     # Or a grader of the registry computes it, on the episode's added messages (the last answer
     # for a text grader), against a reference; a judge asks the model its config names.

@@ -11,18 +11,25 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 
 from mint.api.deps import CurrentPrincipal, QuotasDep, SessionDep, SettingsDep
-from mint.api.pagination import After, Limit, id_path, page_from
+from mint.api.pagination import Limit, page_from
 from mint.schemas.common import Page
-from mint.schemas.episodes import EpisodePublic, EpisodeReward
+from mint.schemas.episodes import EPISODE_KEY_PATTERN, EpisodePublic, EpisodeReward
 from mint.services.evals import episode_grades
 from mint.services.serving import episodes
 
 router = APIRouter(tags=["episodes"])
 
-EpisodeId = Annotated[str, id_path("The client's key for the episode (its X-Mint-Episode).")]
+EpisodeId = Annotated[
+    str,
+    Path(max_length=128, pattern=EPISODE_KEY_PATTERN, description="The client's key for the episode (X-Mint-Episode)."),
+]
+EpisodeAfter = Annotated[
+    str | None,
+    Query(max_length=128, pattern=EPISODE_KEY_PATTERN, description="Cursor: the last key of the previous page."),
+]
 
 
 @router.get("/v1/episodes", response_model=Page[EpisodePublic])
@@ -32,7 +39,7 @@ def list_episodes(
     deployment: Annotated[str, Query(min_length=1, max_length=200, description="The deployment's name or id.")],
     rewarded: Annotated[bool | None, Query(description="Only rewarded episodes (true) or open ones (false).")] = None,
     task: Annotated[str | None, Query(max_length=128, description="Only the episodes of this task.")] = None,
-    after: After = None,
+    after: EpisodeAfter = None,
     limit: Limit = 20,
 ) -> Page[EpisodePublic]:
     """A deployment's recorded episodes, newest first: each one's reward, tokens and the versions
@@ -74,6 +81,6 @@ def reward_episode(
         episode = episode_grades.grade_episode(
             session, principal, episode_id, body, quotas=quotas, shared_token=settings.shared_node_token
         )
-        return episodes.episode_public(episode, None, whole=False)
-    episode = episodes.reward_episode(session, principal, episode_id, body, quotas=quotas)
-    return episodes.episode_public(episode, None, whole=False)
+    else:
+        episode = episodes.reward_episode(session, principal, episode_id, body, quotas=quotas)
+    return episodes.episode_public(episode, episodes.turns_of(session, [episode.id])[episode.id], whole=False)

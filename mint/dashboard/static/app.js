@@ -9,6 +9,7 @@ import * as adapters from "./adapters.js";
 import * as datasets from "./datasets.js";
 import * as autotune from "./autotune.js";
 import * as deployments from "./deployments.js";
+import * as episodes from "./episodes.js";
 import * as evals from "./evals.js";
 import * as jobs from "./jobs.js";
 import * as overview from "./overview.js";
@@ -39,6 +40,7 @@ const ROUTES = [
   [/^\/tinker\/([^/]+)$/, tinker.renderRun, "Tinker run"],
   [/^\/deployments$/, deployments.renderDeployments, "Deployments"],
   [/^\/deployments\/([^/]+)$/, deployments.renderDeployment, "Deployment"],
+  [/^\/episodes\/([^/]+)$/, episodes.renderEpisode, "Episode"],
   [/^\/playground$/, playground.render, "Playground"],
   [/^\/usage$/, usage.render, "Usage"],
 ];
@@ -61,7 +63,10 @@ function markCurrentLink(path) {
   const section = `/${path.split("/")[1] || ""}`;
   for (const anchor of elements.nav.querySelectorAll("a")) {
     const target = anchor.getAttribute("href").slice(1);
-    const here = target === section || (section === "/compare" && target === "/benchmarks");
+    const here =
+      target === section ||
+      (section === "/compare" && target === "/benchmarks") ||
+      (section === "/episodes" && target === "/deployments");
     if (here) anchor.setAttribute("aria-current", "page");
     else anchor.removeAttribute("aria-current");
   }

@@ -1,10 +1,13 @@
 // Deployments: the list, and a deployment's page: what it serves now, promote / roll back /
 // withdraw (each asked for confirmation, with a reason), the revision history with the gate's
-// verdict on every gated change, and the traffic it captured with the feedback given on it.
+// verdict on every gated change and who made it (a person's key, or an online RL job that
+// published and served a version), the traffic it captured with the feedback given on it, and
+// the episodes it recorded (`episodes.js`).
 
 import { all, get, patch, post } from "./api.js";
 import { code, facts, fill, h, heading, link, percent, section, signedPoints, status, table, when } from "./dom.js";
 import { apiForm, field, formPanel, input, numberOf, select, textOf, versionModels } from "./forms.js";
+import { episodesSection } from "./episodes.js";
 import { confirmAction, showError, showNotice } from "./ui.js";
 
 function servingText(routing) {
@@ -141,6 +144,53 @@ function verdictCell(verdict) {
   );
 }
 
+// The online RL job that made a revision: its reason names it ("online RL job <id>, step N",
+// "online RL job <id> finished"); such a revision has no key of its own.
+const ONLINE_JOB = /\bonline RL job (ftjob_[A-Za-z0-9]+)/;
+
+function jobOf(revision) {
+  return revision.created_by_key_id ? null : (ONLINE_JOB.exec(revision.reason ?? "")?.[1] ?? null);
+}
+
+function byCell(revision) {
+  const job = jobOf(revision);
+  if (job) return h("span", { class: "by-job" }, link(`#/jobs/${encodeURIComponent(job)}`, `job ${job}`));
+  if (revision.created_by_key_id) return h("span", {}, "key ", code(revision.created_by_key_id));
+  return h("span", { class: "muted" }, "the platform");
+}
+
+// One line per online RL job that changed what the deployment serves: how many versions it
+// promoted, and the last.
+function onlinePromotions(revisions) {
+  const jobs = new Map();
+  for (const revision of [...revisions].reverse()) {
+    const job = jobOf(revision);
+    if (!job) continue;
+    const seen = jobs.get(job) ?? { count: 0, last: null };
+    seen.count += 1;
+    seen.last = revision;
+    jobs.set(job, seen);
+  }
+  if (!jobs.size) return null;
+  return h(
+    "ul",
+    { class: "online-promotions", id: "online-promotions", "aria-label": "Promotions by online RL jobs" },
+    [...jobs].map(([job, seen]) =>
+      h(
+        "li",
+        {},
+        "Online RL ",
+        link(`#/jobs/${encodeURIComponent(job)}`, `job ${job}`),
+        ` promoted ${seen.count} version${seen.count === 1 ? "" : "s"}; the last, `,
+        code(servingText(seen.last.routing)),
+        `, at revision ${seen.last.revision} (`,
+        when(seen.last.created_at),
+        ").",
+      ),
+    ),
+  );
+}
+
 function historyTable(revisions) {
   return table(
     "Revisions, newest first",
@@ -148,12 +198,18 @@ function historyTable(revisions) {
       ["Revision", (revision) => revision.revision],
       ["Action", (revision) => revision.action],
       ["Serving", (revision) => servingText(revision.routing)],
+      ["By", byCell],
       ["Gate verdict", (revision) => verdictCell(revision.gate_verdict)],
       ["Reason", (revision) => revision.reason || "—"],
       ["When", (revision) => when(revision.created_at)],
     ],
     revisions,
-    { rowAttributes: (revision) => ({ dataset: { revision: String(revision.revision), action: revision.action } }) },
+    {
+      rowAttributes: (revision) => ({
+        class: jobOf(revision) ? "by-online-job" : undefined,
+        dataset: { revision: String(revision.revision), action: revision.action, job: jobOf(revision) ?? undefined },
+      }),
+    },
   );
 }
 
@@ -299,15 +355,40 @@ function captureForm(deployment, capture, rebuild) {
     step: "any",
     value: String(+(100 * capture.rate).toFixed(4)),
   });
+  const tokens = h("input", {
+    type: "checkbox",
+    id: "capture-tokens",
+    name: "capture-tokens",
+    checked: Boolean(capture.tokens),
+    "aria-describedby": "capture-tokens-hint",
+  });
   return apiForm({
     id: "set-capture",
     title: "Capture",
-    fields: [field("Share of requests to record (%)", rate, "0 turns capture off.")],
+    fields: [
+      field("Share of requests to record (%)", rate, "0 turns capture off."),
+      h(
+        "div",
+        {},
+        h(
+          "div",
+          { class: "check" },
+          tokens,
+          h("label", { for: "capture-tokens" }, "Record episodes token-exact (tokens)"),
+        ),
+        h(
+          "small",
+          { class: "hint", id: "capture-tokens-hint" },
+          "The turns of requests marked X-Mint-Episode, with their token ids and logprobs: what online RL trains from.",
+        ),
+      ),
+    ],
     actions: h("button", { type: "submit", class: "secondary" }, "Set capture"),
     action: async () => {
       const value = numberOf(rate);
       await patch(`/v1/deployments/${encodeURIComponent(deployment.id)}/capture`, {
         rate: value === undefined ? undefined : value / 100,
+        tokens: tokens.checked,
       });
       await rebuild();
     },
@@ -315,10 +396,11 @@ function captureForm(deployment, capture, rebuild) {
 }
 
 function captureSection(deployment, captures, rebuild) {
-  const capture = deployment.capture ?? { rate: 0, retention_days: 30 };
+  const capture = deployment.capture ?? { rate: 0, retention_days: 30, tokens: false };
+  const episodes = capture.tokens ? " Marked episodes are recorded token-exact." : "";
   const state =
     capture.rate > 0
-      ? `Capturing ${percent(capture.rate, 0)} of requests, each kept ${capture.retention_days} days.`
+      ? `Capturing ${percent(capture.rate, 0)} of requests, each kept ${capture.retention_days} days.${episodes}`
       : "Capture is off: set a share of requests below to record traffic.";
   return section(
     "Captured traffic",
@@ -396,8 +478,9 @@ export async function renderDeployment(deploymentId) {
           withdrawForm(deployment, act),
         ),
       ),
-      section("Revision history", historyTable(revisions)),
+      section("Revision history", onlinePromotions(revisions), historyTable(revisions)),
       captureSection(deployment, captured.data, rebuild),
+      episodesSection(deployment),
     ];
   }
 

@@ -21,6 +21,7 @@ import {
   when,
 } from "./dom.js";
 import { apiForm, baseNames, field, formPanel, input, numberOf, select, suggestions, textOf, versionModels } from "./forms.js";
+import { message } from "./messages.js";
 import { showError } from "./ui.js";
 
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
@@ -319,50 +320,6 @@ export async function renderNewRun(benchmarkId) {
   return runsPage(benchmarkId);
 }
 
-function messageText(content) {
-  if (content === null || content === undefined) return "";
-  if (typeof content === "string") return content;
-  if (Array.isArray(content))
-    return content.map((part) => (typeof part === "string" ? part : (part.text ?? JSON.stringify(part)))).join("");
-  return JSON.stringify(content, null, 2);
-}
-
-function prettyArguments(text) {
-  try {
-    return JSON.stringify(typeof text === "string" ? JSON.parse(text) : text, null, 2);
-  } catch {
-    return String(text);
-  }
-}
-
-function toolCall(call) {
-  const fn = call.function ?? call;
-  return h(
-    "li",
-    { class: "tool-call" },
-    h("span", { class: "tool-name" }, "Tool call ", code(fn.name ?? "?"), call.id ? [" (", code(call.id), ")"] : null),
-    h("pre", {}, prettyArguments(fn.arguments ?? {})),
-  );
-}
-
-function message(entry, index) {
-  const role = entry.role ?? "?";
-  const calls = entry.tool_calls ?? [];
-  return h(
-    "li",
-    { class: `message role-${role}` },
-    h(
-      "div",
-      { class: "message-head" },
-      h("span", { class: "step" }, `#${index + 1}`),
-      h("span", { class: "role" }, role),
-      entry.tool_call_id ? h("span", {}, "answering ", code(entry.tool_call_id)) : null,
-    ),
-    messageText(entry.content) ? h("pre", { class: "content" }, messageText(entry.content)) : null,
-    calls.length ? h("ul", { class: "tool-calls", "aria-label": "Tool calls" }, calls.map(toolCall)) : null,
-  );
-}
-
 function trajectory(item) {
   const verdict = item.passed ? "passed" : "failed";
   return h(
@@ -381,7 +338,7 @@ function trajectory(item) {
         h("span", {}, `${item.tokens_in} in / ${item.tokens_out} out tokens`),
         h("span", {}, `${number(item.latency_ms)} ms`),
       ),
-      h("ol", { class: "messages", "aria-label": `Messages of ${item.task_id}` }, item.messages.map(message)),
+      h("ol", { class: "messages", "aria-label": `Messages of ${item.task_id}` }, item.messages.map((entry, index) => message(entry, index + 1))),
       h("p", { class: "output" }, h("strong", {}, "Output: "), item.output ? code(item.output) : "(empty)"),
       item.error ? h("p", { class: "error-text" }, h("strong", {}, "Error: "), item.error) : null,
     ),

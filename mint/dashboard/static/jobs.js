@@ -2,13 +2,18 @@
 // events (`/v1/fine_tuning/jobs/{id}/events`), its events and its checkpoints. A reinforcement
 // job's page also draws its mean reward and shows its latest step's signal: the reward's spread,
 // the share of groups with signal, KL to the base, entropy and clip fraction, and a few of the
-// latest step's samples as the grader read them (text, reward, reference). While the job
-// is not finished the page asks for new events every few seconds and redraws.
+// latest step's samples as the grader read them (text, reward, reference). An online RL job's
+// page (`method: online_rl`, learning from a deployment's rewarded episodes) draws the same
+// reward curve and signal, and adds what the episodes gave each step (used, stale, late,
+// unrewarded, the wait), the share of groups with signal per step, and the versions it
+// published (from its `Step n: published X@k` events) and whether the deployment serves them.
+// While the job is not finished the page asks for new events every few seconds and redraws.
 
 import { all, get, post } from "./api.js";
 import { lineChart } from "./charts.js";
 import { code, facts, fill, h, heading, link, money, number, percent, section, status, table, when } from "./dom.js";
 import { apiForm, baseNames, field, formPanel, input, numberOf, select, textOf } from "./forms.js";
+import { episodeHref } from "./episodes.js";
 import { showError } from "./ui.js";
 
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
@@ -268,7 +273,8 @@ function jobFacts(job) {
     [
       "Hyperparameters",
       Object.entries(hyperparameters)
-        .map(([name, value]) => `${name} ${value}`)
+        .filter(([, value]) => value !== null && value !== undefined)
+        .map(([name, value]) => `${name} ${typeof value === "object" ? JSON.stringify(value) : value}`)
         .join(", ") || "defaults",
     ],
     ["Seed", job.seed],
@@ -290,10 +296,18 @@ function metricPoints(events, name) {
     .filter((point, index, points) => index === points.length - 1 || points[index + 1][0] !== point[0]);
 }
 
-// What shows whether RL can learn, at the newest step reported.
-function signalFacts(events) {
+// What shows whether RL can learn, at the newest step reported; an online job's also says what
+// the deployment's episodes gave that step.
+function signalFacts(events, online = false) {
   const latest = events.find((event) => event.type === "metrics" && typeof event.data.reward === "number");
-  if (!latest) return h("p", { class: "poll-note" }, "The first step's signal appears when it ends.");
+  if (!latest)
+    return h(
+      "p",
+      { class: "poll-note" },
+      online
+        ? "The first step's signal appears when enough rewarded episodes have come and the step ends."
+        : "The first step's signal appears when it ends.",
+    );
   const data = latest.data;
   return h(
     "div",
@@ -302,22 +316,151 @@ function signalFacts(events) {
       ["Step", number(data.step)],
       ["Reward", `${number(data.reward, 3)} ± ${number(data.reward_std, 3)}`],
       ["Groups with signal", h("span", { id: "groups-with-signal" }, percent(data.groups_with_signal, 0))],
+      ["Episodes used", online ? h("span", { id: "episodes-used" }, number(data.episodes)) : undefined],
+      ["Stale (dropped)", online ? number(data.episodes_stale) : undefined],
+      ["Rewarded too late (so far)", online ? number(data.episodes_late) : undefined],
+      ["Unrewarded past the timeout (so far)", online ? number(data.episodes_unrewarded) : undefined],
+      ["Waited for episodes", online && present(data.wait_s) ? seconds(data.wait_s) : undefined],
       ["KL to the base", number(data.kl, 4)],
       ["Entropy", number(data.entropy, 3)],
       ["Clip fraction", percent(data.clip_fraction, 0)],
-      ["Tokens sampled", number(data.tokens)],
+      [online ? "Tokens served in its episodes" : "Tokens sampled", number(data.tokens)],
     ]),
   );
 }
 
+// Each step's report, newest first (a step reported twice, by a resumed job: its latest report).
+function stepReports(events) {
+  const seen = new Set();
+  const reports = [];
+  for (const event of events) {
+    if (event.type !== "metrics" || typeof event.data.step !== "number" || seen.has(event.data.step)) continue;
+    seen.add(event.data.step);
+    reports.push(event.data);
+  }
+  return reports.sort((x, y) => y.step - x.step);
+}
+
+// An online job's steps: the reward and signal of each, and what its episodes were.
+function onlineStepsTable(events) {
+  return table(
+    "Steps, newest first",
+    [
+      ["Step", (data) => number(data.step), "num"],
+      ["Reward", (data) => number(data.reward, 3), "num"],
+      ["Groups with signal", (data) => percent(data.groups_with_signal, 0), "num"],
+      ["Episodes", (data) => number(data.episodes), "num"],
+      ["Stale", (data) => number(data.episodes_stale), "num"],
+      ["Late", (data) => number(data.episodes_late), "num"],
+      ["Unrewarded", (data) => number(data.episodes_unrewarded), "num"],
+      ["Waited", (data) => (present(data.wait_s) ? seconds(data.wait_s) : "—"), "num"],
+      ["Published", (data) => (data.published ? "yes" : "no")],
+    ],
+    stepReports(events),
+    { empty: "No step has ended yet.", rowAttributes: (data) => ({ dataset: { step: String(data.step) } }) },
+  );
+}
+
+// The versions an online job published, newest first: from its `Step n: published X@k` events
+// (data: step, model, adapter_version_id, served), and the version the job ended with (its
+// result, served when an event says `The deployment now serves X`, data: model alone).
+function publishedVersions(job, events) {
+  const seen = new Set();
+  const rows = [];
+  for (const event of events) {
+    const data = event.data ?? {};
+    if (typeof data.model !== "string" || typeof data.served !== "boolean") continue;
+    const key = data.adapter_version_id ?? data.model;
+    if (seen.has(key)) continue;
+    seen.add(key);
+    rows.push({ step: data.step, model: data.model, served: data.served, created_at: event.created_at });
+  }
+  const result = job.fine_tuned_model;
+  if (result && !rows.some((row) => row.model === result)) {
+    const servedBy = events.find(
+      (event) => event.data?.model === result && event.data.adapter_version_id === undefined,
+    );
+    rows.unshift({
+      step: null,
+      model: result,
+      served: Boolean(servedBy),
+      created_at: servedBy?.created_at ?? job.finished_at,
+    });
+  }
+  return rows;
+}
+
+function publishedTable(job, events) {
+  return table(
+    "Published versions, newest first",
+    [
+      ["Step", (row) => (row.step === null ? `${number(job.total_steps)} (the job's end)` : number(row.step)), "num"],
+      ["Version", (row) => code(row.model)],
+      [
+        "Served",
+        (row) =>
+          h(
+            "span",
+            { class: `badge badge-${row.served ? "passed" : "pending"}` },
+            row.served ? "served" : "registered, not served",
+          ),
+      ],
+      ["When", (row) => when(row.created_at)],
+    ],
+    publishedVersions(job, events),
+    {
+      empty: "No version published yet.",
+      rowAttributes: (row) => ({ dataset: { model: row.model, served: String(row.served) } }),
+    },
+  );
+}
+
+// The deployment an online job learns from (its id, in the job's method; or its name as the
+// job's first event gives it), and how it serves what the job publishes.
+function onlineDeployment(job, events) {
+  const named = job.method?.online_rl?.deployment;
+  if (named) return named;
+  for (const event of events) {
+    const found = /^Training from the live episodes of deployment (\S+)$/.exec(event.message ?? "");
+    if (found) return found[1];
+  }
+  return null;
+}
+
+function learnsFromText(job, deployment) {
+  if (!deployment) return "Learns from a deployment's rewarded episodes.";
+  const serve = job.method?.online_rl?.serve;
+  const how =
+    serve === "register"
+      ? "it registers each version it publishes, for a promotion through the deployment's gate"
+      : "the deployment serves each version it publishes at once";
+  return [
+    "Learns from the rewarded episodes of deployment ",
+    link(`#/deployments/${encodeURIComponent(deployment.id)}`, deployment.name),
+    `; ${how}. The deployment's revision history shows the versions this job promoted.`,
+  ];
+}
+
 // A few samples of the newest step that carries them: the text as graded, its reward, the
 // reference and the grader's reason.
-function samplesTable(events) {
+function sampleOutput(sample, online) {
+  const episode = online ? /^episode (\S+)$/.exec(sample.text ?? "") : null;
+  if (episode) return link(episodeHref(episode[1]), sample.text);
+  return h("pre", { class: "sample-text" }, sample.text);
+}
+
+function samplesTable(events, online = false) {
   const latest = events.find((event) => event.type === "metrics" && Array.isArray(event.data.samples));
   return table(
-    latest ? `Samples of step ${latest.data.step}, as graded` : "Samples, as graded",
+    online
+      ? latest
+        ? `Episodes of step ${latest.data.step}, as rewarded`
+        : "Episodes, as rewarded"
+      : latest
+        ? `Samples of step ${latest.data.step}, as graded`
+        : "Samples, as graded",
     [
-      ["Output", (sample) => h("pre", { class: "sample-text" }, sample.text)],
+      ["Output", (sample) => sampleOutput(sample, online)],
       ["Reward", (sample) => number(sample.reward, 3), "num"],
       ["Reference", (sample) => (sample.reference === undefined ? "—" : code(sample.reference))],
       ["Grader says", (sample) => sample.detail ?? "—"],
@@ -358,7 +501,12 @@ export async function renderJob(jobId, { signal }) {
   const rewardCurve = h("figure", { class: "chart-figure", id: "reward-curve" });
   const signalLine = h("div", {});
   const samples = h("div", { id: "rl-samples" });
-  const reinforcement = job.method?.type === "reinforcement";
+  const online = job.method?.type === "online_rl";
+  const reinforcement = job.method?.type === "reinforcement" || online;
+  const signalCurve = h("figure", { class: "chart-figure", id: "signal-curve" });
+  const steps = h("div", { id: "online-steps" });
+  const published = h("div", { id: "published-versions" });
+  const learnsFrom = h("p", { class: "muted", id: "online-deployment" });
   const note = h("p", { class: "poll-note", id: "poll-note" });
   const log = h("div", {}, eventsTable(events));
   const errorLine = h("div", {});
@@ -401,8 +549,29 @@ export async function renderJob(jobId, { signal }) {
             : "The curve appears with the first optimizer step.",
         ),
       );
-      signalLine.replaceChildren(signalFacts(events));
-      samples.replaceChildren(samplesTable(events));
+      signalLine.replaceChildren(signalFacts(events, online));
+      samples.replaceChildren(samplesTable(events, online));
+    }
+    if (online) {
+      const signalPoints = metricPoints(events, "groups_with_signal");
+      signalCurve.replaceChildren(
+        lineChart({
+          title: `Groups with signal of ${job.id}`,
+          xLabel: "step",
+          yLabel: "groups with signal",
+          points: signalPoints,
+        }),
+        h(
+          "figcaption",
+          {},
+          signalPoints.length
+            ? `Share of task groups whose episodes' rewards differed, at each of ${signalPoints.length} steps.`
+            : "The curve appears with the first optimizer step.",
+        ),
+      );
+      steps.replaceChildren(onlineStepsTable(events));
+      published.replaceChildren(publishedTable(job, events));
+      fill(learnsFrom, learnsFromText(job, deployment));
     }
     details.replaceChildren(jobFacts(job));
     log.replaceChildren(eventsTable(events));
@@ -433,6 +602,20 @@ export async function renderJob(jobId, { signal }) {
     }
   }
 
+  // An online job's deployment, by name where it can be read (it may be gone since).
+  let deployment = null;
+  if (online) {
+    const named = onlineDeployment(job, events);
+    if (named) {
+      try {
+        const found = await get(`/v1/deployments/${encodeURIComponent(named)}`);
+        deployment = { id: found.id, name: found.name };
+      } catch {
+        deployment = { id: named, name: named };
+      }
+    }
+  }
+
   draw();
   await drawCheckpoints();
   if (!FINISHED.has(job.status)) setTimeout(poll, POLL_MS);
@@ -442,10 +625,20 @@ export async function renderJob(jobId, { signal }) {
       job.suffix ? `Trains adapter ${job.suffix} on ${job.model}.` : `Trains on ${job.model}.`,
     ),
     note,
+    ...(online ? [learnsFrom] : []),
     errorLine,
     details,
     section("Loss curve", curve),
-    ...(reinforcement ? [section("Reward and signal", rewardCurve, signalLine), section("Samples", samples)] : []),
+    ...(reinforcement ? [section("Reward and signal", rewardCurve, signalLine)] : []),
+    ...(online
+      ? [
+          section("Episodes per step", signalCurve, steps),
+          section("Published versions", published),
+          section("Episodes of the latest step", samples),
+        ]
+      : reinforcement
+        ? [section("Samples", samples)]
+        : []),
     section("Checkpoints", checkpoints),
     section("Events", log),
   ];

@@ -28,9 +28,10 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from sqlalchemy import and_, func, or_, select
+from sqlalchemy.orm import Session
 
 from mint.config import Settings
-from mint.errors import MintError
+from mint.errors import Conflict, MintError
 from mint.schemas.plans import OnlineRlPlan
 from mint.services.catalog import model_ref_of
 from mint.services.dispatch import Dispatch
@@ -47,7 +48,7 @@ from mint.storage.tables import Adapter, AdapterVersion, Episode, EpisodeTurn, a
 
 if TYPE_CHECKING:
     from mint.services.jobs.context import Training
-    from mint.trainer.recipes.common import StepReport
+    from mint.trainer.recipes.common import LiveSource, StepReport
     from mint.trainer.recipes.online_rl import LiveEpisode
 
 log = logging.getLogger(__name__)
@@ -231,18 +232,30 @@ class VersionPublisher:
         self.published.append(ref)
         return ref
 
-    def _serve(self, session: object, ref: str, steps_done: int) -> bool:
+    def _serve(self, session: Session, ref: str, steps_done: int) -> bool:
+        """Promote the deployment to `ref` (`serve: immediate`); a gate that refuses it (no eval
+        of the new version yet, or a worse one) leaves it registered, not served, and says why."""
         if self.plan.serve != "immediate":
             return False
-        deployments.promote(
-            session,  # type: ignore[arg-type]
-            job_principal(self.context),
-            self.plan.deployment_id,
-            model=ref,
-            mixture=None,
-            reason=f"online RL job {self.context.job_id}, step {steps_done}",
-            send=self.send,
-        )
+        try:
+            deployments.promote(
+                session,
+                job_principal(self.context),
+                self.plan.deployment_id,
+                model=ref,
+                mixture=None,
+                reason=f"online RL job {self.context.job_id}, step {steps_done}",
+                send=self.send,
+            )
+        except Conflict as refused:  # the gate's refusal (audited), or a deployment withdrawn meanwhile
+            emit_event(
+                session,
+                self.context.job_id,
+                f"Step {steps_done}: {ref} is registered but not served: {refused.message}",
+                level="warning",
+                data={"step": steps_done, "model": ref, "served": False},
+            )
+            return False
         return True
 
     def earlier(self) -> dict[str, int]:
@@ -276,32 +289,29 @@ def serve_result(settings: Settings, context: JobContext, plan: OnlineRlPlan, se
         adapter = session.get(Adapter, version.adapter_id)
         assert adapter is not None
         ref = model_ref_of(adapter, version)
-        deployments.promote(
-            session,
-            job_principal(context),
-            plan.deployment_id,
-            model=ref,
-            mixture=None,
-            reason=f"online RL job {context.job_id} finished",
-            send=send,
-        )
+        try:
+            deployments.promote(
+                session,
+                job_principal(context),
+                plan.deployment_id,
+                model=ref,
+                mixture=None,
+                reason=f"online RL job {context.job_id} finished",
+                send=send,
+            )
+        except Conflict as refused:
+            emit_event(session, context.job_id, f"{ref} is not served: {refused.message}", level="warning")
+            return
         emit_event(session, context.job_id, f"The deployment now serves {ref}", data={"model": ref})
 
 
-def train_online(
-    settings: Settings,
-    store: ObjectStore,
-    context: JobContext,
-    training: Training,
-    *,
-    tokenizer: object,
-    reference: object,
-    on_step: Callable[..., bool],
-    send: Dispatch | None,
-    max_steps_without_signal: int,
-) -> list[StepReport]:
-    """Run the online RL recipe on the deployment's episodes (see the module's docstring)."""
-    from mint.trainer.recipes.online_rl import OnlineRlConfig, run_online_rl
+def live_source(
+    settings: Settings, store: ObjectStore, context: JobContext, training: Training, send: Dispatch | None
+) -> tuple[LiveSource, Callable[[StepReport], None]]:
+    """An online RL job's deployment as its recipe reads it (see the module's docstring), and what
+    adds the feed's counts (episodes rewarded late, still unrewarded, the step's wait) to a
+    step's metrics before the step is recorded."""
+    from mint.trainer.recipes.common import LiveSource
 
     plan = context.plan
     assert isinstance(plan, OnlineRlPlan)
@@ -315,35 +325,11 @@ def train_online(
                 start_version = model_ref_of(adapter, version)
     feed = DeploymentEpisodes(settings, context, plan, started_at)
     publish = VersionPublisher(settings, store, context, plan, training, send)
-    earlier = publish.earlier()
+    source = LiveSource(feed=feed, publish=publish, start_version=start_version, earlier_versions=publish.earlier())
 
-    def counted(report: object) -> bool:
-        metrics = report.metrics  # type: ignore[attr-defined]
-        metrics["episodes_late"] = float(feed.counts.late)
-        metrics["episodes_unrewarded"] = float(feed.unrewarded())
-        metrics["wait_s"] = feed.counts.waited_s
-        return on_step(report)
+    def count(report: StepReport) -> None:
+        report.metrics["episodes_late"] = float(feed.counts.late)
+        report.metrics["episodes_unrewarded"] = float(feed.unrewarded())
+        report.metrics["wait_s"] = feed.counts.waited_s
 
-    config = OnlineRlConfig(
-        steps=plan.steps,
-        episodes_per_step=plan.batch_size,
-        learning_rate=plan.learning_rate,
-        loss_fn=plan.loss_fn,
-        loss_fn_config=dict(plan.loss_fn_config),
-        kl_beta=plan.kl_beta,
-        baseline=plan.baseline,
-        max_steps_off_policy=plan.max_steps_off_policy,
-        publish_every=plan.publish_every,
-        max_steps_without_signal=plan.max_steps_without_signal or max_steps_without_signal,
-    )
-    return run_online_rl(
-        training,
-        feed,
-        config,
-        start_version=start_version,
-        publish=publish,
-        reference=reference if plan.kl_beta > 0 else None,  # type: ignore[arg-type]
-        start_step=context.start_step,
-        on_step=counted,
-        earlier_versions=earlier,
-    )
+    return source, count

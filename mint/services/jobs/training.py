@@ -26,7 +26,7 @@ from mint.services.jobs.claims import require_ours
 from mint.services.jobs.context import JobContext
 from mint.services.jobs.endings import finish_stage, stop_at_budget, stop_cancelled
 from mint.services.jobs.events import emit_event, rounded
-from mint.services.jobs.live_episodes import serve_result, train_online
+from mint.services.jobs.live_episodes import live_source, serve_result
 from mint.services.jobs.usage import unbilled_cost
 from mint.services.jobs.versions import done_stages, version_folder
 from mint.storage.archives import unpack_folder
@@ -281,35 +281,29 @@ class JobRun:
         from mint.trainer.methods import METHODS
         from mint.trainer.recipes.common import RecipeInputs
 
+        live, count = None, None
+        if self.context.plan.method == "online_rl":  # learns from a deployment's episodes, not rows
+            live, count = live_source(self.settings, self.store, self.context, training, self.send)
+
         def on_step(report: StepReport) -> bool:
+            if count is not None:  # an online job's feed counts what it left out
+                count(report)
             return self.on_step(training, report)
 
-        if self.context.plan.method == "online_rl":  # learns from a deployment's episodes, not rows
-            self._clock = time.perf_counter()
-            return train_online(
-                self.settings,
-                self.store,
-                self.context,
-                training,
-                tokenizer=self.resident.tokenizer,
-                reference=self.resident,
-                on_step=on_step,
-                send=self.send,
-                max_steps_without_signal=self.settings.rl_max_steps_without_signal,
-            )
         inputs = RecipeInputs(
             # A full-parameter trainer runs SFT only (the plan says so at create), whose recipe
             # calls no more than the methods both trainers have.
             training=cast("TrainingSession", training),
             tokenizer=self.resident.tokenizer,
             reference=self.resident,
-            rows=self._rows(),
+            rows=self._rows() if live is None else [],
             seed=self.context.seed,
             start_step=self.context.start_step,
             on_step=on_step,
             grader_for=GraderSpec.model_validate,
             environment_for=make_environment,
             rl_max_steps_without_signal=self.settings.rl_max_steps_without_signal,
+            live=live,
         )
         self._clock = time.perf_counter()  # device time is billed from the first step on
         return METHODS.run(self.context.plan, inputs)

@@ -452,11 +452,19 @@ def add_feedback(
     return feedback
 
 
+def expire_kept(
+    session: Session, kept: Any, children: Any, parent_id: Any, *, now: datetime | None, batch: int
+) -> list[str]:
+    """Delete up to `batch` rows of `kept` (captures, episodes) past their `expires_at`, with the
+    rows of `children` whose `parent_id` column names them (feedback, turns); their ids."""
+    now = now or utcnow()
+    ids = list(session.execute(select(kept.id).where(kept.expires_at <= now).limit(batch)).scalars())
+    if ids:
+        session.execute(delete(children).where(parent_id.in_(ids)))
+        session.execute(delete(kept).where(kept.id.in_(ids)))
+    return ids
+
+
 def expire_captures(session: Session, *, now: datetime | None = None, batch: int = 500) -> list[str]:
     """Delete up to `batch` captures past their retention, with their feedback."""
-    now = now or utcnow()
-    ids = list(session.execute(select(Capture.id).where(Capture.expires_at <= now).limit(batch)).scalars())
-    if ids:
-        session.execute(delete(Feedback).where(Feedback.capture_id.in_(ids)))
-        session.execute(delete(Capture).where(Capture.id.in_(ids)))
-    return ids
+    return expire_kept(session, Capture, Feedback, Feedback.capture_id, now=now, batch=batch)

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -34,7 +34,7 @@ from mint.schemas.episodes import EpisodeMark, EpisodePublic, EpisodeReward, Epi
 from mint.services.billing.quotas import QuotaDefaults, hold
 from mint.services.catalog import get_deployment
 from mint.services.principal import Principal
-from mint.services.serving.captures import STORAGE_QUOTA, CaptureTarget, json_bytes
+from mint.services.serving.captures import STORAGE_QUOTA, CaptureTarget, expire_kept, json_bytes
 from mint.storage.queries import PageResult, paginate
 from mint.storage.tables import Episode, EpisodeTurn, as_utc, utcnow
 
@@ -315,9 +315,4 @@ def reward_episode(
 
 def expire_episodes(session: Session, *, now: datetime | None = None, batch: int = 500) -> list[str]:
     """Delete up to `batch` episodes past their retention, with their turns."""
-    now = now or utcnow()
-    ids = list(session.execute(select(Episode.id).where(Episode.expires_at <= now).limit(batch)).scalars())
-    if ids:
-        session.execute(delete(EpisodeTurn).where(EpisodeTurn.episode_id.in_(ids)))
-        session.execute(delete(Episode).where(Episode.id.in_(ids)))
-    return ids
+    return expire_kept(session, Episode, EpisodeTurn, EpisodeTurn.episode_id, now=now, batch=batch)

@@ -111,6 +111,19 @@ DEFAULT_RL_MAX_STEPS_WITHOUT_SIGNAL = 5
 
 
 @dataclass(frozen=True)
+class LiveSource:
+    """An online RL job's link to its deployment, given by the job (the trainer reads no
+    database): the feed of rewarded episodes (`mint.trainer.recipes.online_rl.EpisodeFeed`),
+    what publishes the policy's weights as a served version, the version the job started from,
+    and the versions an earlier attempt published (with the steps after which each was current)."""
+
+    feed: Any
+    publish: Callable[[int], str]
+    start_version: str | None
+    earlier_versions: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class RecipeInputs:
     """What a job gives the runner of its method (`mint.trainer.methods`), besides the plan:
     the session to train, the base's tokenizer, the base itself as a reference scorer (the
@@ -132,6 +145,8 @@ class RecipeInputs:
     environment_for: EnvironmentFor = _no_environments
     # RL stops after this many steps in a row without reward signal, unless the plan says otherwise.
     rl_max_steps_without_signal: int = DEFAULT_RL_MAX_STEPS_WITHOUT_SIGNAL
+    # An online RL job's deployment (its episodes, its versions); None for methods with rows.
+    live: LiveSource | None = None
 
 
 def render_rows(rows: Sequence[Mapping[str, Any]], render: Callable[[Mapping[str, Any]], Rendered]) -> list[Rendered]:

@@ -70,20 +70,19 @@ from fractions import Fraction
 from typing import Literal, Protocol
 
 from mint.errors import InvalidRequest
-from mint.trainer.data import mean_over_tokens
+from mint.schemas.plans import OnlineRlPlan
 from mint.trainer.episodes import Episode, Turn
-from mint.trainer.recipes.common import OnStep, Scorer, StepReport, Trainer, keep_going
+from mint.trainer.recipes.common import OnStep, RecipeInputs, Scorer, StepReport, Trainer, keep_going
 from mint.trainer.recipes.graded_samples import GradedSample, shown_indices
 from mint.trainer.recipes.rl import (
     ADVANTAGE_EPS,
     NoRewardSignal,
-    clip_fraction,
     group_advantages,
-    kl_to_base,
     no_signal_message,
+    policy_update,
 )
 from mint.trainer.recipes.rollout_sources import PolicyVersions
-from mint.trainer.types import AdamParams, Datum
+from mint.trainer.types import Datum
 
 __all__ = [
     "EpisodeFeed",
@@ -388,15 +387,7 @@ def run_online_rl(
             "episodes_stale": float(stale),
         }
         lr = config.learning_rate
-        if data:
-            if reference is not None:
-                data, metrics["kl"] = kl_to_base(data, reference, config.kl_beta)
-            result = policy.forward_backward(
-                mean_over_tokens(data, "advantages"), config.loss_fn, config.loss_fn_config
-            )
-            metrics["loss"] = result.metrics["loss:sum"]
-            metrics["clip_fraction"] = clip_fraction(data, result.logprobs)
-        optim = policy.optim_step(AdamParams(learning_rate=lr, grad_clip_norm=config.grad_clip_norm))
+        optim = policy_update(policy, data, config, reference, metrics)
         metrics["grad_norm"] = optim["grad_norm:mean"]
         means.add([episode.task for episode in episodes], rewards)
         steps_done = step + 1
@@ -424,3 +415,32 @@ def _shown(episode: LiveEpisode) -> dict[str, object]:
     return GradedSample(
         f"episode {episode.id}", episode.reward, None, f"{detail}; sampled by {', '.join(versions)}"
     ).record()
+
+
+def run_online_rl_plan(plan: OnlineRlPlan, inputs: RecipeInputs) -> list[StepReport]:
+    """A job's online RL plan on its deployment's live episodes (`inputs.live`, the job's)."""
+    if inputs.live is None:
+        raise InvalidRequest("an online RL plan trains from a deployment's episodes, and this job gave none")
+    config = OnlineRlConfig(
+        steps=plan.steps,
+        episodes_per_step=plan.batch_size,
+        learning_rate=plan.learning_rate,
+        loss_fn=plan.loss_fn,
+        loss_fn_config=dict(plan.loss_fn_config),
+        kl_beta=plan.kl_beta,
+        baseline=plan.baseline,
+        max_steps_off_policy=plan.max_steps_off_policy,
+        publish_every=plan.publish_every,
+        max_steps_without_signal=plan.max_steps_without_signal or inputs.rl_max_steps_without_signal,
+    )
+    return run_online_rl(
+        inputs.training,
+        inputs.live.feed,
+        config,
+        start_version=inputs.live.start_version,
+        publish=inputs.live.publish,
+        reference=inputs.reference if plan.kl_beta > 0 else None,
+        start_step=inputs.start_step,
+        on_step=inputs.on_step,
+        earlier_versions=inputs.live.earlier_versions,
+    )

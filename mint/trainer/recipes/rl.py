@@ -188,6 +188,37 @@ def clip_fraction(data: Sequence[Datum], trained_logprobs: Sequence[Sequence[flo
     return outside / counted if counted else 0.0
 
 
+class UpdateConfig(Protocol):
+    """What a policy-gradient update needs of a recipe's config."""
+
+    @property
+    def learning_rate(self) -> float: ...
+    @property
+    def loss_fn(self) -> str: ...
+    @property
+    def loss_fn_config(self) -> dict[str, float] | None: ...
+    @property
+    def kl_beta(self) -> float: ...
+    @property
+    def grad_clip_norm(self) -> float: ...
+
+
+def policy_update(
+    policy: Trainer, data: list[Datum], config: UpdateConfig, reference: Scorer | None, metrics: dict[str, float]
+) -> dict[str, float]:
+    """One optimizer step on a step's data with signal (none: the optimizer still steps, as
+    every step counts): the KL to the base when `reference` is given (penalised with
+    `kl_beta`), the loss over the mean of tokens, its `loss` and `clip_fraction` put in `metrics`.
+    Returns the optimizer's metrics."""
+    if data:
+        if reference is not None:
+            data, metrics["kl"] = kl_to_base(data, reference, config.kl_beta)
+        result = policy.forward_backward(mean_over_tokens(data, "advantages"), config.loss_fn, config.loss_fn_config)
+        metrics["loss"] = result.metrics["loss:sum"]
+        metrics["clip_fraction"] = clip_fraction(data, result.logprobs)
+    return policy.optim_step(AdamParams(learning_rate=config.learning_rate, grad_clip_norm=config.grad_clip_norm))
+
+
 def no_signal_message(steps: int, group_size: int, mean_reward: float, graded: Sequence[GradedSample] = ()) -> str:
     """What happened and what to do, for a run stopped by `NoRewardSignal`; `graded` (a few of
     the last step's samples) shows what the grader was given."""
@@ -353,15 +384,7 @@ def _rl_steps(
             "off_policy_steps": lag,
         }
         lr = config.learning_rate
-        if data:
-            if reference is not None:
-                data, metrics["kl"] = kl_to_base(data, reference, config.kl_beta)
-            result = policy.forward_backward(
-                mean_over_tokens(data, "advantages"), config.loss_fn, config.loss_fn_config
-            )
-            metrics["loss"] = result.metrics["loss:sum"]
-            metrics["clip_fraction"] = clip_fraction(data, result.logprobs)
-        optim = policy.optim_step(AdamParams(learning_rate=lr, grad_clip_norm=config.grad_clip_norm))
+        optim = policy_update(policy, data, config, reference, metrics)
         versions.record(policy.version, step + 1)
         source.trained(step + 1)
         metrics["grad_norm"] = optim["grad_norm:mean"]
