@@ -19,7 +19,7 @@ steps per minute (the job's), the time from an episode's reward to a served vers
 it (per published version: its promotion's time minus the newest reward among the episodes its
 step shows), failed requests across the switches (goal: 0), and the held-out comparison.
 
-    .venv/bin/python bench/online_rl.py [--sft-steps 24] [--steps 8] [--batch 8] [--concurrency 2]
+    .venv/bin/python bench/online_rl.py [--sft-steps 6] [--steps 8] [--batch 8] [--concurrency 2]
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _when(value: Any) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sft-steps", type=int, default=24, help="Steps of the SFT warm start.")
+    parser.add_argument("--sft-steps", type=int, default=6, help="Steps of the SFT warm start (batch 8, lr 1e-3).")
     parser.add_argument("--steps", type=int, default=8, help="Steps of the online RL job.")
     parser.add_argument("--batch", type=int, default=8, help="Rewarded episodes per online step.")
     parser.add_argument("--publish-every", type=int, default=1)
@@ -108,7 +108,14 @@ def main() -> None:
         files = order_desk.write_all(Path(os.environ["MINT_HOME"]) / "order-desk", args.seed)
         benchmark = mint.benchmarks.create("order-desk", path=files["benchmark"])
         dataset = mint.datasets.upload(files["sft"], kind="chat")
-        warm = mint.jobs.create(BASE, dataset.id, steps=args.sft_steps, suffix="order-desk").wait(progress=False)
+        warm = mint.jobs.create(
+            BASE,
+            dataset.id,
+            steps=args.sft_steps,
+            hyperparameters={"batch_size": 8},
+            learning_rate=1e-3,
+            suffix="order-desk",
+        ).wait(progress=False)
         assert warm.status == "succeeded", warm
         start = warm.fine_tuned_model
         assert start is not None

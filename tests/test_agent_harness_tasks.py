@@ -159,6 +159,12 @@ def test_the_harness_reward_is_mints_grade_of_the_same_episode() -> None:
     twice = _episode([task.order_id, task.order_id], task.answer)
     assert order_desk.score_episode(task, twice).reward == pytest.approx(0.8)
     assert parsed[task.id].grade(twice).score == pytest.approx(0.8)
+    # Calls in Mint's text form (as an eval run records them) count as structured ones do.
+    as_text = [
+        {"role": "assistant", "content": json.dumps(task.expected_call)} if message.get("tool_calls") else message
+        for message in cases["solved"][0]
+    ]
+    assert order_desk.score_episode(task, as_text).reward == parsed[task.id].grade(as_text).score == 1.0
     # A hedge: Mint's regex grader gives it the answer's credit, the harness does not.
     hedge = _episode([task.order_id], f"It is {task.status} or {wrong}.")
     assert order_desk.score_episode(task, hedge).label == "hedged"

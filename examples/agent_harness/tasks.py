@@ -11,9 +11,10 @@ order's history in the result, and answer in one short sentence that names its c
 The warm start's demonstrations (split `warmup`) hold the first three kinds only: SFT teaches
 the format (call, read, answer) and `ordinal` requests are left for RL to learn from the
 live `train` traffic, so the held-out benchmark has headroom after the warm start. Sized for
-SmolLM2-135M-Instruct: the base never calls the tool (it scores 0); a few SFT steps teach
-the three kinds it is shown; resolving "the second one" and reading the last event of a
-history are what it still gets wrong.
+SmolLM2-135M-Instruct (measured with Mint's trainer and eval runner, greedy, 3 turns): the
+base repeats the tools prompt instead of calling the tool (0/20 on a draft of these tasks);
+after 6 SFT steps (batch 8, learning rate 1e-3) it solves 16/20 of `held_out`, missing 3 of
+5 `ordinal` tasks (it looks up the other order) and one id it copied as `order_A1728`.
 
 Everything here is standard library only, so the harness (`agent.py`) runs with nothing but
 the `openai` package:
@@ -342,20 +343,43 @@ def _text(message: Mapping[str, Any]) -> str:
     return ""
 
 
+def _text_calls(text: str) -> list[tuple[str, Any]]:
+    """Calls written in Mint's text form (`{"name": ..., "arguments": ...}` objects anywhere in the text)."""
+    decoder = json.JSONDecoder()
+    calls = []
+    position = text.find("{")
+    while position != -1:
+        try:
+            value, end = decoder.raw_decode(text, position)
+        except ValueError:
+            position = text.find("{", position + 1)
+            continue
+        if isinstance(value, dict) and isinstance(value.get("name"), str) and "arguments" in value:
+            calls.append((value["name"], _arguments(value["arguments"])))
+        position = text.find("{", end)
+    return calls
+
+
 def _calls(messages: Iterable[Mapping[str, Any]]) -> list[tuple[str, Any]]:
+    """Every call the assistant made, in order: its structured `tool_calls`, else calls in its text
+    (as Mint reads a trajectory: an eval run's messages carry the calls as text)."""
     calls = []
     for message in messages:
         if message.get("role") != "assistant":
             continue
-        for call in message.get("tool_calls") or []:
+        structured = message.get("tool_calls")
+        if not structured:
+            calls += _text_calls(_text(message))
+            continue
+        for call in structured:
             function = call.get("function") or {}
             calls.append((function.get("name", ""), _arguments(function.get("arguments", {}))))
     return calls
 
 
 def score_episode(task: Task, added: Sequence[Mapping[str, Any]]) -> Score:
-    """The reward of the messages an episode added after `task.messages()` (OpenAI format, as
-    the API returned the assistant's turns: tool calls structured).
+    """The reward of the messages an episode added after `task.messages()` (OpenAI format: tool
+    calls structured, as the API returns them, or in Mint's text form, as an eval run records them).
 
     0.8 when the last assistant message names the right status and no other, plus 0.2 when the
     episode made exactly one call and it is `lookup_order` with the right id. The same as
