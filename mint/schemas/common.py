@@ -59,7 +59,7 @@ def non_finite_at(value: Any, where: str = "") -> str | None:
     return None
 
 
-def _finite_json(value: dict[str, Any]) -> dict[str, Any]:
+def _finite_json(value: Any) -> Any:
     where = non_finite_at(value)
     if where is not None:
         raise ValueError(f"{where} is NaN or infinite; write a finite number")
@@ -68,6 +68,8 @@ def _finite_json(value: dict[str, Any]) -> dict[str, Any]:
 
 # A free-form JSON object of a request (options checked by a registry later): finite numbers only.
 FiniteJson = Annotated[dict[str, Any], AfterValidator(_finite_json)]
+# Any JSON value of a request (a grader's reference: text, a number, an object, a list): finite numbers only.
+FiniteJsonValue = Annotated[Any, AfterValidator(_finite_json)]
 
 
 def _refuse_constant(name: str) -> Any:

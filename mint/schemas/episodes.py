@@ -10,16 +10,18 @@ RL group), or with the request field `episode` (`{"id": ..., "task": ...}`, sent
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mint.schemas.common import FiniteJson, RequestModel, WireModel
+from mint.schemas.common import FiniteJson, FiniteJsonValue, RequestModel, WireModel
 
 EPISODE_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 EPISODE_HEADER = "X-Mint-Episode"
 TASK_HEADER = "X-Mint-Task"
 MAX_TURN_SCORES = 256
+# A reward is any finite float; bounded like every number a request sends.
+MAX_SCORE = 1e6
 MAX_COMMENT = 10_000
 
 
@@ -41,15 +43,17 @@ class EpisodeReward(RequestModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    score: float | None = Field(default=None, description="The episode's reward (or give `grader`).")
+    score: float | None = Field(
+        default=None, ge=-MAX_SCORE, le=MAX_SCORE, description="The episode's reward (or give `grader`)."
+    )
     grader: FiniteJson | None = Field(
         default=None,
         description='A grader of the registry, e.g. `{"type": "regex", "config": {"pattern": "shipped"}}` or a '
         "`judge` naming a model of the organization, run on what the model and the harness added after the first "
         "prompt; its score is the reward, its detail the comment unless one is given.",
     )
-    reference: FiniteJson | str | float | None = Field(default=None, description="The grader's reference.")
-    turn_scores: list[float] | None = Field(
+    reference: FiniteJsonValue = Field(default=None, description="The grader's reference (any JSON value).")
+    turn_scores: list[Annotated[float, Field(ge=-MAX_SCORE, le=MAX_SCORE)]] | None = Field(
         default=None, max_length=MAX_TURN_SCORES, description="A score per turn, in order (as many as it has turns)."
     )
     label: str | None = Field(default=None, min_length=1, max_length=100, description="e.g. `solved`, `gave_up`.")
