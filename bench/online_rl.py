@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="Steps of the online RL job.")
     parser.add_argument("--batch", type=int, default=8, help="Rewarded episodes per online step.")
     parser.add_argument("--publish-every", type=int, default=1)
-    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--learning-rate", type=float, default=1e-4, help="The online job's (RL's default).")
     parser.add_argument("--concurrency", type=int, default=2, help="Harness episodes at a time.")
     parser.add_argument("--max-tokens", type=int, default=48, help="Longest turn the harness asks for.")
     parser.add_argument("--seed", type=int, default=0, help="Which tasks are drawn.")
