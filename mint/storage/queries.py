@@ -108,6 +108,20 @@ def paginate(
     return PageResult(rows=rows[:limit], has_more=len(rows) > limit)
 
 
+def children_of(session: Session, model: Any, parent: Any, parent_ids: Sequence[str]) -> dict[str, list[Any]]:
+    """The rows of `model` whose column `parent` names each of `parent_ids` (a capture's feedback,
+    an episode's turns), oldest first; every id has its list, empty when it has none."""
+    found: dict[str, list[Any]] = {parent_id: [] for parent_id in parent_ids}
+    if not parent_ids:
+        return found
+    rows = session.execute(
+        select(model).where(parent.in_(list(parent_ids))).order_by(model.created_at, model.id)
+    ).scalars()
+    for row in rows:
+        found[getattr(row, parent.key)].append(row)
+    return found
+
+
 def owned_by(model: Any, organization_id: str) -> Select[Any]:
     """`SELECT model WHERE organization_id = ...`: the start of every tenant list query."""
     return select(model).where(model.organization_id == organization_id)

@@ -42,9 +42,10 @@ from mint.services.jobs.versions import version_archive
 from mint.services.models import adapters
 from mint.services.principal import Principal
 from mint.services.serving import deployments
+from mint.services.serving.episodes import turns_of
 from mint.storage.db import session_scope
 from mint.storage.objects import ObjectStore
-from mint.storage.tables import Adapter, AdapterVersion, Episode, EpisodeTurn, as_utc, utcnow
+from mint.storage.tables import Adapter, AdapterVersion, Episode, as_utc, utcnow
 
 if TYPE_CHECKING:
     from mint.services.jobs.context import Training
@@ -139,14 +140,7 @@ class DeploymentEpisodes:
                     self.counts.late += 1
                     continue
                 kept.append(row)
-            turns: dict[str, list[EpisodeTurn]] = {row.id: [] for row in kept}
-            if kept:
-                for turn in session.execute(
-                    select(EpisodeTurn)
-                    .where(EpisodeTurn.episode_id.in_(list(turns)))
-                    .order_by(EpisodeTurn.created_at, EpisodeTurn.id)
-                ).scalars():
-                    turns[turn.episode_id].append(turn)
+            turns = turns_of(session, [row.id for row in kept])
             for row in kept:
                 live = [
                     LiveTurn(

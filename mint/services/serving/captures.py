@@ -48,7 +48,7 @@ from mint.services.billing.quotas import QuotaDefaults, hold, room
 from mint.services.catalog import get_deployment
 from mint.services.principal import Principal
 from mint.storage.db import session_scope
-from mint.storage.queries import PageResult, paginate
+from mint.storage.queries import PageResult, children_of, paginate
 from mint.storage.tables import Capture, Deployment, Feedback, new_id, utcnow
 
 log = logging.getLogger(__name__)
@@ -379,15 +379,7 @@ def list_captures(
 
 def feedback_of(session: Session, capture_ids: list[str]) -> dict[str, list[Feedback]]:
     """Each capture's feedback, oldest first."""
-    if not capture_ids:
-        return {}
-    rows = session.execute(
-        select(Feedback).where(Feedback.capture_id.in_(capture_ids)).order_by(Feedback.created_at, Feedback.id)
-    ).scalars()
-    found: dict[str, list[Feedback]] = {capture_id: [] for capture_id in capture_ids}
-    for row in rows:
-        found[row.capture_id].append(row)
-    return found
+    return children_of(session, Feedback, Feedback.capture_id, capture_ids)
 
 
 def add_feedback(

@@ -35,7 +35,7 @@ from mint.services.billing.quotas import QuotaDefaults, hold
 from mint.services.catalog import get_deployment
 from mint.services.principal import Principal
 from mint.services.serving.captures import STORAGE_QUOTA, CaptureTarget, expire_kept, json_bytes
-from mint.storage.queries import PageResult, paginate
+from mint.storage.queries import PageResult, children_of, paginate
 from mint.storage.tables import Episode, EpisodeTurn, as_utc, utcnow
 
 
@@ -152,17 +152,7 @@ def get_episode(session: Session, organization_id: str, key: str) -> Episode:
 
 def turns_of(session: Session, episode_ids: list[str]) -> dict[str, list[EpisodeTurn]]:
     """Each episode's turns, in the order they were served."""
-    found: dict[str, list[EpisodeTurn]] = {episode_id: [] for episode_id in episode_ids}
-    if not episode_ids:
-        return found
-    rows = session.execute(
-        select(EpisodeTurn)
-        .where(EpisodeTurn.episode_id.in_(episode_ids))
-        .order_by(EpisodeTurn.created_at, EpisodeTurn.id)
-    ).scalars()
-    for row in rows:
-        found[row.episode_id].append(row)
-    return found
+    return children_of(session, EpisodeTurn, EpisodeTurn.episode_id, episode_ids)
 
 
 def list_episodes(
