@@ -227,30 +227,19 @@ class VersionPublisher:
         return ref
 
     def _serve(self, session: Session, ref: str, steps_done: int) -> bool:
-        """Promote the deployment to `ref` (`serve: immediate`); a gate that refuses it (no eval
-        of the new version yet, or a worse one) leaves it registered, not served, and says why."""
         if self.plan.serve != "immediate":
             return False
-        try:
-            deployments.promote(
-                session,
-                job_principal(self.context),
-                self.plan.deployment_id,
-                model=ref,
-                mixture=None,
-                reason=f"online RL job {self.context.job_id}, step {steps_done}",
-                send=self.send,
-            )
-        except Conflict as refused:  # the gate's refusal (audited), or a deployment withdrawn meanwhile
+        why = f"online RL job {self.context.job_id}, step {steps_done}"
+        refused = serve_version(session, self.context, self.plan, ref, why, self.send)
+        if refused is not None:
             emit_event(
                 session,
                 self.context.job_id,
-                f"Step {steps_done}: {ref} is registered but not served: {refused.message}",
+                f"Step {steps_done}: {ref} is registered but not served: {refused}",
                 level="warning",
                 data={"step": steps_done, "model": ref, "served": False},
             )
-            return False
-        return True
+        return refused is None
 
     def earlier(self) -> dict[str, int]:
         """Versions this job published in earlier attempts, with the steps after which each was current."""
@@ -271,6 +260,21 @@ class VersionPublisher:
             return found
 
 
+def serve_version(
+    session: Session, context: JobContext, plan: OnlineRlPlan, ref: str, reason: str, send: Dispatch | None
+) -> str | None:
+    """Promote the job's deployment to `ref`, as the job; None once served, else why not (the
+    gate refused it, audited, or the deployment was withdrawn meanwhile), the version staying
+    registered."""
+    try:
+        deployments.promote(
+            session, job_principal(context), plan.deployment_id, model=ref, mixture=None, reason=reason, send=send
+        )
+    except Conflict as refused:
+        return refused.message
+    return None
+
+
 def serve_result(settings: Settings, context: JobContext, plan: OnlineRlPlan, send: Dispatch | None) -> None:
     """Serve the version an online RL job ended with (`serve: immediate`)."""
     if plan.serve != "immediate":
@@ -283,18 +287,9 @@ def serve_result(settings: Settings, context: JobContext, plan: OnlineRlPlan, se
         adapter = session.get(Adapter, version.adapter_id)
         assert adapter is not None
         ref = model_ref_of(adapter, version)
-        try:
-            deployments.promote(
-                session,
-                job_principal(context),
-                plan.deployment_id,
-                model=ref,
-                mixture=None,
-                reason=f"online RL job {context.job_id} finished",
-                send=send,
-            )
-        except Conflict as refused:
-            emit_event(session, context.job_id, f"{ref} is not served: {refused.message}", level="warning")
+        refused = serve_version(session, context, plan, ref, f"online RL job {context.job_id} finished", send)
+        if refused is not None:
+            emit_event(session, context.job_id, f"{ref} is not served: {refused}", level="warning")
             return
         emit_event(session, context.job_id, f"The deployment now serves {ref}", data={"model": ref})
 
