@@ -19,7 +19,7 @@ steps per minute (the job's), the time from an episode's reward to a served vers
 it (per published version: its promotion's time minus the newest reward among the episodes its
 step shows), failed requests across the switches (goal: 0), and the held-out comparison.
 
-    .venv/bin/python bench/online_rl.py [--sft-steps 6] [--steps 8] [--batch 8] [--concurrency 2]
+    .venv/bin/python bench/online_rl.py [--sft-steps 6] [--steps 8] [--batch 8] [--concurrency 2] [--held-out 20]
 """
 
 from __future__ import annotations
@@ -80,6 +80,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2, help="Harness episodes at a time.")
     parser.add_argument("--max-tokens", type=int, default=48, help="Longest turn the harness asks for.")
     parser.add_argument("--seed", type=int, default=0, help="Which tasks are drawn.")
+    parser.add_argument(
+        "--held-out", type=int, default=20, help="Tasks in the held-out benchmark (more narrow the interval)."
+    )
     args = parser.parse_args()
     if "MINT_HOME" not in os.environ:
         os.environ["MINT_HOME"] = tempfile.mkdtemp(prefix="mint-online-rl-")
@@ -105,7 +108,9 @@ def main() -> None:
         wait_for(lambda: _ready(api_url), "the API")
         mint = Mint(base_url=api_url, api_key=result.admin_key)
         http = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {result.admin_key}"}, timeout=120)
-        files = order_desk.write_all(Path(os.environ["MINT_HOME"]) / "order-desk", args.seed)
+        files = order_desk.write_all(
+            Path(os.environ["MINT_HOME"]) / "order-desk", args.seed, {"held_out": args.held_out}
+        )
         benchmark = mint.benchmarks.create("order-desk", path=files["benchmark"])
         dataset = mint.datasets.upload(files["sft"], kind="chat")
         warm = mint.jobs.create(

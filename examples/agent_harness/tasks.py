@@ -462,9 +462,12 @@ def write_sft_dataset(path: str | Path, tasks: Sequence[Task]) -> Path:
     return _write_jsonl(Path(path), (sft_row(task) for task in tasks))
 
 
-def write_all(out: str | Path, seed: int = 0) -> dict[str, Path]:
-    """The held-out benchmark, the warm-start dataset and the train tasks (for reading) under `out`."""
-    splits = generate_tasks(seed)
+def write_all(out: str | Path, seed: int = 0, sizes: Mapping[str, int] | None = None) -> dict[str, Path]:
+    """The held-out benchmark, the warm-start dataset and the train tasks (for reading) under `out`.
+
+    `sizes` as `generate_tasks` takes them. The train split is drawn first, so a larger held-out
+    split leaves the train tasks (what the harness sends) as they are and shares no order with them."""
+    splits = generate_tasks(seed, sizes)
     folder = Path(out)
     return {
         "benchmark": write_benchmark(folder / "order_desk_benchmark.jsonl", splits["held_out"]),
@@ -477,8 +480,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write the order desk's held-out benchmark and SFT warm start.")
     parser.add_argument("--out", default="build/order-desk", help="Folder for the files (default: %(default)s).")
     parser.add_argument("--seed", type=int, default=0, help="Which tasks are drawn (default: %(default)s).")
+    parser.add_argument(
+        "--held-out", type=int, default=SPLIT_SIZES["held_out"], help="Tasks in the benchmark (default: %(default)s)."
+    )
     args = parser.parse_args(argv)
-    for name, path in write_all(args.out, args.seed).items():
+    for name, path in write_all(args.out, args.seed, {"held_out": args.held_out}).items():
         print(f"{name}: {path}")
     return 0
 
