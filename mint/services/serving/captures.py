@@ -265,14 +265,20 @@ class CaptureWriter:
 
     def _write(self, batch: list[_Pending]) -> None:
         """Commit the rows of a batch (those within their organization's quota), then settle
-        every receipt of it."""
+        every receipt of it. A batch that fails is written again one record at a time, so a
+        record that cannot be written drops only itself, not the records batched with it."""
         try:
             with session_scope(self.database) as session:
                 kept, refused = self._within_quota(session, batch)
                 for pending in kept:
                     pending.record.write(session)
         except Exception:  # a capture is never worth a request: log, count, go on
-            log.exception("could not write %d captures; dropped", len(batch))
+            if len(batch) > 1:
+                log.warning("could not write a batch of %d captures; writing them one by one", len(batch))
+                for pending in batch:
+                    self._write([pending])
+                return
+            log.exception("could not write a capture; dropped")
             self._drop(batch)
             return
         self.written += len(kept)
