@@ -162,11 +162,16 @@ def _row_errors(row: Any, allowed: Sequence[str]) -> list[str]:
     return errors
 
 
+def _metadata_errors(row: Mapping[str, Any]) -> list[str]:
+    return ["metadata: must be an object"] if "metadata" in row and not isinstance(row["metadata"], dict) else []
+
+
 def validate_chat_row(row: Any) -> list[str]:
-    """Problems with one SFT row `{"messages": [...], "tools"?: [...]}` (OpenAI chat format); empty when valid."""
-    errors = _row_errors(row, ("messages", "tools", "parallel_tool_calls"))
+    """Problems with one SFT row `{"messages": [...], "tools"?: [...], "metadata"?: {...}}` (OpenAI
+    chat format; `metadata` keeps what a row read from another format held besides); empty when valid."""
+    errors = _row_errors(row, ("messages", "tools", "parallel_tool_calls", "metadata"))
     if isinstance(row, dict):
-        errors += conversation_errors(row.get("messages"), "messages")
+        errors += _metadata_errors(row) + conversation_errors(row.get("messages"), "messages")
     return errors[:_MAX_ERRORS]
 
 
@@ -188,11 +193,12 @@ def validate_preference_row(row: Any) -> list[str]:
     """Problems with one DPO row (OpenAI's shape); empty when valid.
 
     `{"input": {"messages": [...], "tools"?: [...]}, "preferred_output": [assistant message],
-    "non_preferred_output": [assistant message]}`.
+    "non_preferred_output": [assistant message], "metadata"?: {...}}`.
     """
-    errors = _row_errors(row, ("input", "preferred_output", "non_preferred_output"))
+    errors = _row_errors(row, ("input", "preferred_output", "non_preferred_output", "metadata"))
     if not isinstance(row, dict):
         return errors
+    errors += _metadata_errors(row)
     source = row.get("input")
     made = _CallsMade()
     if not isinstance(source, dict):

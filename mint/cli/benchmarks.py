@@ -39,7 +39,16 @@ def create(
     api: Remote,
     name: Annotated[str, typer.Argument(help="Unique in the organization.")],
     file: Annotated[
-        Path | None, typer.Option("--file", exists=True, dir_okay=False, help="Tasks as .jsonl or .yaml.")
+        Path | None,
+        typer.Option(
+            "--file",
+            exists=True,
+            dir_okay=False,
+            help="Tasks as .jsonl or .yaml (Mint, TRL, verl or OpenRLHF rows), or a .parquet file of prompts.",
+        ),
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="An uploaded prompts dataset whose rows are the tasks.")
     ] = None,
     builtin: Annotated[BuiltinName | None, typer.Option("--builtin", help="A built-in benchmark to import.")] = None,
     grader: Annotated[
@@ -54,13 +63,17 @@ def create(
     ] = None,
     description: Annotated[str, typer.Option("--description")] = "",
 ) -> None:
-    """Create a benchmark (its version 1) from a file of tasks and/or a built-in benchmark."""
-    if file is None and builtin is None:
-        raise BadRequestError("give the tasks with --file PATH or --builtin NAME", param="file")
+    """Create a benchmark (its version 1) from a file of tasks, an uploaded prompts dataset and/or a
+    built-in benchmark. A .parquet file (verl's RL rows, say) is uploaded as a prompts dataset first."""
+    if file is None and dataset is None and builtin is None:
+        raise BadRequestError("give the tasks with --file PATH, --dataset ID or --builtin NAME", param="file")
     with api.client() as client:
+        if file is not None and file.suffix.lower() == ".parquet":
+            dataset, file = client.datasets.upload(file, kind="prompts").id, None
         benchmark = client.benchmarks.create(
             name,
             path=file,
+            dataset_id=dataset,
             grader=grader_option(grader),
             builtin=builtin,
             split=split,

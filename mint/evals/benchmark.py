@@ -1,6 +1,8 @@
 """Benchmark files: JSONL or YAML tasks, validated once, stored in one canonical form.
 
-A task is one JSON object (a JSONL line, or an item of the YAML `tasks` list):
+A task is one JSON object (a JSONL line, or an item of the YAML `tasks` list; a JSONL line may
+also be a TRL, verl or OpenRLHF prompt row, see `_foreign_task`, and a benchmark may be made of
+an uploaded prompts dataset's rows, `benchmark_of_rows`):
 
     {"id": "q1",
      "messages": [{"role": "user", "content": "What is 2 + 3?"}],
@@ -41,6 +43,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mint.chat.formats import convert, detect
 from mint.chat.rows import validate_chat_row, validate_prompt_row
 from mint.chat.tool_calls import ScriptedCall
 from mint.errors import InvalidRequest
@@ -58,9 +61,10 @@ TASK_FIELDS = ("id", "messages", "tools", "environment", "reference", "grader", 
 YAML_FIELDS = ("tasks", "grader", "description")
 # Errors listed in one message; the rest are counted.
 MAX_LISTED_ERRORS = 20
-# Graders whose verdict needs more than the output and the reference (a model, code in Mint):
+# Graders whose verdict needs more than the output and the reference (a model, code in Mint, a
+# reward endpoint):
 # their references and solutions are not checked at upload.
-_UNCHECKED_GRADERS = {"judge", "python"}
+_UNCHECKED_GRADERS = {"judge", "python", "remote"}
 _TASK_ID = re.compile(r"^[^\x00-\x1f\x7f]+$")
 
 
@@ -90,7 +94,10 @@ class BenchmarkTask(BaseModel):
         return Environment(self.environment, tool_names=names if self.tools is not None else None)
 
     def grade(self, output: Output, *, context: GradeContext | None = None) -> Grade:
-        """Score an output (a completion, an assistant message or the messages a run added)."""
+        """Score an output (a completion, an assistant message or the messages a run added); a
+        context learns the task's prompt and metadata (what a `remote` grader sends)."""
+        if context is not None:
+            context = context.about(self.messages, self.metadata, self.id)
         return grade(self.grader, output, self.reference, context=context)
 
     @classmethod
@@ -150,9 +157,44 @@ def _jsonl_items(content: str, problems: _Problems) -> Iterator[tuple[str, Any]]
         if not line.strip():
             continue
         try:
-            yield f"line {number}", loads_finite(line)
+            row = loads_finite(line)
         except (ValueError, RecursionError) as exc:
             problems.add(f"line {number}", f"not valid JSON ({exc}); write one task object per line")
+            continue
+        yield f"line {number}", _foreign_task(row, f"line {number}", problems)
+
+
+def _foreign_task(row: Any, where: str, problems: _Problems) -> Any:
+    """A TRL, verl or OpenRLHF prompt row (detected from its keys) as a task; anything else as it is.
+
+    Its id is the row's `id`, else where it is (`line-3`); its reference is the format's
+    (verl's `reward_model.ground_truth`, OpenRLHF's label, TRL's `solution`...); the rest of the
+    row is kept in `metadata` (see `mint.chat.formats`), where a remote grader reads it.
+    """
+    if not isinstance(row, dict) or "messages" in row:
+        return row
+    source = detect(row)
+    if source is None or source == "mint":
+        return row
+    converted = convert(row, source)
+    for error in converted.errors:
+        problems.add(where, error)
+    if converted.errors or converted.row is None:
+        return None
+    if converted.kind != "prompts":
+        problems.add(
+            where,
+            f"is a {converted.variant} row, which holds an answer to train on; a task is a prompt with a "
+            "reference (e.g. TRL prompt + solution, verl prompt + reward_model.ground_truth, OpenRLHF input + label)",
+        )
+        return None
+    return task_of_prompt_row(converted.row, where.replace(" ", "-"))
+
+
+def task_of_prompt_row(row: Mapping[str, Any], default_id: str) -> dict[str, Any]:
+    """An RL prompt row (Mint's shape) as a benchmark task, named by its `id` or by `default_id`."""
+    task = {key: row[key] for key in ("messages", "tools", "environment", "reference", "metadata") if key in row}
+    return {"id": row.get("id") or default_id, **task}
 
 
 class _SafeLoader(yaml.SafeLoader):
@@ -424,6 +466,23 @@ def parse_benchmark(
     return _collect(items, default, extra_tasks, description, problems)
 
 
+def benchmark_of_rows(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    grader: GraderSpec | Mapping[str, Any] | None = None,
+    extra_tasks: Sequence[BenchmarkTask] = (),
+) -> ParsedBenchmark:
+    """A benchmark of a prompts dataset's rows (row N named `row-N` unless it has an `id`),
+    validated as tasks; raises InvalidRequest listing every problem found."""
+    problems = _Problems()
+    default = None
+    if grader is not None:
+        default = _grader_spec(dict(grader) if isinstance(grader, Mapping) else grader, "the benchmark", problems)
+        problems.raise_if_any()
+    items = [(f"row {number}", task_of_prompt_row(row, f"row-{number}")) for number, row in enumerate(rows, start=1)]
+    return _collect(items, default, extra_tasks, None, problems)
+
+
 def build_benchmark(tasks: Sequence[BenchmarkTask], *, grader: GraderSpec | None = None) -> ParsedBenchmark:
     """A benchmark of already validated tasks (built-in ones), checked for unique ids."""
     return _collect([], grader, tasks, None, _Problems())
@@ -444,6 +503,8 @@ def _collect(
     seen: dict[str, str] = {}
     tasks: list[BenchmarkTask] = []
     for where, raw in items:
+        if raw is None:  # a row refused on reading, its problems already added
+            continue
         task = _check_task(raw, where, default, seen, problems)
         if task is not None:
             tasks.append(task)

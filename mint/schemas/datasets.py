@@ -10,6 +10,8 @@ from pydantic import AliasChoices, Field, field_serializer, field_validator
 from mint.schemas.common import WireModel
 
 DatasetKind = Literal["chat", "preference", "prompts"]
+# How an uploaded file's rows are written (mint.chat.formats.SOURCE_FORMATS: the same names).
+DatasetFormat = Literal["mint", "trl", "verl", "openrlhf"]
 
 
 class DatasetPublic(WireModel):

@@ -88,6 +88,11 @@ class BenchmarkSource(_Request):
     content: str | None = Field(
         default=None, max_length=MAX_CONTENT_CHARS, description="The tasks: JSONL lines, or a YAML document."
     )
+    dataset_id: ResourceId | None = Field(
+        default=None,
+        description="The tasks are this uploaded prompts dataset's rows (JSONL or parquet; Mint, TRL, verl or "
+        "OpenRLHF rows, stored in Mint's shape), instead of `content`.",
+    )
     grader: GraderSpecIn | None = Field(default=None, description="Grader of the tasks that do not name their own.")
     builtin: BuiltinName | None = Field(default=None, description="Import tasks of a built-in benchmark.")
     split: BuiltinSplit | None = Field(

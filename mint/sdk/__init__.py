@@ -26,6 +26,7 @@ from mint.sdk.errors import (
     WaitTimeoutError,
 )
 from mint.sdk.evals import AsyncEvalRun, EvalRun
+from mint.sdk.files import RowFormat
 from mint.sdk.jobs import AsyncJob, Job
 from mint.sdk.pagination import AsyncPager, SyncPager
 
@@ -53,6 +54,7 @@ __all__ = [
     "QuotaExceededError",
     "SpendLimitExceededError",
     "RateLimitError",
+    "RowFormat",
     "ServiceUnavailableError",
     "Stream",
     "SyncPager",

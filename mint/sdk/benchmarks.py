@@ -33,6 +33,7 @@ def source_fields(
     *,
     content: str | None,
     path: str | os.PathLike[str] | None,
+    dataset_id: str | None = None,
     format: BenchmarkFormat | None,
     grader: Grader | None,
     builtin: BuiltinName | None,
@@ -43,8 +44,9 @@ def source_fields(
     """The request fields of a version's tasks.
 
     `path` is read here (the API takes the text); its format follows its suffix. Text without
-    a format is JSONL if it starts with `{`, else YAML. A grader given by name is that grader
-    with its default options.
+    a format is JSONL if it starts with `{`, else YAML. `dataset_id` names an uploaded prompts
+    dataset instead (a TRL, verl or OpenRLHF file, parquet included, goes through the dataset
+    upload first). A grader given by name is that grader with its default options.
     """
     if path is not None:
         if content is not None:
@@ -56,6 +58,7 @@ def source_fields(
         format = "jsonl" if content.lstrip().startswith("{") else "yaml"
     return {
         "content": content,
+        "dataset_id": dataset_id,
         "format": format,
         "grader": {"type": grader} if isinstance(grader, str) else grader,
         "builtin": builtin,
@@ -106,6 +109,7 @@ class Benchmarks:
         *,
         content: str | None = None,
         path: str | os.PathLike[str] | None = None,
+        dataset_id: str | None = None,
         format: BenchmarkFormat | None = None,
         grader: Grader | None = None,
         builtin: BuiltinName | None = None,
@@ -114,9 +118,18 @@ class Benchmarks:
         seed: int | None = None,
         description: str = "",
     ) -> BenchmarkPublic:
-        """Create a benchmark (its version 1) from `content`, a file at `path`, and/or a `builtin` one."""
+        """Create a benchmark (its version 1) from `content`, a file at `path`, an uploaded prompts
+        dataset (`dataset_id`), and/or a `builtin` one."""
         source = source_fields(
-            content=content, path=path, format=format, grader=grader, builtin=builtin, split=split, n=n, seed=seed
+            content=content,
+            path=path,
+            dataset_id=dataset_id,
+            format=format,
+            grader=grader,
+            builtin=builtin,
+            split=split,
+            n=n,
+            seed=seed,
         )
         return self._http.send(create_benchmark(name, description, source))
 
@@ -126,6 +139,7 @@ class Benchmarks:
         *,
         content: str | None = None,
         path: str | os.PathLike[str] | None = None,
+        dataset_id: str | None = None,
         format: BenchmarkFormat | None = None,
         grader: Grader | None = None,
         builtin: BuiltinName | None = None,
@@ -136,7 +150,15 @@ class Benchmarks:
     ) -> BenchmarkVersionPublic:
         """Add the next version; with `replace_latest`, replace the newest one's tasks while no run used it."""
         source = source_fields(
-            content=content, path=path, format=format, grader=grader, builtin=builtin, split=split, n=n, seed=seed
+            content=content,
+            path=path,
+            dataset_id=dataset_id,
+            format=format,
+            grader=grader,
+            builtin=builtin,
+            split=split,
+            n=n,
+            seed=seed,
         )
         return self._http.send(create_version(benchmark_id, replace_latest, source))
 
@@ -164,6 +186,7 @@ class AsyncBenchmarks:
         *,
         content: str | None = None,
         path: str | os.PathLike[str] | None = None,
+        dataset_id: str | None = None,
         format: BenchmarkFormat | None = None,
         grader: Grader | None = None,
         builtin: BuiltinName | None = None,
@@ -173,7 +196,15 @@ class AsyncBenchmarks:
         description: str = "",
     ) -> BenchmarkPublic:
         source = source_fields(
-            content=content, path=path, format=format, grader=grader, builtin=builtin, split=split, n=n, seed=seed
+            content=content,
+            path=path,
+            dataset_id=dataset_id,
+            format=format,
+            grader=grader,
+            builtin=builtin,
+            split=split,
+            n=n,
+            seed=seed,
         )
         return await self._http.send(create_benchmark(name, description, source))
 
@@ -183,6 +214,7 @@ class AsyncBenchmarks:
         *,
         content: str | None = None,
         path: str | os.PathLike[str] | None = None,
+        dataset_id: str | None = None,
         format: BenchmarkFormat | None = None,
         grader: Grader | None = None,
         builtin: BuiltinName | None = None,
@@ -192,7 +224,15 @@ class AsyncBenchmarks:
         replace_latest: bool = False,
     ) -> BenchmarkVersionPublic:
         source = source_fields(
-            content=content, path=path, format=format, grader=grader, builtin=builtin, split=split, n=n, seed=seed
+            content=content,
+            path=path,
+            dataset_id=dataset_id,
+            format=format,
+            grader=grader,
+            builtin=builtin,
+            split=split,
+            n=n,
+            seed=seed,
         )
         return await self._http.send(create_version(benchmark_id, replace_latest, source))
 

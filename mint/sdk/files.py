@@ -1,5 +1,5 @@
-"""Datasets, and their OpenAI-shaped twin, files: upload JSONL (a path, bytes or an open file),
-list, read, and fetch the stored content.
+"""Datasets, and their OpenAI-shaped twin, files: upload JSONL or parquet (a path, bytes or an
+open file) of Mint's, TRL's, verl's or OpenRLHF's rows, list, read, and fetch the stored content.
 
 The server validates every row and refuses a file with a bad row whole; the error's message
 names the line and the field. Content is stored once per sha256, so uploading the same file
@@ -8,12 +8,13 @@ again returns the same dataset.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from mint.schemas.common import Page
-from mint.schemas.datasets import DatasetKind, DatasetPublic, FileObject
+from mint.schemas.datasets import DatasetFormat, DatasetKind, DatasetPublic, FileObject
 from mint.sdk._http import AsyncHTTP, Call, FileInput, SyncHTTP, Upload, filename_of, parse_bytes, parse_model
 from mint.sdk.pagination import AsyncPager, PageCall, SyncPager
 
@@ -31,23 +32,41 @@ def _file_page(response: httpx.Response) -> Page[FileObject]:
     return Page[FileObject](**{**body, "data": [_file_object(item) for item in body["data"]]})
 
 
-def _upload(source: FileInput, kind: DatasetKind | None, purpose: str, filename: str | None) -> Upload:
-    form = {"purpose": purpose} | ({"kind": kind} if kind else {})
+def _upload(
+    source: FileInput, kind: DatasetKind | None, purpose: str, filename: str | None, rows: RowFormat | None
+) -> Upload:
+    form = {"purpose": purpose} | ({"kind": kind} if kind else {}) | (rows.form() if rows else {})
     return Upload(source=source, filename=filename_of(source, filename), form=form)
+
+
+@dataclass(frozen=True)
+class RowFormat:
+    """How an upload's rows are written: `format` (mint | trl | verl | openrlhf; the server reads
+    it from each row's keys when omitted) and OpenRLHF's keys, renamed as with its own flags."""
+
+    format: DatasetFormat | None = None
+    input_key: str | None = None
+    output_key: str | None = None
+    label_key: str | None = None
+
+    def form(self) -> dict[str, str]:
+        return {name: value for name, value in vars(self).items() if value is not None}
 
 
 # ---- the calls, shared by the blocking and the asyncio resources ----------------------------
 
 
 def upload_dataset(
-    source: FileInput, kind: DatasetKind | None, purpose: str, filename: str | None
+    source: FileInput, kind: DatasetKind | None, purpose: str, filename: str | None, rows: RowFormat | None = None
 ) -> Call[DatasetPublic]:
-    upload = _upload(source, kind, purpose, filename)
+    upload = _upload(source, kind, purpose, filename, rows)
     return Call("POST", "/v1/datasets", parse_model(DatasetPublic), upload=upload)
 
 
-def create_file(source: FileInput, kind: DatasetKind | None, purpose: str, filename: str | None) -> Call[FileObject]:
-    upload = _upload(source, kind, purpose, filename)
+def create_file(
+    source: FileInput, kind: DatasetKind | None, purpose: str, filename: str | None, rows: RowFormat | None = None
+) -> Call[FileObject]:
+    upload = _upload(source, kind, purpose, filename, rows)
     return Call("POST", "/v1/files", lambda response: _file_object(response.json()), upload=upload)
 
 
@@ -87,9 +106,11 @@ class Datasets:
         kind: DatasetKind | None = None,
         purpose: str = "fine-tune",
         filename: str | None = None,
+        rows: RowFormat | None = None,
     ) -> DatasetPublic:
-        """Upload a JSONL file; `kind` is read from the first row when not given."""
-        return self._http.send(upload_dataset(file, kind, purpose, filename))
+        """Upload a JSONL or parquet file; `kind` is read from the first row when not given, and
+        the rows' format (`rows=RowFormat(format="verl")`) from each row's keys."""
+        return self._http.send(upload_dataset(file, kind, purpose, filename, rows))
 
     def list(self, *, limit: int = 20) -> SyncPager[DatasetPublic]:
         """Every dataset of the organization, newest first (`limit` per page)."""
@@ -116,9 +137,10 @@ class Files:
         purpose: str = "fine-tune",
         kind: DatasetKind | None = None,
         filename: str | None = None,
+        rows: RowFormat | None = None,
     ) -> FileObject:
-        """Upload a JSONL file (OpenAI's `files.create`)."""
-        return self._http.send(create_file(file, kind, purpose, filename))
+        """Upload a JSONL or parquet file (OpenAI's `files.create`)."""
+        return self._http.send(create_file(file, kind, purpose, filename, rows))
 
     def list(self, *, limit: int = 20) -> SyncPager[FileObject]:
         return SyncPager(self._http, list_files(limit))
@@ -143,8 +165,9 @@ class AsyncDatasets:
         kind: DatasetKind | None = None,
         purpose: str = "fine-tune",
         filename: str | None = None,
+        rows: RowFormat | None = None,
     ) -> DatasetPublic:
-        return await self._http.send(upload_dataset(file, kind, purpose, filename))
+        return await self._http.send(upload_dataset(file, kind, purpose, filename, rows))
 
     def list(self, *, limit: int = 20) -> AsyncPager[DatasetPublic]:
         return AsyncPager(self._http, list_datasets(limit))
@@ -169,8 +192,9 @@ class AsyncFiles:
         purpose: str = "fine-tune",
         kind: DatasetKind | None = None,
         filename: str | None = None,
+        rows: RowFormat | None = None,
     ) -> FileObject:
-        return await self._http.send(create_file(file, kind, purpose, filename))
+        return await self._http.send(create_file(file, kind, purpose, filename, rows))
 
     def list(self, *, limit: int = 20) -> AsyncPager[FileObject]:
         return AsyncPager(self._http, list_files(limit))

@@ -21,8 +21,10 @@ from sqlalchemy.orm import Session
 
 from mint.errors import Conflict, InvalidRequest, NotFound, did_you_mean
 from mint.evals.benchmark import (
+    MAX_TASKS,
     BenchmarkTask,
     ParsedBenchmark,
+    benchmark_of_rows,
     build_benchmark,
     canonical_jsonl,
     load_canonical,
@@ -31,6 +33,7 @@ from mint.evals.benchmark import (
 from mint.evals.builtin import SPLITS, builtin_benchmarks, load_builtin
 from mint.evals.graders import GraderSpec
 from mint.schemas.evals import BenchmarkCreate, BenchmarkSource, BenchmarkVersionCreate
+from mint.services import datasets
 from mint.services.principal import Principal
 from mint.storage.keys import benchmark_key
 from mint.storage.objects import ObjectStore
@@ -59,16 +62,39 @@ def _builtin_tasks(source: BenchmarkSource) -> list[BenchmarkTask]:
     ]
 
 
-def read_source(source: BenchmarkSource) -> ParsedBenchmark:
+def _dataset_rows(session: Session, store: ObjectStore, organization_id: str, dataset_id: str) -> list[dict[str, Any]]:
+    """The rows of the organization's prompts dataset (stored in Mint's shape, whatever its upload's format)."""
+    dataset = datasets.get_dataset(session, organization_id, dataset_id)
+    if dataset.kind != "prompts":
+        raise InvalidRequest(
+            f"dataset {dataset.id!r} holds {dataset.kind} rows; a benchmark is made of prompts rows (a prompt "
+            "and its reference)",
+            param="dataset_id",
+        )
+    if dataset.row_count > MAX_TASKS:
+        raise InvalidRequest(
+            f"dataset {dataset.id!r} has {dataset.row_count} rows; a benchmark holds at most {MAX_TASKS} tasks",
+            param="dataset_id",
+        )
+    return datasets.read_rows(store, dataset)
+
+
+def read_source(source: BenchmarkSource, session: Session, store: ObjectStore, organization_id: str) -> ParsedBenchmark:
     """The validated tasks a request describes; InvalidRequest names what is missing or wrong."""
+    if source.dataset_id is not None:
+        if source.content is not None or source.format is not None:
+            raise InvalidRequest("give the tasks as `content` or as `dataset_id`, not both", param="dataset_id")
+        rows = _dataset_rows(session, store, organization_id, source.dataset_id)
+        grader = source.grader.model_dump() if source.grader is not None else None
+        return benchmark_of_rows(rows, grader=grader, extra_tasks=_builtin_tasks(source))
     if source.content is not None and source.format is None:
         raise InvalidRequest("`content` needs its `format`: jsonl or yaml", param="format")
     if source.content is None and source.format is not None:
         raise InvalidRequest(f"`format` is {source.format!r} but there is no `content`; add the tasks", param="content")
     if source.content is None and source.builtin is None:
         raise InvalidRequest(
-            "give the tasks: `content` with `format` (jsonl or yaml), or `builtin` "
-            "(arithmetic, format, tool_calling or triage) with `n`",
+            "give the tasks: `content` with `format` (jsonl or yaml), `dataset_id` (an uploaded prompts "
+            "dataset), or `builtin` (arithmetic, format, tool_calling or triage) with `n`",
             param="content",
         )
     builtin = _builtin_tasks(source)
@@ -121,7 +147,7 @@ def create_benchmark(
             f"POST /v1/benchmarks/{{id}}/versions, or choose another name",
             param="name",
         )
-    parsed = read_source(body)
+    parsed = read_source(body, session, store, principal.organization_id)
     key, sha256 = _store(store, parsed)
     benchmark = Benchmark(
         id=new_id("bench"),
@@ -208,7 +234,7 @@ def add_version(
 ) -> BenchmarkVersion:
     """The benchmark's next version, or (`replace_latest`) new tasks for its unused newest version."""
     benchmark = get_benchmark(session, principal.organization_id, benchmark_id)
-    parsed = read_source(body)
+    parsed = read_source(body, session, store, principal.organization_id)
     newest = latest_version(session, benchmark.id)
     if newest is not None and body.replace_latest:
         if newest.locked_at is not None:

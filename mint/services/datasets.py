@@ -1,4 +1,4 @@
-"""Datasets: JSONL uploads, validated row by row, stored once per content hash.
+"""Datasets: JSONL or parquet uploads, validated row by row, stored once per content hash.
 
 An upload is streamed to a local spool file while it is hashed and measured (past the size
 limit it is refused at once), then every line is checked by the validator of its kind, one
@@ -12,6 +12,13 @@ newlines is never read whole), then the spool is streamed into the object store:
   optional `environment` (scripted tool results, or a registered environment's name), for
   reinforcement jobs.
 
+Rows may be written for TRL, verl or OpenRLHF (`mint.chat.formats`): each row's format is
+named by the upload or read from its keys, and the row is converted to Mint's shape before its
+kind's validator sees it. Parquet files (by name or by their `PAR1` magic) are read a batch of
+rows at a time, after their footer showed the data fits the upload limit uncompressed. Mint's
+own JSONL is stored as uploaded; any other file is stored as its converted rows, so trainers
+and evals read one shape, and the validation report names the source format and file.
+
 The kind is given, or read from the first row. A file with any invalid row is refused as a
 whole with errors that name the line and the field, and nothing is stored. Content lives in
 the object store under its sha256 (`datasets/sha256/<hex>.jsonl`), so identical content is
@@ -24,12 +31,24 @@ import hashlib
 import io
 import json
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import IO, Any, BinaryIO
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from mint.chat.formats import (
+    DEFAULT_OPTIONS,
+    SOURCE_FORMATS,
+    FormatOptions,
+    SourceFormat,
+    convert,
+    detect,
+    mint_kind,
+    no_format_error,
+)
 from mint.chat.rows import validate_chat_row, validate_preference_row, validate_prompt_row
 from mint.errors import InvalidRequest, NotFound, PayloadTooLarge
 from mint.evals.agent_environments import prompt_row_environment_errors
@@ -49,16 +68,15 @@ KIND_OF_METHOD = {"sft": "chat", "dpo": "preference", "rl": "prompts"}
 MAX_REPORTED_ERRORS = 20
 SPOOL_IN_MEMORY_BYTES = 8 * 1024 * 1024
 CHUNK_BYTES = 1024 * 1024
+PARQUET_MAGIC = b"PAR1"
+PARQUET_BATCH_ROWS = 256
+# Rows in Mint's shape may be somewhat longer than the uploaded rows (message objects around strings).
+CONVERTED_GROWTH = 2
 
 
 def infer_kind(row: Any) -> str:
-    """The kind a first row looks like: DPO fields, a finished conversation, or a prompt."""
-    if isinstance(row, dict) and ("preferred_output" in row or "non_preferred_output" in row):
-        return "preference"
-    messages = row.get("messages") if isinstance(row, dict) else None
-    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
-        return "chat" if messages[-1].get("role") == "assistant" else "prompts"
-    return "chat"
+    """The kind a first Mint row looks like: DPO fields, a finished conversation, or a prompt."""
+    return mint_kind(row)
 
 
 def _spool(source: BinaryIO | Iterable[bytes], max_bytes: int) -> tuple[IO[bytes], str, int]:
@@ -126,25 +144,161 @@ def trained_bytes(kind: str, row: dict[str, Any]) -> int:
     return 0
 
 
-def validate_rows(spool: IO[bytes], kind: str | None, max_row_bytes: int) -> tuple[str, int, list[str], int]:
-    """(kind, row count, errors as `line N: field: problem`, trained bytes) of a JSONL file."""
-    count, errors, trained = 0, [], 0
+class UnreadableFile(Exception):
+    """A parquet file pyarrow cannot read (or whose data is over the size limit)."""
+
+
+def is_parquet(filename: str, spool: IO[bytes]) -> bool:
+    """A parquet file by its name or by its magic bytes (`PAR1`)."""
+    head = spool.read(4)
+    spool.seek(0)
+    return filename.lower().endswith(".parquet") or head == PARQUET_MAGIC
+
+
+def _parquet_rows(spool: IO[bytes], max_bytes: int) -> Iterator[tuple[str, Any, str | None]]:
+    """(`row N`, row, None) for each row of a parquet file, read a batch at a time.
+
+    The footer's uncompressed size is checked first, so a small file that would expand past
+    the upload limit is refused before any of it is decompressed.
+    """
+    import pyarrow as pa  # type: ignore[import-untyped]  # only parquet uploads need it
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
     try:
-        for number, row, parse_error in _rows(spool, max_row_bytes):
-            count += 1
-            if parse_error is None and kind is None:
-                kind = infer_kind(row)
-            problems = [parse_error] if parse_error else VALIDATORS[kind or "chat"](row)
-            errors += [f"line {number}: {problem}" for problem in problems]
-            if not problems:
-                trained += trained_bytes(kind or "chat", row)
-            if len(errors) >= MAX_REPORTED_ERRORS:
+        parquet = pq.ParquetFile(spool)
+        metadata = parquet.metadata
+        data_bytes = sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise UnreadableFile(f"the file is not a readable parquet file ({exc})") from None
+    if data_bytes > max_bytes:
+        raise UnreadableFile(
+            f"the parquet file holds {data_bytes} bytes of data uncompressed, over the {max_bytes}-byte upload "
+            "limit; split it into smaller files"
+        )
+    number = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            for row in batch.to_pylist():
+                number += 1
+                yield f"row {number}", row, None
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise UnreadableFile(f"row {number + 1}: the parquet file cannot be read there ({exc})") from None
+
+
+def _jsonl_rows(spool: IO[bytes], max_row_bytes: int) -> Iterator[tuple[str, Any, str | None]]:
+    for number, row, error in _rows(spool, max_row_bytes):
+        yield f"line {number}", row, error
+
+
+@dataclass
+class CheckedRows:
+    """What validating an upload found: the kind, rows kept, errors (`line N: field: problem`),
+    bytes trained on, the source format of each row, rows skipped, and the rows in Mint's shape."""
+
+    kind: str | None
+    count: int
+    errors: list[str]
+    trained: int
+    formats: Counter[str] = field(default_factory=Counter)
+    skipped: int = 0
+    canonical: IO[bytes] | None = None
+
+    @property
+    def source_format(self) -> str:
+        """The rows' format, e.g. `verl` (formats joined by `+` in a file that mixes them)."""
+        return "+".join(sorted(self.formats)) or "mint"
+
+
+def validate_rows(
+    spool: IO[bytes],
+    kind: str | None,
+    max_row_bytes: int,
+    *,
+    parquet: bool = False,
+    source_format: SourceFormat | None = None,
+    options: FormatOptions = DEFAULT_OPTIONS,
+    max_bytes: int | None = None,
+) -> CheckedRows:
+    """Check a JSONL or parquet file row by row, each row read as `source_format` (or as the
+    format its keys show) and converted to Mint's shape; the converted rows are written, one
+    JSON object a line, to `canonical` (closed by the caller)."""
+    limit = max_bytes if max_bytes is not None else max_row_bytes
+    checked = CheckedRows(kind, 0, [], 0)
+    canonical = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)  # noqa: SIM115 - returned open
+    checked.canonical = canonical
+    written = 0
+    rows = _parquet_rows(spool, limit) if parquet else _jsonl_rows(spool, max_row_bytes)
+    try:
+        for where, row, parse_error in rows:
+            problems, line = _check_row(checked, row, parse_error, source_format, options, max_row_bytes)
+            checked.errors += [f"{where}: {problem}" for problem in problems]
+            if line is not None:
+                written += len(line)
+                if written > limit * CONVERTED_GROWTH:
+                    checked.errors.append(f"{where}: the rows in Mint's shape pass the upload limit; split the file")
+                    break
+                canonical.write(line)
+            if len(checked.errors) >= MAX_REPORTED_ERRORS:
                 break
     except UnicodeDecodeError as exc:
-        errors.append(f"the file is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSONL")
-    except RowTooLong as exc:
-        errors.append(str(exc))
-    return kind or "chat", count, errors[:MAX_REPORTED_ERRORS], trained
+        checked.errors.append(f"the file is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSONL")
+    except (RowTooLong, UnreadableFile) as exc:
+        checked.errors.append(str(exc))
+    checked.errors = checked.errors[:MAX_REPORTED_ERRORS]
+    checked.kind = checked.kind or "chat"
+    canonical.seek(0)
+    return checked
+
+
+def _check_row(
+    checked: CheckedRows,
+    row: Any,
+    parse_error: str | None,
+    source_format: SourceFormat | None,
+    options: FormatOptions,
+    max_row_bytes: int,
+) -> tuple[list[str], bytes | None]:
+    """One row's problems, and its line in Mint's shape (None when refused or skipped)."""
+    if parse_error is not None:
+        checked.count += 1
+        return [parse_error], None
+    source = source_format or detect(row, options)
+    if source is None:
+        checked.count += 1
+        return [no_format_error(row)], None
+    converted = convert(row, source, options)
+    if converted.errors:
+        checked.count += 1
+        return converted.errors, None
+    if converted.row is None:  # a row that trains nothing in Mint (an undesirable KTO completion)
+        checked.skipped += 1
+        return [], None
+    checked.count += 1
+    if checked.kind is None:  # the first row decides, unless the upload named the kind
+        checked.kind = converted.kind or infer_kind(converted.row)
+    kind = checked.kind
+    if converted.kind is not None and converted.kind != kind:
+        return [
+            f"is a {converted.variant} row, which makes a {converted.kind} row, but this dataset holds {kind} "
+            f"rows; upload {converted.kind} rows separately"
+        ], None
+    problems = VALIDATORS[kind](converted.row)
+    if problems:
+        if source != "mint":
+            problems = [f"{problem} (in the {converted.variant} row as Mint reads it)" for problem in problems]
+        return problems, None
+    try:
+        line = (json.dumps(converted.row, ensure_ascii=False, allow_nan=False) + "\n").encode()
+    except (TypeError, ValueError) as exc:
+        return [f"holds a value JSON cannot hold ({exc}); write strings, numbers, lists and objects"], None
+    if len(line) > max_row_bytes + 1:
+        return [
+            f"longer than {max_row_bytes} bytes in Mint's shape, the row limit (MINT_MAX_DATASET_ROW_BYTES); "
+            "shorten the row"
+        ], None
+    checked.formats[source] += 1
+    checked.trained += trained_bytes(kind, converted.row)
+    return [], line
 
 
 def _refuse(kind: str, errors: list[str], count: int) -> InvalidRequest:
@@ -167,22 +321,60 @@ def store_dataset(
     max_bytes: int,
     max_row_bytes: int,
     source_eval_run_id: str | None = None,
+    source_format: SourceFormat | None = None,
+    options: FormatOptions = DEFAULT_OPTIONS,
 ) -> Dataset:
-    """Validate an upload and record it; the same content and kind again returns the same dataset."""
+    """Validate an upload (JSONL or parquet; Mint, TRL, verl or OpenRLHF rows) and record its
+    rows in Mint's shape; the same content and kind again returns the same dataset.
+
+    Mint's own JSONL is stored as uploaded; any other file is stored as its rows in Mint's
+    shape, so every trainer and eval reads one shape. The dataset's sha256 is that of the
+    stored content; the validation report names the source format and the uploaded file.
+    """
     if kind is not None and kind not in DATASET_KINDS:
         raise InvalidRequest(f"unknown dataset kind {kind!r}; use one of: {', '.join(DATASET_KINDS)}", param="kind")
+    if source_format is not None and source_format not in SOURCE_FORMATS:
+        raise InvalidRequest(
+            f"unknown format {source_format!r}; use one of: {', '.join(SOURCE_FORMATS)}, or omit it to detect it",
+            param="format",
+        )
     spool, sha256, size = _spool(source, max_bytes)
     with spool:
-        kind, count, errors, trained = validate_rows(spool, kind, max_row_bytes)
-        if errors or count == 0:
-            raise _refuse(kind, errors, count)
-        existing = _same_content(session, organization_id, sha256, kind)
-        if existing is not None:
-            return existing
-        key = dataset_key(sha256)
-        if not store.exists(key):
-            spool.seek(0)
-            store.put(key, spool, max_bytes=max_bytes)
+        parquet = is_parquet(filename, spool)
+        checked = validate_rows(
+            spool,
+            kind,
+            max_row_bytes,
+            parquet=parquet,
+            source_format=source_format,
+            options=options,
+            max_bytes=max_bytes,
+        )
+        assert checked.canonical is not None
+        with checked.canonical as canonical:
+            kind = checked.kind or "chat"
+            if checked.errors or checked.count == 0:
+                raise _refuse(kind, checked.errors, checked.count)
+            report: dict[str, Any] = {
+                "rows": checked.count,
+                "errors": [],
+                "trained_bytes": checked.trained,
+                "source_format": checked.source_format,
+            }
+            content = spool
+            if parquet or checked.source_format != "mint":
+                # Stored in Mint's shape: the dataset's hash and size are those of what is stored.
+                report["source_file"] = {"type": "parquet" if parquet else "jsonl", "sha256": sha256, "bytes": size}
+                if checked.skipped:
+                    report["skipped_rows"] = checked.skipped
+                content, sha256, size = canonical, _hash(canonical), _length(canonical)
+            existing = _same_content(session, organization_id, sha256, kind)
+            if existing is not None:
+                return existing
+            key = dataset_key(sha256)
+            if not store.exists(key):
+                content.seek(0)
+                store.put(key, content, max_bytes=max(size, 1))
     dataset = Dataset(
         id=new_id("file"),
         organization_id=organization_id,
@@ -193,12 +385,24 @@ def store_dataset(
         object_key=key,
         sha256=sha256,
         size_bytes=size,
-        row_count=count,
-        validation_report={"rows": count, "errors": [], "trained_bytes": trained},
+        row_count=checked.count,
+        validation_report=report,
         source_eval_run_id=source_eval_run_id,
     )
     # The same file uploaded twice at once: both stored the same object; the first row wins.
     return insert_or_first(session, dataset, lambda: _same_content(session, organization_id, sha256, kind))
+
+
+def _hash(content: IO[bytes]) -> str:
+    content.seek(0)
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: content.read(CHUNK_BYTES), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _length(content: IO[bytes]) -> int:
+    return content.seek(0, io.SEEK_END)
 
 
 def _same_content(session: Session, organization_id: str, sha256: str, kind: str) -> Dataset | None:

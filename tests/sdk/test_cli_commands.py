@@ -17,6 +17,7 @@ import pytest
 from mint.sdk import Job, Mint
 from tests.conftest import LiveServer, Tenant, free_port
 from tests.sdk.conftest import ACK_TASKS, BASE, chat_rows, jsonl
+from tests.test_dataset_formats import gsm8k_rows, parquet_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.client_surface]
 
@@ -102,6 +103,11 @@ def test_benchmark_evaluate_compare_and_mine(cli: Cli, trained: list[Job], sdk: 
     builtin = as_json(cli("benchmarks", "create", "arith-cli", "--builtin", "arithmetic", "--n", "1", "--json"))
     assert builtin["latest_version"]["task_count"] == 2
     assert {"ack-cli", "arith-cli"} <= {row["name"] for row in as_json(cli("benchmarks", "list", "--json"))}
+    # verl's parquet rows as they are: the file is uploaded as a prompts dataset, then read as tasks.
+    verl = tmp_path / "gsm8k.parquet"
+    verl.write_bytes(parquet_of(gsm8k_rows(3)))
+    from_verl = as_json(cli("benchmarks", "create", "gsm8k-cli", "--file", str(verl), "--grader", "numeric", "--json"))
+    assert from_verl["latest_version"]["task_count"] == 3
 
     base = cli("evals", "run", "--benchmark", benchmark["id"], "--model", BASE, "--max-tokens", "4", "--wait", "--json")
     before = json.loads(base.stdout)
