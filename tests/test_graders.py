@@ -43,7 +43,8 @@ def score(kind: str, output: Any, reference: Any, **config: Any) -> float:
 
 def test_the_registry_is_the_documented_closed_set() -> None:
     assert grader_types() == [
-        "composite", "exact", "json_match", "judge", "normalized", "numeric", "python", "regex", "tool_call",
+        "composite", "exact", "json_match", "judge", "normalized", "numeric", "python", "regex", "remote",
+        "tool_call",
     ]  # fmt: skip
 
 

@@ -57,6 +57,7 @@ SELF_ROUTES = {
     "/api/v1/auth/apikey/me",
     "/v1/autotune",
     "/v1/webhooks",
+    "/v1/reward_endpoints",
 }
 # Routes that name other resources by id in the query or the body, not the path; their
 # tenancy (another organization's ids are 404) is checked in tests/evals/test_evals_api.py.
@@ -266,7 +267,15 @@ def _delivery(client: TestClient, owner: Tenant) -> str:
     return str(response.json()["id"])
 
 
+def _reward_endpoint(client: TestClient, owner: Tenant) -> str:
+    body = {"name": f"reward-{secrets.token_hex(4)}", "url": "https://rewards.example.com/score"}
+    response = client.post("/v1/reward_endpoints", headers=owner.headers("admin"), json=body)
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
 RESOURCE_MAKERS: dict[str, ResourceMaker] = {
+    "endpoint_id": _reward_endpoint,
     "run_id": _autotune_run,
     "webhook_id": _webhook,
     "delivery_id": _delivery,

@@ -33,6 +33,7 @@ from mint.api.routes import (
     fine_tuning,
     health,
     organization,
+    reward_endpoints,
     webhooks,
 )
 from mint.config import Settings, get_settings
@@ -93,6 +94,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
         episodes,
         autotune,
         webhooks,
+        reward_endpoints,
         openai,
     ):
         app.include_router(module.router, responses=ERROR_RESPONSES)

@@ -79,7 +79,13 @@ def reward_episode(
     episode's last turn."""
     if body.grader is not None:
         episode = episode_grades.grade_episode(
-            session, principal, episode_id, body, quotas=quotas, shared_token=settings.shared_node_token
+            session,
+            principal,
+            episode_id,
+            body,
+            quotas=quotas,
+            shared_token=settings.shared_node_token,
+            allow_private=settings.webhook_allow_private_networks,
         )
     else:
         episode = episodes.reward_episode(session, principal, episode_id, body, quotas=quotas)

@@ -1,13 +1,14 @@
 """Graders: score a model's output against a reference, for benchmarks and as RL rewards.
 
 The registry is closed: a grader is named by `GraderSpec.type`, one of `exact`,
-`normalized`, `regex`, `json_match`, `numeric`, `tool_call`, `python`, `judge` and
-`composite`, and its `config` is validated once, when the spec is built. Nothing a request sends is run as code:
+`normalized`, `regex`, `json_match`, `numeric`, `tool_call`, `python`, `judge`, `remote`
+and `composite`, and its `config` is validated once, when the spec is built. Nothing a request sends is run as code:
 a `python` grader names a function registered in Mint's code with `@register_python_grader`,
 a `regex` pattern is checked for the shapes that backtrack exponentially
 (`mint.chat.patterns`), and the `judge` grader only writes a prompt and reads a score: the
 model call is injected by the caller (`GradeContext.judge`), so the grader itself never
-reaches a model.
+reaches a model; likewise the `remote` grader builds an item and the caller's
+`GradeContext.reward` POSTs it to the organization's reward endpoint.
 
 An output is what the model produced, in any of the forms the callers hold:
 - a string (a completion);
@@ -26,7 +27,8 @@ has parts:
 - `numeric`: full credit within the tolerance, falling linearly to 0 at `partial_band`
   (off unless configured);
 - `composite`: the weighted mean of its parts' scores (e.g. format plus correctness);
-- `judge`: the model's `SCORE: n` over `max_score`.
+- `judge`: the model's `SCORE: n` over `max_score`;
+- `remote`: the endpoint's reward, clipped to [0, 1].
 `partial_credit: false` makes `json_match` and `tool_call` all-or-nothing.
 
 A spec's optional `penalties` (`mint.schemas.evals.RewardPenalties`) subtract a cost per step
@@ -44,7 +46,7 @@ callers import the names below from `mint.evals.graders`.
 """
 
 # Each family registers its grader when imported: importing them here completes the registry.
-from mint.evals.graders import composite, json_match, judge, numeric, python, text, tool_call  # noqa: F401
+from mint.evals.graders import composite, json_match, judge, numeric, python, remote, text, tool_call  # noqa: F401
 from mint.evals.graders.python import PythonGraderFn, python_grader_names, register_python_grader
 from mint.evals.graders.spec import (
     Grade,
@@ -54,6 +56,8 @@ from mint.evals.graders.spec import (
     JudgeFn,
     JudgeVerdict,
     Output,
+    RewardFn,
+    RewardUnavailable,
     grade,
     grader_types,
     output_text,
@@ -69,6 +73,8 @@ __all__ = [
     "JudgeVerdict",
     "Output",
     "PythonGraderFn",
+    "RewardFn",
+    "RewardUnavailable",
     "grade",
     "grader_types",
     "output_text",

@@ -11,7 +11,7 @@ an output in any of its forms, and the helpers that phrase a grade's detail.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import (
@@ -34,6 +34,15 @@ from mint.schemas.evals import RewardPenalties
 Output = str | Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 # (prompt, the judge model the spec names or None) -> the model's reply.
 JudgeFn = Callable[[str, str | None], str]
+# (the endpoint's name or id, one item of the remote reward protocol, timeout_s, retries) -> the
+# endpoint's reward for the item and its detail (None if it gave none); `RewardUnavailable` when
+# no usable reward came (see `mint.evals.graders.remote`).
+RewardFn = Callable[[str, Mapping[str, Any], float, int], tuple[float, str | None]]
+
+
+class RewardUnavailable(Exception):
+    """A reward endpoint gave no usable reward (timeout, error status, malformed answer): the
+    message says what went wrong, and the `remote` grader's grade is 0 with it as its detail."""
 
 
 class JudgeVerdict(BaseModel):
@@ -86,14 +95,29 @@ Grade.model_rebuild()
 
 @dataclass(frozen=True)
 class GradeContext:
-    """What a grader may use from its caller: `judge` sends a prompt to a model and returns its reply.
+    """What a grader may use from its caller: `judge` sends a prompt to a model and returns its reply;
+    `reward` asks a reward endpoint of the caller's organization (the `remote` grader).
 
     An eval run builds the judge from the model its spec names (`config.model`: a base, an
     `adapter@version` or a deployment of the run's organization), generating through the
-    same path as the run's own model; tests pass a local function.
+    same path as the run's own model; tests pass a local function. The `remote` grader also
+    reads what was asked: `prompt` (the messages before the answer) and `task` (the task's
+    metadata or the dataset row, for `data_source`, `extra_info` and `columns`), which the
+    caller sets per task with `about`; `source` names the benchmark, the default `data_source`.
     """
 
     judge: JudgeFn | None = None
+    reward: RewardFn | None = None
+    prompt: Sequence[Mapping[str, Any]] = ()
+    task: Mapping[str, Any] = field(default_factory=dict)
+    task_id: str | None = None
+    source: str | None = None
+
+    def about(
+        self, prompt: Sequence[Mapping[str, Any]], task: Mapping[str, Any], task_id: str | None = None
+    ) -> GradeContext:
+        """This context for grading one task: its prompt messages and its metadata (or row)."""
+        return replace(self, prompt=prompt, task=task, task_id=task_id)
 
 
 def _brief(text: str, limit: int = 80) -> str:

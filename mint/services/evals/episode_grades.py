@@ -1,6 +1,7 @@
 """A grader run on a finished episode, its score the episode's reward: any grader of the
 registry, on what the model and the harness added after the first prompt (as it reads an eval
-trajectory), against the reference the caller gives. A `judge` grader asks the model its config
+trajectory), against the reference the caller gives. A `remote` grader asks the organization's
+reward endpoint (`mint.services.evals.remote_rewards`). A `judge` grader asks the model its config
 names (a base, an adapter version or a deployment of the organization) through that model's
 serving nodes, greedily, as an eval run's judge does; nothing the caller sends runs as code.
 """
@@ -16,6 +17,8 @@ from mint.evals.graders import GradeContext, GraderSpec, grade
 from mint.schemas.episodes import MAX_COMMENT, EpisodeReward
 from mint.schemas.node import NodeChoiceLine, NodeCompletion
 from mint.services.billing.quotas import QuotaDefaults
+from mint.services.evals.remote_rewards import RemoteRewards
+from mint.services.evals.reward_endpoints import check_graders
 from mint.services.principal import Principal
 from mint.services.serving import episodes
 from mint.services.serving.inference import plan_for
@@ -69,14 +72,23 @@ def grade_episode(
     *,
     quotas: QuotaDefaults,
     shared_token: str | None,
+    allow_private: bool = False,
 ) -> Episode:
-    """Reward episode `key` with the score `body.grader` gives it against `body.reference`."""
+    """Reward episode `key` with the score `body.grader` gives it against `body.reference`. A
+    `remote` grader sends the episode's first prompt and what came after it to the organization's
+    reward endpoint (`allow_private`: the webhooks' egress setting)."""
     assert body.grader is not None
     spec = GraderSpec.model_validate(body.grader)
+    check_graders(session, principal.organization_id, [spec], param="grader")
     episode = episodes.get_episode(session, principal.organization_id, key)
     turns = episodes.turns_of(session, [episode.id])[episode.id]
-    output: Any = episodes.trajectory_output(episodes.episode_public(episode, turns, whole=True))
-    context = GradeContext(judge=_Judge(session, principal.organization_id, shared_token))
+    public = episodes.episode_public(episode, turns, whole=True)
+    output: Any = episodes.trajectory_output(public)
+    prompt = public.turns[0].added_messages if public.turns else []
+    context = GradeContext(
+        judge=_Judge(session, principal.organization_id, shared_token),
+        reward=RemoteRewards(principal.organization_id, allow_private=allow_private, session=session),
+    ).about(prompt, {}, episode.task)
     graded = grade(spec, output, body.reference, context=context)
     scored = body.model_copy(
         update={"score": graded.score, "grader": None, "comment": body.comment or (graded.detail[:MAX_COMMENT] or None)}

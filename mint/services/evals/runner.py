@@ -46,6 +46,7 @@ from mint.services import benchmarks
 from mint.services.billing.usage import record_usage
 from mint.services.dispatch import Dispatch
 from mint.services.evals import runs as evals
+from mint.services.evals.remote_rewards import RemoteRewards
 from mint.services.evals.runs import FINISHED
 from mint.services.leases import (
     WORKER_STOPPED,
@@ -497,7 +498,11 @@ def _execute(
         model = _run_model(settings, run, load_base)
         with ExitStack() as stack:
             generate = stack.enter_context(model)
-            context = GradeContext(judge=_Judges(settings, run, load_base, stack)) if config.get("judges") else None
+            context = GradeContext(
+                judge=_Judges(settings, run, load_base, stack) if config.get("judges") else None,
+                reward=RemoteRewards.of(settings, run.organization_id),
+                source=config.get("benchmark_name"),
+            )
             for start in range(0, len(todo), batch_tasks):
                 if not _still_held(settings, run.id, worker_id):
                     return "cancelled"

@@ -42,6 +42,7 @@ from mint.services.billing.quotas import QuotaDefaults, hold
 from mint.services.datasets import create_dataset_from_rows
 from mint.services.dispatch import Dispatch
 from mint.services.evals.judges import resolve_judges
+from mint.services.evals.reward_endpoints import check_version
 from mint.services.leases import gave_up
 from mint.services.principal import Principal
 from mint.services.serving import inference
@@ -134,6 +135,7 @@ def create_eval_run(
         )
     task_count = version.splits[body.split] if body.split is not None else version.task_count
     judges = resolve_judges(session, principal.organization_id, store, version, base_model=model.base_model)
+    check_version(session, principal.organization_id, store, version)
     organization = hold(session, principal.organization_id, "eval_runs", quotas)
     spend.check_month_open(session, organization, "eval run")
     run = EvalRun(

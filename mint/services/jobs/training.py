@@ -21,6 +21,7 @@ from mint.services import catalog, datasets
 from mint.services.billing import prices as pricing
 from mint.services.billing import spend
 from mint.services.dispatch import Dispatch
+from mint.services.evals.remote_rewards import graders_for
 from mint.services.jobs.checkpoints import newest_checkpoint, save_checkpoint
 from mint.services.jobs.claims import require_ours
 from mint.services.jobs.context import JobContext
@@ -277,7 +278,6 @@ class JobRun:
 
     def _train(self, training: Training) -> list[StepReport]:
         from mint.evals.agent_environments import make_environment
-        from mint.evals.graders import GraderSpec
         from mint.trainer.methods import METHODS
         from mint.trainer.recipes.common import RecipeInputs
 
@@ -300,7 +300,7 @@ class JobRun:
             seed=self.context.seed,
             start_step=self.context.start_step,
             on_step=on_step,
-            grader_for=GraderSpec.model_validate,
+            grader_for=graders_for(self.settings, self.context.organization_id),
             environment_for=make_environment,
             rl_max_steps_without_signal=self.settings.rl_max_steps_without_signal,
             live=live,

@@ -73,6 +73,9 @@ from mint.storage.tables.organizations import (
     AuditLog,
     Organization,
 )
+from mint.storage.tables.reward_endpoints import (
+    RewardEndpoint,
+)
 from mint.storage.tables.serving import (
     DEPLOYMENT_KINDS,
     DEPLOYMENT_STATUSES,
@@ -142,6 +145,7 @@ __all__ = [
     "Organization",
     "Price",
     "REVISION_ACTIONS",
+    "RewardEndpoint",
     "ROLES",
     "SESSION_KINDS",
     "SESSION_STATUSES",

@@ -88,7 +88,10 @@ class Grader(Protocol):
     spec's penalties for `steps` (model turns) and `tokens` (generated), if it has any.
 
     Jobs pass the benchmark graders' `mint.evals.graders.GraderSpec`, so RL rewards are the
-    scores benchmarks give; the recipe depends only on this method, never on evals.
+    scores benchmarks give; the recipe depends only on this method, never on evals. A grader
+    that also reads the prompt (a `remote` one, which sends it to a reward endpoint) has
+    `for_row(row) -> Grader`, which the recipe calls for each prompt row; `explain(output,
+    reference) -> str`, where present, is its reason for a score.
     """
 
     def reward(self, output: Any, reference: Any, *, steps: int = 1, tokens: int = 0) -> float: ...

@@ -408,6 +408,9 @@ def _rl_prompt(inputs: RecipeInputs, plan: RlPlan, grader: Grader | None, row: M
     own = (row.get("metadata") or {}).get("grader")
     if own is not None:  # a mined prompt scores its samples with its task's own grader, as the benchmark did
         grader = inputs.grader_for(own)
+    bind = getattr(grader, "for_row", None)
+    if bind is not None:  # a grader that reads the prompt too (a remote one): bound to this row
+        grader = bind(row)
     environment = inputs.environment_for(row, plan.environment.model_dump() if plan.environment else None)
     if environment is None:
         if grader is None:
