@@ -1,9 +1,9 @@
 """The `mint` command: one module per command group, assembled here.
 
 User commands (datasets, benchmarks, evals, jobs, adapters, deployments, captures, episodes, chat,
-models, keys, audit, usage, webhooks) speak HTTP through the SDK and share their connection and `--json` options
-(`mint.cli.options`); `mint admin` acts on the database; `api | worker | beat | serve | up`
-run the processes.
+models, keys, audit, usage, webhooks, reward-endpoints) speak HTTP through the SDK and share their
+connection and `--json` options (`mint.cli.options`); `mint admin` acts on the database; `api | worker | beat | serve | up`
+run the processes; `mint reward-server` serves a team's reward function on the team's machine.
 Errors Mint raises on purpose print their message, naming commands where the API's names
 routes (`mint.cli.hints`), and exit with a code that scripts can trust (see EXIT_CODES);
 anything else is a bug and shows a traceback. Waited-for work (a job or eval run with
@@ -31,6 +31,8 @@ from mint.cli import (
     models,
     organization,
     processes,
+    reward_endpoints,
+    reward_server,
     webhooks,
 )
 from mint.cli.admin import admin
@@ -66,7 +68,9 @@ app.add_typer(models.app, name="models")
 app.add_typer(organization.keys, name="keys")
 app.command("audit")(organization.audit)
 app.add_typer(webhooks.app, name="webhooks")
+app.add_typer(reward_endpoints.app, name="reward-endpoints")
 app.command("usage")(usage)
+app.command("reward-server")(reward_server.reward_server)
 app.add_typer(admin, name="admin")
 
 # 1 is any other failure; 2 is a usage error (typer/click's own).
