@@ -49,6 +49,14 @@ FORBIDDEN = {
     "api": {"worker", "trainer", "serving", "sdk", "cli"},
     # The SDK speaks HTTP with the server's schemas: nothing of the server comes with it.
     "sdk": {"api", "worker", "storage", "services", "trainer", "evals", "serving", "chat", "cli", "config"},
+    # A team's own code on the client side (its TRL script, `mint reward-server`): it reaches Mint
+    # through the SDK and the wire types like any client, never through the server's packages.
+    "integrations": everything_but("integrations", "sdk", "schemas"),
+}
+# package -> the only mint packages that may import it
+IMPORTED_ONLY_BY = {
+    # Client-side code runs in a team's process; `mint reward-server` is the one command that runs it.
+    "integrations": {"cli"},
 }
 # (package, package it may import) -> the only modules of the second it may import
 ONLY_THROUGH = {
@@ -139,6 +147,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def test_imports_point_one_way() -> None:
     assert set(FORBIDDEN) <= LAYERS and all(forbidden <= LAYERS for forbidden in FORBIDDEN.values())
+    assert set(IMPORTED_ONLY_BY) <= LAYERS and all(importers <= LAYERS for importers in IMPORTED_ONLY_BY.values())
     problems = []
     for path in sorted(PACKAGE.rglob("*.py")):
         layer = layer_of(path)
@@ -146,6 +155,9 @@ def test_imports_point_one_way() -> None:
             target = mint_layer(module)
             if target in FORBIDDEN.get(layer, set()):
                 problems.append(f"{path.relative_to(PACKAGE)} imports {module}")
+            importers = IMPORTED_ONLY_BY.get(target or "")
+            if importers is not None and layer != target and layer not in importers:
+                problems.append(f"{path.relative_to(PACKAGE)} imports {module}; only {sorted(importers)} may")
             only = ONLY_THROUGH.get((layer, target or ""))
             if (
                 only is not None

@@ -1,4 +1,5 @@
-"""The SDK's HTTP layer: where the client connects, what one request is, and how it is retried.
+"""The SDK's HTTP layer: what one request is, and how it is retried (where the client connects
+is `mint.sdk.connection`).
 
 A resource method describes its request as a `Call` (method, path, body, and how to parse the
 answer), and hands it to `SyncHTTP` or `AsyncHTTP`; the two share everything but the waiting,
@@ -39,10 +40,17 @@ import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from mint import __version__, errors
+
+# Where to connect is `mint.sdk.connection`'s; its names stay importable from here too.
+from mint.sdk.connection import API_URL_FILE as API_URL_FILE
+from mint.sdk.connection import DEFAULT_BASE_URL as DEFAULT_BASE_URL
+from mint.sdk.connection import found_base_url as found_base_url
+from mint.sdk.connection import local_api_url as local_api_url
+from mint.sdk.connection import mint_home as mint_home
+from mint.sdk.connection import resolve_api_key as resolve_api_key
 from mint.sdk.errors import (
     APIConnectionError,
     APITimeoutError,
-    AuthenticationError,
     BadRequestError,
     MintAPIError,
     error_from_body,
@@ -53,9 +61,6 @@ log = logging.getLogger("mint.sdk")
 T = TypeVar("T")
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
-DEFAULT_BASE_URL = "http://127.0.0.1:8000"
-# Where `mint up` writes its API's URL, under MINT_HOME, for the CLI and SDK to find.
-API_URL_FILE = "api.url"
 # Generation on a large base can take minutes before the first byte of a non-streamed answer.
 DEFAULT_TIMEOUT_S = 600.0
 CONNECT_TIMEOUT_S = 10.0
@@ -73,60 +78,6 @@ MIN_RATE_LIMIT_PAUSE_S = 0.5
 
 # What an upload accepts: a path, the bytes themselves, or an open binary file.
 FileInput = str | os.PathLike[str] | bytes | IO[bytes]
-
-
-# ---- where to connect ------------------------------------------------------------------------
-
-
-def found_base_url(base_url: str | None) -> tuple[str, str]:
-    """The API's root URL and where it was found, for messages: the argument, else
-    `MINT_BASE_URL`, else the local API on `MINT_API_PORT` (the setting `mint up` reads, so a
-    shell that started Mint on another port finds it), else the URL `mint up` wrote into
-    `$MINT_HOME/api.url`, else the local default.
-
-    A trailing `/v1` (as the `openai` client takes it) is accepted and dropped, since the
-    SDK's paths name their version.
-    """
-    url_file = mint_home() / API_URL_FILE
-    if base_url:
-        url, source = base_url, "as given"
-    elif os.environ.get("MINT_BASE_URL"):
-        url, source = os.environ["MINT_BASE_URL"], "from MINT_BASE_URL"
-    elif os.environ.get("MINT_API_PORT"):
-        url, source = local_api_url(os.environ.get("MINT_API_HOST"), os.environ["MINT_API_PORT"]), "from MINT_API_PORT"
-    elif url_file.is_file() and url_file.read_text().strip():
-        url, source = url_file.read_text().strip(), f"from {url_file}, written by `mint up`"
-    else:
-        url, source = DEFAULT_BASE_URL, "the default: no MINT_BASE_URL, MINT_API_PORT or MINT_HOME/api.url"
-    return url.strip().rstrip("/").removesuffix("/v1"), source
-
-
-def local_api_url(host: str | None, port: str | int) -> str:
-    """The URL a client on this machine reaches an API listening on `host:port` at: an API
-    listening on every address (`0.0.0.0`, `::`) answers on the loopback one."""
-    host = (host or "").strip()
-    if host in ("", "0.0.0.0", "::", "[::]"):
-        host = "127.0.0.1"
-    elif ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{str(port).strip()}"
-
-
-def mint_home() -> Path:
-    return Path(os.environ.get("MINT_HOME") or "~/.mint").expanduser()
-
-
-def resolve_api_key(api_key: str | None) -> str:
-    """The API key: the argument, else `MINT_API_KEY`, else `$MINT_HOME/admin.key` (written by `mint up`)."""
-    key = api_key or os.environ.get("MINT_API_KEY")
-    if key:
-        return key.strip()
-    key_file = mint_home() / "admin.key"
-    if key_file.is_file():
-        return key_file.read_text().strip()
-    raise AuthenticationError(
-        f"No API key: pass api_key=..., set MINT_API_KEY, or run `mint admin init` to write {key_file}."
-    )
 
 
 # ---- one request -----------------------------------------------------------------------------
