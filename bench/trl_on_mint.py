@@ -8,7 +8,7 @@ first and the last window of steps.
 Needs a running Mint with a training worker of the base (`mint up`), found as the `tinker` SDK
 and the Mint SDK find it (TINKER_BASE_URL / MINT_BASE_URL, TINKER_API_KEY / MINT_API_KEY):
 
-    .venv/bin/python bench/trl_on_mint.py [--steps 20] [--sft-steps 4] [--base smollm2-135m-instruct]
+    .venv/bin/python bench/trl_on_mint.py [--steps 20] [--sft-steps 2] [--prompts-per-step 8]
 
 Apart from the import line and the model names, the part between the markers is a TRL script.
 """
@@ -48,12 +48,12 @@ def main() -> None:
     parser.add_argument("--base", default="smollm2-135m-instruct")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--generations", type=int, default=4)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sft-steps", type=int, default=4, help="Steps of the SFT warm start (0: none).")
+    parser.add_argument("--sft-steps", type=int, default=2, help="Steps of the SFT warm start (0: none).")
     options = parser.parse_args()
 
     from mint.evals.builtin import load_builtin
