@@ -267,7 +267,7 @@ def test_nothing_here_imports_torch_or_transformers() -> None:
 @pytest.mark.parametrize(
     ("row", "errors"),
     [
-        ("not a row", ["row: must be a JSON object with messages, tools, parallel_tool_calls"]),
+        ("not a row", ["row: must be a JSON object with messages, tools, parallel_tool_calls, metadata"]),
         ({}, ["messages: must be a non-empty list of messages"]),
         (
             {"messages": [user("Hi"), assistant("Hello"), {"role": "bot", "content": "x"}]},
@@ -301,8 +301,12 @@ def test_nothing_here_imports_torch_or_transformers() -> None:
             ["messages[1].mood: unknown field; allowed: role, content, name, tool_calls, tool_call_id, weight"],
         ),
         (
-            {"messages": [user("Hi"), assistant("x")], "metadata": {}},
-            ["metadata: unknown field; allowed: messages, tools, parallel_tool_calls"],
+            {"messages": [user("Hi"), assistant("x")], "metadata": []},
+            ["metadata: must be an object"],
+        ),
+        (
+            {"messages": [user("Hi"), assistant("x")], "grader": {}},
+            ["grader: unknown field; allowed: messages, tools, parallel_tool_calls, metadata"],
         ),
         (
             {"messages": [user("Hi"), {"role": "tool", "tool_call_id": "c9", "content": "x"}, assistant("x")]},
