@@ -18,6 +18,7 @@ import secrets
 import threading
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -244,3 +245,20 @@ def test_a_feedback_correction_with_a_non_finite_number_is_refused(
     )
     assert refused.status_code == 422 and "NaN or infinite" in refused.text, refused.text
     assert json.loads(refused.text)["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/datasets/from-captures", {"kind": "chat", "deployment": "\u0000"}, "deployment"),
+        ("/v1/datasets/from-captures", {"kind": "chat", "label": "bad\u0000label"}, "label"),
+        ("/v1/benchmarks/bench_x/versions/from-captures", {"split": "\u0000"}, "split"),
+    ],
+)
+def test_a_nul_in_a_capture_filter_is_a_422_naming_the_field(
+    client: TestClient, tenant: Tenant, path: str, body: dict[str, Any], param: str
+) -> None:
+    # PostgreSQL refuses NUL in text: the request is refused before any query.
+    response = client.post(path, headers=tenant.headers("developer"), json=body)
+    assert response.status_code == 422, response.text
+    assert param in response.text, response.text

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from mint.schemas.common import FiniteJson, RequestModel, WireModel
+from mint.schemas.common import ID_PATTERN, LABEL_PATTERN, TEXT_PATTERN, FiniteJson, RequestModel, WireModel
 
 MAX_COMMENT = 10_000
 # One feedback is about a message's worth: its score, label, comment and correction, as JSON
@@ -53,8 +53,10 @@ class FeedbackCreate(RequestModel):
     model_config = ConfigDict(extra="forbid")
 
     score: float | None = Field(default=None, ge=0, le=1, description="How good the answer was, 0 to 1.")
-    label: str | None = Field(default=None, min_length=1, max_length=100, description="e.g. `wrong_tool`.")
-    comment: str | None = Field(default=None, max_length=MAX_COMMENT)
+    label: str | None = Field(
+        default=None, min_length=1, max_length=100, pattern=LABEL_PATTERN, description="e.g. `wrong_tool`."
+    )
+    comment: str | None = Field(default=None, max_length=MAX_COMMENT, pattern=TEXT_PATTERN)
     correction: FiniteJson | None = Field(
         default=None,
         description='The answer it should have been: `{"message": {"role": "assistant", ...}}` for a chat '
@@ -102,12 +104,18 @@ class CaptureFilter(RequestModel):
     model_config = ConfigDict(extra="forbid")
 
     deployment: str | None = Field(
-        default=None, min_length=1, max_length=200, description="The deployment's id or name; none: every one."
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=ID_PATTERN,
+        description="The deployment's id or name; none: every one.",
     )
     since: datetime | None = None
     until: datetime | None = None
     max_score: float | None = Field(default=None, ge=0, le=1, description="Only captures scored at most this.")
-    label: str | None = Field(default=None, max_length=100, description="Only captures given this label.")
+    label: str | None = Field(
+        default=None, max_length=100, pattern=LABEL_PATTERN, description="Only captures given this label."
+    )
 
 
 class DatasetFromCaptures(CaptureFilter):
@@ -119,4 +127,6 @@ class DatasetFromCaptures(CaptureFilter):
 
 
 class BenchmarkFromCaptures(CaptureFilter):
-    split: str = Field(default="production", min_length=1, max_length=50, description="The new tasks' split.")
+    split: str = Field(
+        default="production", min_length=1, max_length=50, pattern=LABEL_PATTERN, description="The new tasks' split."
+    )

@@ -26,6 +26,8 @@ ID_PATTERN = r"^[A-Za-z0-9_.:@-]+$"
 MODEL_REF_PATTERN = r"^([A-Za-z0-9_.:@-]+|tinker://[^\x00-\x1f\x7f]+)$"
 # Labels people type (key names, descriptions' titles): any printable text.
 LABEL_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+# Free text people write (comments, notes): anything but NUL, which PostgreSQL refuses in text.
+TEXT_PATTERN = r"^[^\x00]*$"
 
 Label = Annotated[str, Field(min_length=1, max_length=200, pattern=LABEL_PATTERN)]
 

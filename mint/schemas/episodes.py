@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mint.schemas.common import FiniteJson, FiniteJsonValue, RequestModel, WireModel
+from mint.schemas.common import LABEL_PATTERN, TEXT_PATTERN, FiniteJson, FiniteJsonValue, RequestModel, WireModel
 
 EPISODE_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 EPISODE_HEADER = "X-Mint-Episode"
@@ -56,8 +56,10 @@ class EpisodeReward(RequestModel):
     turn_scores: list[Annotated[float, Field(ge=-MAX_SCORE, le=MAX_SCORE)]] | None = Field(
         default=None, max_length=MAX_TURN_SCORES, description="A score per turn, in order (as many as it has turns)."
     )
-    label: str | None = Field(default=None, min_length=1, max_length=100, description="e.g. `solved`, `gave_up`.")
-    comment: str | None = Field(default=None, max_length=MAX_COMMENT)
+    label: str | None = Field(
+        default=None, min_length=1, max_length=100, pattern=LABEL_PATTERN, description="e.g. `solved`, `gave_up`."
+    )
+    comment: str | None = Field(default=None, max_length=MAX_COMMENT, pattern=TEXT_PATTERN)
 
     @model_validator(mode="after")
     def _score_or_grader(self) -> EpisodeReward:

@@ -52,7 +52,9 @@ class RemoteConfig(_Config):
     least `pass_threshold`; rewards outside [0, 1] are clipped to it (the grade says so).
     """
 
-    endpoint: str = Field(min_length=1, max_length=100, description="The reward endpoint's name or id.")
+    endpoint: str = Field(
+        min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$", description="The reward endpoint's name or id."
+    )
     timeout_s: float = Field(default=10.0, gt=0.0, le=MAX_TIMEOUT_S, description="The deadline of one output's call.")
     retries: int = Field(default=2, ge=0, le=MAX_RETRIES, description="Retries after a 5xx, 429 or connection error.")
     pass_threshold: float = Field(default=0.5, ge=0.0, le=1.0, description="Passed when the reward is at least this.")
