@@ -2,8 +2,9 @@
 
 User commands (datasets, benchmarks, evals, jobs, adapters, deployments, captures, episodes, chat,
 models, keys, audit, usage, webhooks, reward-endpoints) speak HTTP through the SDK and share their
-connection and `--json` options (`mint.cli.options`); `mint admin` acts on the database; `api | worker | beat | serve | up`
-run the processes; `mint reward-server` serves a team's reward function on the team's machine.
+connection and `--json` options (`mint.cli.options`); `mint admin` acts on the database;
+`api | worker | beat | serve | up` run the processes; `mint reward-server` serves a team's reward
+function on the team's machine.
 Errors Mint raises on purpose print their message, naming commands where the API's names
 routes (`mint.cli.hints`), and exit with a code that scripts can trust (see EXIT_CODES);
 anything else is a bug and shows a traceback. Waited-for work (a job or eval run with
