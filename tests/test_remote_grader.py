@@ -28,8 +28,9 @@ from standardwebhooks.webhooks import Webhook as Verifier
 
 from mint.config import Settings
 from mint.evals.graders import GradeContext, GraderSpec, grade
+from mint.schemas.reward_endpoints import MAX_REWARD_ANSWER_BYTES
 from mint.sdk import BadRequestError, Mint
-from mint.services.evals.remote_rewards import MAX_ANSWER_BYTES, RemoteRewards, graders_for
+from mint.services.evals.remote_rewards import RemoteRewards, graders_for
 from mint.storage.db import session_scope
 from mint.storage.objects import object_store_for
 from tests.conftest import LiveServer, Tenant
@@ -73,7 +74,7 @@ def _answer(mode: str, items: list[dict[str, Any]], attempt: int) -> tuple[int, 
         "garbage": (200, b"<html>not json</html>"),
         "count": (200, json.dumps({"rewards": rewards * 2}).encode()),
         "nan": (200, b'{"rewards": [NaN]}'),
-        "huge": (200, b'{"rewards": [1.0], "details": ["' + b"x" * (MAX_ANSWER_BYTES + 10) + b'"]}'),
+        "huge": (200, b'{"rewards": [1.0], "details": ["' + b"x" * (MAX_REWARD_ANSWER_BYTES + 10) + b'"]}'),
         "negative": (200, json.dumps({"rewards": [-2.5]}).encode()),
     }
     return answers[mode]
@@ -273,7 +274,7 @@ def test_a_500_is_retried_with_the_same_request_id(
         ("garbage", {}, "malformed answer: not JSON", 1),
         ("count", {}, "wrong count: 2 rewards for 1 item(s)", 1),
         ("nan", {}, "non-finite reward: rewards[0] is nan", 1),
-        ("huge", {}, f"oversized answer: more than {MAX_ANSWER_BYTES} bytes", 1),
+        ("huge", {}, f"oversized answer: more than {MAX_REWARD_ANSWER_BYTES} bytes", 1),
     ],
 )
 def test_a_failing_endpoint_gives_0_with_a_detail_naming_what_went_wrong(

@@ -45,19 +45,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mint import errors
+from mint.schemas.reward_endpoints import MAX_REWARD_ANSWER_BYTES, REWARD_REQUEST_TYPE
 
 log = logging.getLogger(__name__)
 
 Style = Literal["trl", "verl", "openrlhf"]
 STYLES: tuple[Style, ...] = get_args(Style)
-REQUEST_TYPE = "reward.request"
 
 # The largest request body read (`--max-request-bytes`); a longer one is answered 413 unread.
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
 # The most items one request may carry.
 MAX_ITEMS = 4096
-# Mint reads at most this much of an answer: details are dropped from one that would be longer.
-MAX_ANSWER_BYTES = 1024 * 1024
 # The longest detail sent for one item (it is shown on the item's trajectory).
 DETAIL_CHARS = 300
 SECRET_PREFIX = "whsec_"
@@ -124,17 +122,17 @@ def parse_request(body: bytes) -> RewardRequest:
         where = ".".join(str(part) for part in first["loc"]) or "body"
         raise errors.InvalidRequest(
             f"the body is not a reward request: {where}: {first['msg']} "
-            f'(expected {{"type": "{REQUEST_TYPE}", "items": [{{"completion_text": ..., ...}}]}})',
+            f'(expected {{"type": "{REWARD_REQUEST_TYPE}", "items": [{{"completion_text": ..., ...}}]}})',
             param=where,
         ) from None
 
 
 def encode_answer(answer: RewardAnswer) -> bytes:
-    """The answer's JSON, within MAX_ANSWER_BYTES: the details go if they would not fit."""
+    """The answer's JSON, within MAX_REWARD_ANSWER_BYTES: the details go if they would not fit."""
     body = json.dumps(answer.model_dump(), allow_nan=False, separators=(",", ":")).encode()
-    if len(body) <= MAX_ANSWER_BYTES:
+    if len(body) <= MAX_REWARD_ANSWER_BYTES:
         return body
-    log.warning("the details made the answer longer than %d bytes: sent without them", MAX_ANSWER_BYTES)
+    log.warning("the details made the answer longer than %d bytes: sent without them", MAX_REWARD_ANSWER_BYTES)
     return json.dumps({"rewards": answer.rewards}, allow_nan=False, separators=(",", ":")).encode()
 
 

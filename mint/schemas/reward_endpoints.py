@@ -2,7 +2,9 @@
 
 Mint POSTs `{"type": "reward.request", "items": [...]}` to the endpoint's URL, signed as
 webhooks are (Standard Webhooks headers, the endpoint's `whsec_...` secret), and reads back
-`{"rewards": [float, ...], "details": [str | null, ...]?}`, one finite reward per item.
+`{"rewards": [float, ...], "details": [str | null, ...]?}`, one finite reward per item. The
+protocol's constants live here, for both of its sides: Mint's caller
+(`mint.services.evals.remote_rewards`) and the team's server (`mint.integrations.reward_server`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from pydantic import ConfigDict, Field
 
 from mint.schemas.common import RequestModel, WireModel
 from mint.schemas.webhooks import Description, WebhookUrl
+
+# The `type` of every request Mint POSTs to a reward endpoint.
+REWARD_REQUEST_TYPE = "reward.request"
+# The largest answer Mint reads; a server drops its details rather than answer longer.
+MAX_REWARD_ANSWER_BYTES = 1024 * 1024
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 

@@ -6,7 +6,7 @@ up by name or id in the organization at each call, so a changed URL or a rotated
 at once), signed as webhooks are (Standard Webhooks headers; the `webhook-id` is new per
 request and the same on its retries, so a receiver can drop a repeat). Like a webhook delivery
 (`mint.services.webhooks.egress`), the host is resolved once and checked, the connection goes to
-the address checked, no redirect is followed, and at most MAX_ANSWER_BYTES of the answer is
+the address checked, no redirect is followed, and at most MAX_REWARD_ANSWER_BYTES of the answer is
 read; unlike one, the caller waits for the answer, so the whole call (its retries included)
 ends within the grader's `timeout_s`.
 
@@ -34,15 +34,13 @@ from sqlalchemy.orm import Session
 from mint.config import Settings
 from mint.evals.graders import GradeContext, GraderSpec, RewardUnavailable, grade
 from mint.evals.graders.spec import penalized
+from mint.schemas.reward_endpoints import MAX_REWARD_ANSWER_BYTES, REWARD_REQUEST_TYPE
 from mint.services.evals.reward_endpoints import find_endpoint
 from mint.services.webhooks import egress
 from mint.services.webhooks.delivery import signed_headers
 from mint.storage.db import session_scope
 from mint.storage.tables import new_id
 
-REQUEST_TYPE = "reward.request"
-# The largest answer read (the protocol's bound); one byte more is read to tell an answer over it.
-MAX_ANSWER_BYTES = 1 << 20
 # The wait before the first retry, doubling per retry.
 RETRY_WAIT_S = 0.2
 # The start of an answer quoted in a failure's message.
@@ -58,8 +56,10 @@ def _excerpt(body: bytes) -> str:
 
 def read_answer(body: bytes, count: int) -> list[tuple[float, str | None]]:
     """The rewards (and details) of a 200 answer to `count` items; RewardUnavailable says what is wrong."""
-    if len(body) > MAX_ANSWER_BYTES:
-        raise RewardUnavailable(f"oversized answer: more than {MAX_ANSWER_BYTES} bytes (the protocol's bound is 1 MiB)")
+    if len(body) > MAX_REWARD_ANSWER_BYTES:
+        raise RewardUnavailable(
+            f"oversized answer: more than {MAX_REWARD_ANSWER_BYTES} bytes (the protocol's bound is 1 MiB)"
+        )
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:
@@ -125,7 +125,7 @@ class RemoteRewards:
     def __call__(self, ref: str, item: Mapping[str, Any], timeout_s: float, retries: int) -> tuple[float, str | None]:
         url, secret = self._endpoint(ref)
         try:
-            body = json.dumps({"type": REQUEST_TYPE, "items": [item]}, separators=(",", ":"), allow_nan=False)
+            body = json.dumps({"type": REWARD_REQUEST_TYPE, "items": [item]}, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise RewardUnavailable(f"the item cannot be sent as JSON: {exc}") from None
         request_id = new_id("rwreq")
@@ -143,7 +143,7 @@ class RemoteRewards:
                     headers=signed_headers(secret, request_id, body),
                     body=body.encode(),
                     deadline_s=left,
-                    answer_bytes=MAX_ANSWER_BYTES + 1,
+                    answer_bytes=MAX_REWARD_ANSWER_BYTES + 1,  # one byte more tells an answer over the bound
                 )
             except egress.DeadlinePassed:
                 raise RewardUnavailable(timed_out + (f" ({attempt + 1} attempts)" if attempt else "")) from None
