@@ -32,9 +32,8 @@ from mint.schemas.reward_endpoints import MAX_REWARD_ANSWER_BYTES
 from mint.sdk import BadRequestError, Mint
 from mint.services.evals.remote_rewards import RemoteRewards, graders_for
 from mint.storage.db import session_scope
-from mint.storage.objects import object_store_for
 from tests.conftest import LiveServer, Tenant
-from tests.evals.test_evals_api import BASE, create_benchmark, jsonl, resident  # noqa: F401 - a fixture
+from tests.evals.test_evals_api import BASE, create_benchmark, jsonl, resident, run_in_this_process  # noqa: F401
 from tests.jobs.conftest import prompt_rows, upload
 from tests.test_cli import mint
 
@@ -326,11 +325,6 @@ def test_an_eval_run_records_the_rewards_the_server_computed(
     server: RewardServer,
     resident: Any,  # noqa: F811 - the fixture
 ) -> None:
-    from mint.schemas.evals import EvalRunCreate
-    from mint.services.auth import operator
-    from mint.services.billing.quotas import QuotaDefaults
-    from mint.services.evals import runner
-    from mint.services.evals import runs as evals
 
     endpoint = add_endpoint(client, tenant, server, "ok").json()
     rows: list[dict[str, Any]] = [
@@ -355,17 +349,7 @@ def test_an_eval_run_records_the_rewards_the_server_computed(
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "benchmark_id"
     assert "reward endpoint 'ok', which this organization does not have" in refused.json()["error"]["message"]
 
-    body = EvalRunCreate(benchmark_id=benchmark.json()["id"], model=BASE, max_tokens=4, max_steps=1)
-    with session_scope(prepared.database) as db:  # no queue message: this process plays the worker
-        run_id = evals.create_eval_run(
-            db,
-            operator(tenant.organization_id),
-            body,
-            send=lambda *a, **k: None,
-            quotas=QuotaDefaults.of(prepared),
-            store=object_store_for(prepared),
-        ).id
-    assert runner.execute_eval_run(prepared, run_id, lambda name: resident) == "succeeded"
+    run_id = run_in_this_process(prepared, tenant, benchmark.json()["id"], resident)
 
     trajectories = client.get(f"/v1/evals/{run_id}/trajectories", headers=dev).json()["data"]
     sent = {body["items"][0]["extra_info"]["task_id"]: body["items"][0] for body in server.of("ok")}

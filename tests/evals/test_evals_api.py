@@ -319,6 +319,29 @@ def resident(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     torch.set_num_threads(previous)
 
 
+def run_in_this_process(settings: Settings, tenant: Tenant, benchmark_id: str, resident: Any) -> str:
+    """Create an eval run of `benchmark_id` on BASE (4 tokens, 1 step) with no queue message, run
+    it here on `resident` as a worker would, and return its id once it has succeeded."""
+    from mint.schemas.evals import EvalRunCreate
+    from mint.services.auth import operator
+    from mint.services.billing.quotas import QuotaDefaults
+    from mint.services.evals import runner
+    from mint.services.evals import runs as evals
+
+    body = EvalRunCreate(benchmark_id=benchmark_id, model=BASE, max_tokens=4, max_steps=1)
+    with session_scope(settings.database) as db:
+        run_id = evals.create_eval_run(
+            db,
+            operator(tenant.organization_id),
+            body,
+            send=lambda *a, **k: None,
+            quotas=QuotaDefaults.of(settings),
+            store=object_store_for(settings),
+        ).id
+    assert runner.execute_eval_run(settings, run_id, lambda name: resident) == "succeeded"
+    return run_id
+
+
 def register_adapter(prepared: Settings, tenant: Tenant, resident: Any, tmp_path: Path) -> str:
     """An adapter version made by a few training steps on the tiny base, registered as `evals-adapter@1`."""
     from mint.chat.render import render_chat
@@ -656,25 +679,11 @@ def test_a_judge_on_the_real_base_keeps_its_prompt_and_its_unparseable_reply(
     very text the base gives that prompt) and a verdict of None, and the judge part scores 0
     while the format part still earns its half."""
     from mint.evals.runner import GenerateRequest, SamplerGenerate
-    from mint.schemas.evals import EvalRunCreate
-    from mint.services.auth import operator
-    from mint.services.billing.quotas import QuotaDefaults
     from mint.services.evals import runner
-    from mint.services.evals import runs as evals
 
     rows = [judged("j1", BASE), judged("j2", BASE)]
     benchmark = create_benchmark(client, tenant, format="jsonl", content=jsonl(rows)).json()
-    body = EvalRunCreate(benchmark_id=benchmark["id"], model=BASE, max_tokens=4, max_steps=1)
-    with session_scope(prepared.database) as db:  # no queue message: this process plays the worker
-        run_id = evals.create_eval_run(
-            db,
-            operator(tenant.organization_id),
-            body,
-            send=lambda *a, **k: None,
-            quotas=QuotaDefaults.of(prepared),
-            store=object_store_for(prepared),
-        ).id
-    assert runner.execute_eval_run(prepared, run_id, lambda name: resident) == "succeeded"
+    run_id = run_in_this_process(prepared, tenant, benchmark["id"], resident)
 
     trajectories = client.get(f"/v1/evals/{run_id}/trajectories", headers=tenant.headers("viewer")).json()["data"]
     assert len(trajectories) == 2
