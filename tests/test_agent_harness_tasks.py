@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from mint.api.node_app import _assistant_message
+from mint.chat.formats import mint_kind
 from mint.chat.render import render_chat, render_prompt
 from mint.chat.rows import validate_chat_row, validate_prompt_row
 from mint.evals.benchmark import parse_benchmark
 from mint.schemas.episodes import EPISODE_KEY_PATTERN
-from mint.services.datasets import VALIDATORS, infer_kind
+from mint.services.datasets import VALIDATORS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -103,7 +104,7 @@ def test_the_warm_start_rows_are_valid_chat_rows(tmp_path: Path) -> None:
     assert len(rows) == 64
     for row in rows:
         assert validate_chat_row(row) == [] and VALIDATORS["chat"](row) == []
-        assert infer_kind(row) == "chat"
+        assert mint_kind(row) == "chat"
         assert row["messages"][2]["tool_calls"][0]["function"]["name"] == "lookup_order"
         assert row["messages"][3]["role"] == "tool"
 

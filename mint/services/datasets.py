@@ -74,11 +74,6 @@ PARQUET_BATCH_ROWS = 256
 CONVERTED_GROWTH = 2
 
 
-def infer_kind(row: Any) -> str:
-    """The kind a first Mint row looks like: DPO fields, a finished conversation, or a prompt."""
-    return mint_kind(row)
-
-
 def _spool(source: BinaryIO | Iterable[bytes], max_bytes: int) -> tuple[IO[bytes], str, int]:
     """Copy the upload to a spool file, hashing as it goes; refuse it past `max_bytes`."""
     spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES)  # noqa: SIM115 - returned open
@@ -275,7 +270,7 @@ def _check_row(
         return [], None
     checked.count += 1
     if checked.kind is None:  # the first row decides, unless the upload named the kind
-        checked.kind = converted.kind or infer_kind(converted.row)
+        checked.kind = converted.kind or mint_kind(converted.row)
     kind = checked.kind
     if converted.kind is not None and converted.kind != kind:
         return [
