@@ -44,14 +44,14 @@ chromium:
 
 # The whole suite, once on the embedded defaults and once on PostgreSQL + Redis (+ S3). The
 # vLLM venv comes first, so that the engine contract suite runs against vLLM too.
-test: install chromium vllm-venv
+test: install chromium vllm-venv verifiers-venv
 	$(PY) -m pytest --backend=embedded $(PYTEST_ARGS)
 	$(PY) -m pytest --backend=services $(PYTEST_ARGS)
 
-test-embedded: install chromium vllm-venv
+test-embedded: install chromium vllm-venv verifiers-venv
 	$(PY) -m pytest --backend=embedded $(PYTEST_ARGS)
 
-test-services: install
+test-services: install verifiers-venv
 	$(PY) -m pytest --backend=services $(PYTEST_ARGS)
 
 # The whole loop on SmolLM2 on the embedded defaults under MINT_HOME (default ~/.mint):
@@ -120,5 +120,25 @@ test-vllm: install vllm-venv
 		tests/serving/test_sampler_trainer_logprobs.py -k vllm \
 		--backend=embedded -p no:cacheprovider $(PYTEST_ARGS)
 
+# verifiers in a venv of its own: it pins openai<3 and mcp==2.0.0, which Mint's own pins do not
+# fit. `mint env-server --python .venv-verifiers/bin/python` runs a team's environment with it;
+# Mint's code is not installed there (the episode process needs only verifiers). `uv` runs the
+# chat program verifiers' harness starts for each episode (its dependencies come from PyPI on
+# first use, then from uv's cache).
+VERIFIERS_VENV ?= .venv-verifiers
+VERIFIERS_PY := $(VERIFIERS_VENV)/bin/python
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.mint-installed
+
+.PHONY: verifiers-venv
+
+$(VERIFIERS_STAMP): Makefile
+	test -x $(VERIFIERS_PY) || $(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_PY) -m pip install -q --upgrade pip
+	$(VERIFIERS_PY) -m pip install -q verifiers==0.4.0 uv==0.13.9
+	$(VERIFIERS_PY) -c "import verifiers.v1"
+	touch $@
+
+verifiers-venv: $(VERIFIERS_STAMP)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache site build/docs
+	rm -rf $(VENV) $(VERIFIERS_VENV) .pytest_cache .ruff_cache .mypy_cache site build/docs

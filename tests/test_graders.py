@@ -43,15 +43,15 @@ def score(kind: str, output: Any, reference: Any, **config: Any) -> float:
 
 def test_the_registry_is_the_documented_closed_set() -> None:
     assert grader_types() == [
-        "composite", "exact", "json_match", "judge", "normalized", "numeric", "python", "regex", "remote",
-        "tool_call",
+        "composite", "environment", "exact", "json_match", "judge", "normalized", "numeric", "python", "regex",
+        "remote", "tool_call",
     ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("data", "param", "says"),
     [
-        ({"type": "fuzzy"}, "type", "use one of: composite, exact, json_match"),
+        ({"type": "fuzzy"}, "type", "use one of: composite, environment, exact, json_match"),
         ("exact", None, "grader: Input should be a valid dictionary"),
         ({"type": "exact", "config": []}, "config", "grader config: Input should be a valid dictionary"),
         ({"type": "exact", "options": {}}, "options", "is not an option here; the options are: type, config"),

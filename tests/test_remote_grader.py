@@ -301,7 +301,7 @@ def test_a_slow_endpoint_times_out_at_the_graders_deadline(
     graded = _grade(prepared, tenant, endpoint["name"], timeout_s=0.5)
     server.release.set()
     assert graded.score == 0.0
-    assert "gave no reward: timeout: no answer within the grader's timeout_s of 0.5 s" in graded.detail
+    assert "gave no reward: timeout: no answer within the timeout_s of 0.5 s" in graded.detail
 
 
 def test_a_deleted_endpoint_scores_0_saying_so(
@@ -310,7 +310,7 @@ def test_a_deleted_endpoint_scores_0_saying_so(
     endpoint = add_endpoint(client, tenant, server, "ok").json()
     client.delete(f"/v1/reward_endpoints/{endpoint['id']}", headers=tenant.headers("developer"))
     graded = _grade(prepared, tenant, endpoint["name"])
-    assert graded.score == 0.0 and "has no such reward endpoint (deleted?)" in graded.detail
+    assert graded.score == 0.0 and f"has no endpoint {endpoint['name']!r} (deleted?)" in graded.detail
 
 
 # ---- eval runs, jobs, episodes ---------------------------------------------------------------
@@ -347,7 +347,7 @@ def test_an_eval_run_records_the_rewards_the_server_computed(
     their_run = {"benchmark_id": theirs.json()["id"], "model": BASE}
     refused = client.post("/v1/evals", headers=other_tenant.headers("developer"), json=their_run)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "benchmark_id"
-    assert "reward endpoint 'ok', which this organization does not have" in refused.json()["error"]["message"]
+    assert "the remote grader names endpoint 'ok', which this organization does not have" in refused.json()["error"]["message"]
 
     run_id = run_in_this_process(prepared, tenant, benchmark.json()["id"], resident)
 

@@ -4,7 +4,7 @@ User commands (datasets, benchmarks, evals, jobs, adapters, deployments, capture
 models, keys, audit, usage, webhooks, reward-endpoints) speak HTTP through the SDK and share their
 connection and `--json` options (`mint.cli.options`); `mint admin` acts on the database;
 `api | worker | beat | serve | up` run the processes; `mint reward-server` serves a team's reward
-function on the team's machine.
+function, and `mint env-server` a team's verifiers environment, on the team's machine.
 Errors Mint raises on purpose print their message, naming commands where the API's names
 routes (`mint.cli.hints`), and exit with a code that scripts can trust (see EXIT_CODES);
 anything else is a bug and shows a traceback. Waited-for work (a job or eval run with
@@ -26,6 +26,7 @@ from mint.cli import (
     datasets,
     demo,
     deployments,
+    env_server,
     episodes,
     evals,
     jobs,
@@ -72,6 +73,7 @@ app.add_typer(webhooks.app, name="webhooks")
 app.add_typer(reward_endpoints.app, name="reward-endpoints")
 app.command("usage")(usage)
 app.command("reward-server")(reward_server.reward_server)
+app.command("env-server")(env_server.env_server)
 app.add_typer(admin, name="admin")
 
 # 1 is any other failure; 2 is a usage error (typer/click's own).

@@ -51,6 +51,7 @@ def reward_server(
 ) -> None:
     """Serve a reward function to Mint's remote grader, on this machine."""
     from mint.integrations import reward_server as server
+    from mint.integrations.signed_server import check_secret, serve
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     try:
@@ -62,7 +63,7 @@ def reward_server(
                 "always signed and checked",
                 param="secret",
             )
-        server.check_secret(secret)
+        check_secret(secret, server.SECRET_VARIABLE)
         loaded = server.load_function(function)
         detected = server.detect_style(loaded, style)
         scorer = server.Scorer(loaded, detected.style, reference_column)
@@ -71,7 +72,7 @@ def reward_server(
         raise typer.Exit(USAGE_ERROR) from None
     console.print(f"{escape(function)}: {detected.style} style ({escape(detected.reason)})", highlight=False)
     app = server.create_app(scorer, secret, max_request_bytes=max_request_bytes)
-    server.serve(
+    serve(
         app,
         host=host,
         port=port,

@@ -12,7 +12,10 @@ Which environment an RL prompt row gets:
   script gets an empty script, so every call comes back as an error observation;
 - the row's `environment` as `{"name": ..., "config"?: {...}}`, or else the job's
   (`method.reinforcement.environment`): a Python environment registered with
-  `@register_environment("name")`, built from the row and the config;
+  `@register_environment("name")`, built from the row and the config; or, named `remote`, a
+  task of an environment server the team hosts (`RemoteEnvironmentConfig`: the registered
+  endpoint and the task's index), made by the `remote` factory the caller passes in, since
+  reaching a server takes the organization's endpoints;
 - neither: None, a single-turn prompt.
 
 Registered environments are Mint's code, never sent with a request (like python graders).
@@ -29,12 +32,15 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
 from mint.chat.messages import tool_calls_of
 from mint.chat.rows import named_environment_errors
 from mint.chat.tool_calls import ScriptedCall
 from mint.errors import ConfigurationError, InvalidRequest
 from mint.evals.environments import Environment
 from mint.schemas.plans import ENVIRONMENT_NAME_PATTERN
+from mint.schemas.remote_environments import REMOTE_ENVIRONMENT, RemoteEnvironmentConfig
 
 Observation = tuple[list[dict[str, Any]], float, bool]
 
@@ -52,6 +58,8 @@ class AgentEnvironment(Protocol):
 
 # factory(row, config) -> a fresh environment for one episode of that row
 EnvironmentFactory = Callable[[Mapping[str, Any], Mapping[str, Any]], AgentEnvironment]
+# remote(config) -> a fresh episode of an environment server's task
+RemoteFactory = Callable[[RemoteEnvironmentConfig], AgentEnvironment]
 _ENVIRONMENTS: dict[str, EnvironmentFactory] = {}
 
 
@@ -61,7 +69,7 @@ def register_environment(name: str) -> Callable[[EnvironmentFactory], Environmen
     A class whose `__init__(row, config)` builds one episode's state registers as it is. Names
     are unique: registering one twice raises `ConfigurationError`.
     """
-    if not re.fullmatch(ENVIRONMENT_NAME_PATTERN, name):
+    if not re.fullmatch(ENVIRONMENT_NAME_PATTERN, name) or name == REMOTE_ENVIRONMENT:
         raise ConfigurationError(f"environment name {name!r} must match {ENVIRONMENT_NAME_PATTERN}")
 
     def register(factory: EnvironmentFactory) -> EnvironmentFactory:
@@ -75,14 +83,32 @@ def register_environment(name: str) -> Callable[[EnvironmentFactory], Environmen
 
 def environment_names() -> list[str]:
     """The names a `{"name": ...}` environment spec may use."""
-    return sorted(_ENVIRONMENTS)
+    return sorted([*_ENVIRONMENTS, REMOTE_ENVIRONMENT])
+
+
+def remote_environment_config(config: Any, where: str = "environment.config") -> RemoteEnvironmentConfig:
+    """A `remote` spec's config, checked; `InvalidRequest` naming the field otherwise."""
+    try:
+        return RemoteEnvironmentConfig.model_validate(config or {})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join([where, *(str(part) for part in error["loc"])])
+        raise InvalidRequest(
+            f"{field}: {error['msg']} (a remote environment is "
+            '{"name": "remote", "config": {"endpoint": NAME, "task": INDEX, "timeout_s"?, "retries"?}})',
+            param=field,
+        ) from None
 
 
 def check_environment_spec(spec: Any, where: str = "environment") -> dict[str, Any]:
-    """A `{"name", "config"?}` spec whose name is registered, as a plain dict; `InvalidRequest` otherwise."""
+    """A `{"name", "config"?}` spec whose name is registered (or `remote`, its config checked), as a
+    plain dict; `InvalidRequest` otherwise."""
     errors = named_environment_errors(spec, where)
     if errors:
         raise InvalidRequest("; ".join(errors), param=where)
+    if spec["name"] == REMOTE_ENVIRONMENT:
+        config = remote_environment_config(spec.get("config"), f"{where}.config")
+        return {"name": REMOTE_ENVIRONMENT, "config": config.model_dump()}
     if spec["name"] not in _ENVIRONMENTS:
         known = ", ".join(environment_names()) or "none"
         raise InvalidRequest(
@@ -128,7 +154,7 @@ class ScriptedToolEnv:
 
 
 def make_environment(
-    row: Mapping[str, Any], job_environment: Mapping[str, Any] | None
+    row: Mapping[str, Any], job_environment: Mapping[str, Any] | None, remote: RemoteFactory | None = None
 ) -> Callable[[], AgentEnvironment] | None:
     """What makes a fresh environment for each episode of `row` (see the module docstring);
     None for a single-turn prompt."""
@@ -138,6 +164,21 @@ def make_environment(
         spec = job_environment
     if spec is not None:
         checked = check_environment_spec(spec)
+        if checked["name"] == REMOTE_ENVIRONMENT:
+            if remote is None:
+                raise InvalidRequest(
+                    "a remote environment is played through the organization's endpoints, which this caller has "
+                    "not given",
+                    param="environment",
+                )
+            remote_config = RemoteEnvironmentConfig.model_validate(checked["config"])
+            if remote_config.task is None:
+                raise InvalidRequest(
+                    "environment.config.task: required: name the environment server's task (its index) in the row's "
+                    "environment, or in the job's for every row",
+                    param="environment.config.task",
+                )
+            return lambda: remote(remote_config)
         factory, config = _ENVIRONMENTS[checked["name"]], checked["config"]
         factory(row, config)  # a row the environment cannot read fails here, before any sampling
         return lambda: factory(row, config)

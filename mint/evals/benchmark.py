@@ -47,10 +47,12 @@ from mint.chat.formats import convert, detect
 from mint.chat.rows import validate_chat_row, validate_prompt_row
 from mint.chat.tool_calls import ScriptedCall
 from mint.errors import InvalidRequest
+from mint.evals.agent_environments import prompt_row_environment_errors
 from mint.evals.builtin import Task as BuiltinTask
 from mint.evals.environments import Environment
 from mint.evals.graders import Grade, GradeContext, GraderSpec, Output, grade
 from mint.schemas.common import loads_finite
+from mint.schemas.plans import EnvironmentSpecIn
 
 BenchmarkFormat = Literal["jsonl", "yaml"]
 FORMATS: tuple[BenchmarkFormat, ...] = ("jsonl", "yaml")
@@ -64,7 +66,7 @@ MAX_LISTED_ERRORS = 20
 # Graders whose verdict needs more than the output and the reference (a model, code in Mint, a
 # reward endpoint):
 # their references and solutions are not checked at upload.
-_UNCHECKED_GRADERS = {"judge", "python", "remote"}
+_UNCHECKED_GRADERS = {"environment", "judge", "python", "remote"}
 _TASK_ID = re.compile(r"^[^\x00-\x1f\x7f]+$")
 
 
@@ -76,7 +78,9 @@ class BenchmarkTask(BaseModel):
     id: str = Field(min_length=1, max_length=MAX_TASK_ID_CHARS)
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
-    environment: list[ScriptedCall] = Field(default_factory=list)
+    # Scripted tool results, or an environment that plays the task's episodes: one registered in
+    # Mint's code, or `remote`, a task of an environment server the team hosts.
+    environment: list[ScriptedCall] | EnvironmentSpecIn = Field(default_factory=list)
     reference: Any = None
     grader: GraderSpec
     split: str | None = None
@@ -88,10 +92,20 @@ class BenchmarkTask(BaseModel):
         """Whether the model's tool calls are answered (the task offers tools or scripts results)."""
         return bool(self.tools) or bool(self.environment)
 
+    @property
+    def named_environment(self) -> EnvironmentSpecIn | None:
+        """The environment that plays this task's episodes, where one does (not scripted results)."""
+        return self.environment if isinstance(self.environment, EnvironmentSpecIn) else None
+
+    @property
+    def scripted_calls(self) -> list[ScriptedCall]:
+        """The tool results this task scripts (none where an environment plays it)."""
+        return self.environment if isinstance(self.environment, list) else []
+
     def make_environment(self) -> Environment:
         """A fresh environment that replays this task's scripted tool results."""
         names = [tool["function"]["name"] for tool in self.tools or [] if isinstance(tool.get("function"), dict)]
-        return Environment(self.environment, tool_names=names if self.tools is not None else None)
+        return Environment(self.scripted_calls, tool_names=names if self.tools is not None else None)
 
     def grade(self, output: Output, *, context: GradeContext | None = None) -> Grade:
         """Score an output (a completion, an assistant message or the messages a run added); a
@@ -359,7 +373,7 @@ def _check_task(
 
     # messages, tools and environment are an RL prompt row's fields: one validator for both.
     prompt = {key: raw[key] for key in ("messages", "tools", "environment") if key in raw}
-    for error in validate_prompt_row(prompt):
+    for error in validate_prompt_row(prompt) or prompt_row_environment_errors(prompt):
         problems.add(where, error)
     tools = raw.get("tools")
     if tools is not None and isinstance(raw.get("environment"), list):

@@ -177,8 +177,10 @@ def _preference_row(task: BenchmarkTask, trajectory: MinedTrajectory) -> tuple[d
 
 def _prompt_row(task: BenchmarkTask, trajectory: MinedTrajectory) -> tuple[dict[str, Any] | None, str]:
     row: dict[str, Any] = {"id": task.id, "messages": task.messages, **_tools(task), "reference": task.reference}
-    if task.environment:
-        row["environment"] = [entry.model_dump(mode="json") for entry in task.environment]
+    if task.named_environment is not None:  # the RL job plays the task's episodes in the same environment
+        row["environment"] = task.named_environment.model_dump(mode="json")
+    elif task.environment:
+        row["environment"] = [entry.model_dump(mode="json") for entry in task.scripted_calls]
     row["metadata"] = {"grader": task.grader.model_dump(mode="json"), "task_id": task.id}
     if task.split is not None:
         row["metadata"]["split"] = task.split

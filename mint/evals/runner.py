@@ -12,8 +12,13 @@ benchmark step in one call:
 A task that offers tools (or scripts their results) continues while the model calls tools:
 its calls are answered by the task's scripted `Environment` and the next turn sees the
 results; it ends at the first turn without a call, or after `max_steps` turns. A task without
-tools ends after one turn. Each task is graded with its own grader on what the model and the
-environment added, and becomes a `TrajectoryRecord`.
+tools ends after one turn. A task whose `environment` names one (a registered Python
+environment, or a remote environment server's task) is played in it instead: the episode starts
+from the environment's first observation and tools, every turn goes to the environment, which
+answers (tool results, a user's reply) until it ends the episode with its reward; the caller
+makes those environments (`act_in`), and one that fails is recorded on the task's trajectory.
+Each task is graded with its own grader on what the model and the environment added (the
+`environment` grader reads the environment's reward), and becomes a `TrajectoryRecord`.
 
 Nothing here imports torch: `SamplerGenerate` drives a resident base through its
 `sample_batch` method (every live task's turn decoded in one batch) behind the same `Generate`
@@ -33,10 +38,11 @@ from mint.chat.completion_text import sampled_text
 from mint.chat.messages import tool_calls_of
 from mint.chat.render import render_prompt
 from mint.errors import InvalidRequest
+from mint.evals.agent_environments import AgentEnvironment
 from mint.evals.benchmark import BenchmarkTask
 from mint.evals.environments import Environment
 from mint.evals.graders import GradeContext, output_text
-from mint.trainer.types import SampledSequence, SampleRequest, SamplingParams
+from mint.trainer.types import SampledSequence, SampleRequest, SamplingParams, close_environment
 
 DEFAULT_MAX_STEPS = 8
 
@@ -115,11 +121,20 @@ class TrajectoryRecord:
         return self.messages[self.prompt_length :]
 
 
+# act_in(task) -> a fresh environment for one episode of a task whose `environment` names one
+ActIn = Callable[[BenchmarkTask], AgentEnvironment]
+
+
 @dataclass
 class _Episode:
     task: BenchmarkTask
     environment: Environment
     messages: list[dict[str, Any]]
+    prompt_length: int
+    tools: list[dict[str, Any]] | None
+    acting: AgentEnvironment | None = None  # the environment that plays a task naming one
+    reward: float = 0.0
+    ended: bool = False  # the acting environment ended the episode
     steps: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
@@ -136,11 +151,51 @@ def request_seed(seed: int, task_id: str, step: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFF_FFFF
 
 
+def _start(task: BenchmarkTask, act_in: ActIn | None) -> _Episode:
+    """A task's episode before its first turn; one whose environment cannot start is over, with the error."""
+    episode = _Episode(
+        task=task,
+        environment=task.make_environment(),
+        messages=[dict(m) for m in task.messages],
+        prompt_length=len(task.messages),
+        tools=task.tools,
+    )
+    if task.named_environment is None:
+        return episode
+    try:
+        if act_in is None:
+            raise InvalidRequest("this runner was given no way to make the environments tasks name (act_in)")
+        acting = act_in(task)
+        episode.messages = [dict(message) for message in acting.initial_observation()]
+    except InvalidRequest as exc:
+        episode.error, episode.done = f"the environment could not start: {exc.message}", True
+        return episode
+    episode.acting, episode.prompt_length = acting, len(episode.messages)
+    episode.tools = [dict(tool) for tool in acting.tools] if acting.tools else None
+    return episode
+
+
+def _act(episode: _Episode, message: dict[str, Any]) -> None:
+    """Give the model's turn to the environment that plays the episode."""
+    assert episode.acting is not None
+    try:
+        observation, reward, done = episode.acting.step(message)
+    except InvalidRequest as exc:
+        episode.error, episode.done = f"the environment failed: {exc.message}", True
+        return
+    episode.reward += float(reward)
+    episode.messages += [dict(item) for item in observation]
+    if episode.acting.tools:
+        episode.tools = [dict(tool) for tool in episode.acting.tools]
+    episode.done = episode.ended = bool(done)
+    episode.pending_calls = not done
+
+
 def _advance(episodes: list[_Episode], generate: Generate, step: int, seed: int) -> None:
     """One batched turn for every episode still going."""
     requests = [
         GenerateRequest(
-            messages=list(episode.messages), tools=episode.task.tools, seed=request_seed(seed, episode.task.id, step)
+            messages=list(episode.messages), tools=episode.tools, seed=request_seed(seed, episode.task.id, step)
         )
         for episode in episodes
     ]
@@ -162,6 +217,9 @@ def _advance(episodes: list[_Episode], generate: Generate, step: int, seed: int)
             continue
         message = generation.to_message()
         episode.messages.append(message)
+        if episode.acting is not None:
+            _act(episode, message)
+            continue
         calls = tool_calls_of(message) if episode.task.uses_tools else []
         if calls:
             episode.messages += episode.environment.step(message)
@@ -172,9 +230,17 @@ def _advance(episodes: list[_Episode], generate: Generate, step: int, seed: int)
 
 def _record(episode: _Episode, max_steps: int, context: GradeContext | None) -> TrajectoryRecord:
     task = episode.task
-    prompt_length = len(task.messages)
+    prompt_length = episode.prompt_length
     added = episode.messages[prompt_length:]
     error = episode.error
+    if episode.acting is not None:
+        close_environment(episode.acting)
+        if episode.ended:
+            summary = getattr(episode.acting, "summary", None)
+            account = summary() if callable(summary) else f"the environment's reward: {episode.reward:g}"
+            context = (context or GradeContext()).rewarded(episode.reward, account)
+        elif error is None:
+            error = f"stopped after {max_steps} steps before the environment ended the episode"
     if error is None and episode.pending_calls:
         error = f"stopped after {max_steps} steps while the model was still calling tools"
     score, passed, detail, record = 0.0, False, "", None
@@ -210,14 +276,12 @@ def run_batch(
     max_steps: int = DEFAULT_MAX_STEPS,
     seed: int = 0,
     context: GradeContext | None = None,
+    act_in: ActIn | None = None,
 ) -> list[TrajectoryRecord]:
     """Run `tasks` together: each step sends every unfinished task's turn in one generate call."""
     if max_steps < 1:
         raise InvalidRequest(f"max_steps must be at least 1, got {max_steps}", param="max_steps")
-    episodes = [
-        _Episode(task=task, environment=task.make_environment(), messages=[dict(m) for m in task.messages])
-        for task in tasks
-    ]
+    episodes = [_start(task, act_in) for task in tasks]
     for step in range(max_steps):
         active = [episode for episode in episodes if not episode.done]
         if not active:
@@ -235,6 +299,7 @@ def run_tasks(
     batch_size: int | None = None,
     context: GradeContext | None = None,
     on_batch: Callable[[list[TrajectoryRecord]], None] | None = None,
+    act_in: ActIn | None = None,
 ) -> list[TrajectoryRecord]:
     """Run `tasks` in batches of `batch_size` (all at once for None); `on_batch` sees each batch's records.
 
@@ -246,7 +311,9 @@ def run_tasks(
     size = batch_size or max(len(tasks), 1)
     records: list[TrajectoryRecord] = []
     for start in range(0, len(tasks), size):
-        batch = run_batch(tasks[start : start + size], generate, max_steps=max_steps, seed=seed, context=context)
+        batch = run_batch(
+            tasks[start : start + size], generate, max_steps=max_steps, seed=seed, context=context, act_in=act_in
+        )
         if on_batch is not None:
             on_batch(batch)
         records += batch

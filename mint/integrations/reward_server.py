@@ -20,8 +20,6 @@ Nothing here imports torch or trl: a tensor a function returns is read through i
 
 from __future__ import annotations
 
-import base64
-import binascii
 import importlib
 import importlib.util
 import inspect
@@ -38,13 +36,14 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+from standardwebhooks.webhooks import Webhook
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mint import errors
+from mint.integrations.signed_server import MAX_REQUEST_BYTES, check_secret, error_answer, signed_body
 from mint.schemas.reward_endpoints import MAX_REWARD_ANSWER_BYTES, REWARD_REQUEST_TYPE
 
 log = logging.getLogger(__name__)
@@ -52,13 +51,12 @@ log = logging.getLogger(__name__)
 Style = Literal["trl", "verl", "openrlhf"]
 STYLES: tuple[Style, ...] = get_args(Style)
 
-# The largest request body read (`--max-request-bytes`); a longer one is answered 413 unread.
-MAX_REQUEST_BYTES = 32 * 1024 * 1024
 # The most items one request may carry.
 MAX_ITEMS = 4096
 # The longest detail sent for one item (it is shown on the item's trajectory).
 DETAIL_CHARS = 300
-SECRET_PREFIX = "whsec_"
+# Where `mint reward-server` reads its secret when --secret is not given.
+SECRET_VARIABLE = "MINT_REWARD_SECRET"
 
 # The arguments each style's function is called with.
 VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
@@ -530,73 +528,28 @@ def _answer(rewards: list[float | None], extras: list[dict[str, Any]]) -> Reward
 # -- HTTP ----------------------------------------------------------------------------------------
 
 
-def check_secret(secret: str) -> str:
-    """The secret if it is one Mint gives (`whsec_` and base64), else InvalidRequest."""
-    try:
-        key = base64.b64decode(secret.removeprefix(SECRET_PREFIX), validate=True)
-    except (binascii.Error, ValueError):
-        key = b""
-    if not secret.startswith(SECRET_PREFIX) or not key:
-        raise errors.InvalidRequest(
-            "the secret must be the `whsec_...` secret Mint gave when the reward endpoint was registered "
-            "(--secret or MINT_REWARD_SECRET)",
-            param="secret",
-        )
-    return secret
-
-
-def _error(status: int, kind: str, message: str, **more: str) -> JSONResponse:
-    # The message first: Mint quotes the start of a failed answer on the trajectory.
-    return JSONResponse({"error": {"message": message, "type": kind, **more}}, status_code=status)
-
-
-async def _read_body(request: Request, limit: int) -> bytes | None:
-    """The body, or None once it is longer than `limit` bytes (what is past that is not read)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def create_app(scorer: Scorer, secret: str, *, max_request_bytes: int = MAX_REQUEST_BYTES) -> Starlette:
     """The server: `POST` (any path) scores a signed reward request; `GET /health` says it is up."""
-    signer = Webhook(check_secret(secret))
+    signer = Webhook(check_secret(secret, SECRET_VARIABLE))
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "style": scorer.style})
 
     async def rewards(request: Request) -> Response:
-        body = await _read_body(request, max_request_bytes)
-        if body is None:
-            return _error(
-                413, "request_too_large", f"the body is longer than {max_request_bytes} bytes (--max-request-bytes)"
-            )
-        try:
-            signer.verify(body, dict(request.headers), json_parse=False)
-        except WebhookVerificationError as exc:
-            return _error(
-                401,
-                "authentication_error",
-                f"the request's signature does not verify ({exc}): it must be signed, within 5 minutes, with the "
-                "reward endpoint's secret that this server was given",
-            )
+        body = await signed_body(request, signer, max_request_bytes)
+        if isinstance(body, Response):
+            return body
         try:
             reward_request = parse_request(body)
         except errors.InvalidRequest as exc:
-            return _error(400, exc.type, exc.message, param=exc.param or "body")
+            return error_answer(400, exc.type, exc.message, param=exc.param or "body")
         began = time.perf_counter()
         try:
             answer = await scorer.score(reward_request.items)
         except CallRefused as exc:
-            return _error(422, exc.type, exc.message, param=exc.param or "items")
+            return error_answer(422, exc.type, exc.message, param=exc.param or "items")
         except RewardFunctionFailed as exc:
-            return _error(500, "reward_function_error", str(exc), exception=exc.exception)
+            return error_answer(500, "reward_function_error", str(exc), exception=exc.exception)
         log.info(
             "scored %d item(s) in %.0f ms (mean reward %.4g)",
             len(answer.rewards),
@@ -608,19 +561,3 @@ def create_app(scorer: Scorer, secret: str, *, max_request_bytes: int = MAX_REQU
     return Starlette(
         routes=[Route("/health", health, methods=["GET"]), Route("/{path:path}", rewards, methods=["POST"])]
     )
-
-
-def serve(
-    app: Starlette, *, host: str, port: int, on_listening: Callable[[str], None], log_level: str = "info"
-) -> None:
-    """Run `app` until interrupted. `on_listening` gets the URL once the socket accepts connections
-    (with port 0, the port the system chose)."""
-    import uvicorn
-
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off")
-    sock = config.bind_socket()
-    # Listening before uvicorn starts: a client that connects as soon as it is told waits in the backlog.
-    sock.listen(config.backlog)
-    bound_host, bound_port = sock.getsockname()[:2]
-    on_listening(f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}")
-    uvicorn.Server(config).run(sockets=[sock])

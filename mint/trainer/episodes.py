@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from mint.chat.completion_text import sampled_text
 from mint.chat.render import render_continuation, render_prompt
 from mint.errors import InvalidRequest
-from mint.trainer.types import Datum, SampledSequence, SampleRequest, SamplingParams
+from mint.trainer.types import Datum, SampledSequence, SampleRequest, SamplingParams, close_environment
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -206,11 +206,11 @@ class _Play:
         self.conversation.append(message)
         stop = _stop_reason(done, turn_number, self.limits, sample)
         if stop is not None:
-            self.episode.stop_reason = stop
+            self._stop(stop)
             return
         continuation = render_continuation(self.tokenizer, self.conversation, observation, self.episode.tools)
         if turn.tokens[-1] != continuation.end_of_turn:
-            self.episode.stop_reason = "end_of_sequence"
+            self._stop("end_of_sequence")
             return
         self.conversation += observation
         self.observation_tokens = continuation.tokens
@@ -218,8 +218,13 @@ class _Play:
 
     def refused(self) -> None:
         """The policy refused the next turn: the conversation no longer fits the base's context."""
-        self.episode.stop_reason = "context"
+        self._stop("context")
         self.next = None
+
+    def _stop(self, reason: StopReason) -> None:
+        self.episode.stop_reason = reason
+        if reason != "done":
+            close_environment(self.env)
 
 
 class EpisodeGroups:

@@ -282,3 +282,11 @@ class ForwardOutput(_Frozen):
         for name in metrics:
             check_metric_name(name)
         return metrics
+
+
+def close_environment(env: object) -> None:
+    """Tell an environment that holds an episode elsewhere (an environment server's) that its
+    episode ends here, before the environment ended it; others have no `close` and need none."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()

@@ -93,31 +93,37 @@ class RewardServer:
         return self.post(body.encode(), signed_headers(secret, f"msg_{uuid.uuid4().hex}", body))
 
 
+def until_listening(command: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start a `mint ...-server` command and return once it prints `listening on ...` (its socket
+    accepts connections), with what it printed; it keeps being read, so that its pipe never fills."""
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    output: list[str] = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        output.append(line)
+        if line.startswith("listening on "):
+            break
+    else:
+        raise AssertionError(f"{' '.join(command[2:4])} exited with {process.wait()}:\n{''.join(output)}")
+    threading.Thread(target=lambda: output.extend(process.stdout or []), daemon=True).start()
+    return process, output
+
+
 @pytest.fixture
 def start_server() -> Iterator[Callable[..., RewardServer]]:
     servers: list[RewardServer] = []
 
     def start(function: str, *args: str, secret: str = SECRET, port: int | None = None) -> RewardServer:
         port = port or free_port()
-        process = subprocess.Popen(
-            mint_command(function, "--port", str(port), "--secret", secret, *args),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        server = RewardServer(f"http://127.0.0.1:{port}/", process)
+        process, output = until_listening(mint_command(function, "--port", str(port), "--secret", secret, *args))
+        server = RewardServer(f"http://127.0.0.1:{port}/", process, output)
         servers.append(server)
-        assert process.stdout is not None
-        # The server prints `listening on ...` once its socket accepts connections.
-        for line in process.stdout:
-            server.output.append(line)
-            if line.startswith("listening on "):
-                break
-        else:
-            raise AssertionError(f"the reward server exited with {process.wait()}:\n{''.join(server.output)}")
-        # Keep reading what it prints, so that its pipe never fills.
-        threading.Thread(target=lambda: server.output.extend(process.stdout or []), daemon=True).start()
         return server
 
     yield start

@@ -46,7 +46,17 @@ callers import the names below from `mint.evals.graders`.
 """
 
 # Each family registers its grader when imported: importing them here completes the registry.
-from mint.evals.graders import composite, json_match, judge, numeric, python, remote, text, tool_call  # noqa: F401
+from mint.evals.graders import (  # noqa: F401
+    composite,
+    environment,
+    json_match,
+    judge,
+    numeric,
+    python,
+    remote,
+    text,
+    tool_call,
+)
 from mint.evals.graders.python import PythonGraderFn, python_grader_names, register_python_grader
 from mint.evals.graders.spec import (
     Grade,

@@ -96,7 +96,8 @@ Grade.model_rebuild()
 @dataclass(frozen=True)
 class GradeContext:
     """What a grader may use from its caller: `judge` sends a prompt to a model and returns its reply;
-    `reward` asks a reward endpoint of the caller's organization (the `remote` grader).
+    `reward` asks a reward endpoint of the caller's organization (the `remote` grader);
+    `environment_reward` is what the task's environment rewarded (the `environment` grader).
 
     An eval run builds the judge from the model its spec names (`config.model`: a base, an
     `adapter@version` or a deployment of the run's organization), generating through the
@@ -112,12 +113,19 @@ class GradeContext:
     task: Mapping[str, Any] = field(default_factory=dict)
     task_id: str | None = None
     source: str | None = None
+    # What the environment that played the task rewarded its episode, and how it says it reached
+    # that (the `environment` grader's score); None where no environment ended the episode.
+    environment_reward: tuple[float, str] | None = None
 
     def about(
         self, prompt: Sequence[Mapping[str, Any]], task: Mapping[str, Any], task_id: str | None = None
     ) -> GradeContext:
         """This context for grading one task: its prompt messages and its metadata (or row)."""
         return replace(self, prompt=prompt, task=task, task_id=task_id)
+
+    def rewarded(self, reward: float, detail: str) -> GradeContext:
+        """This context after an environment ended the task's episode with `reward`."""
+        return replace(self, environment_reward=(reward, detail))
 
 
 def _brief(text: str, limit: int = 80) -> str:

@@ -1,18 +1,10 @@
 """Calling a reward endpoint: `GradeContext.reward` for the `remote` grader, in eval runs, RL
 jobs and episode rewards.
 
-One output is one `reward.request` of one item, POSTed to the endpoint the grader names (looked
-up by name or id in the organization at each call, so a changed URL or a rotated secret counts
-at once), signed as webhooks are (Standard Webhooks headers; the `webhook-id` is new per
-request and the same on its retries, so a receiver can drop a repeat). Like a webhook delivery
-(`mint.services.webhooks.egress`), the host is resolved once and checked, the connection goes to
-the address checked, no redirect is followed, and at most MAX_REWARD_ANSWER_BYTES of the answer is
-read; unlike one, the caller waits for the answer, so the whole call (its retries included)
-ends within the grader's `timeout_s`.
-
-A 5xx, a 429 or a connection error is tried again after a doubling wait (from RETRY_WAIT_S), up
-to the grader's `retries`, while the deadline leaves time; any other 4xx is the endpoint
-refusing the request and is not retried. Anything but a 200 whose body is
+One output is one `reward.request` of one item, POSTed to the endpoint the grader names through
+`mint.services.evals.team_endpoints` (signed, egress-checked, retried within the grader's
+`timeout_s` and `retries`), reading at most MAX_REWARD_ANSWER_BYTES of the answer. Anything but
+a 200 whose body is
 `{"rewards": [one finite number], "details": [str | null]?}` raises `RewardUnavailable` saying
 what went wrong, which the grader turns into a grade of 0 with that detail.
 
@@ -24,34 +16,18 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
-
-from sqlalchemy.orm import Session
 
 from mint.config import Settings
 from mint.evals.graders import GradeContext, GraderSpec, RewardUnavailable, grade
 from mint.evals.graders.spec import penalized
 from mint.schemas.reward_endpoints import MAX_REWARD_ANSWER_BYTES, REWARD_REQUEST_TYPE
-from mint.services.evals.reward_endpoints import find_endpoint
-from mint.services.webhooks import egress
-from mint.services.webhooks.delivery import signed_headers
-from mint.storage.db import session_scope
-from mint.storage.tables import new_id
+from mint.services.evals.team_endpoints import EndpointFailed, TeamEndpoints, excerpt
 
-# The wait before the first retry, doubling per retry.
-RETRY_WAIT_S = 0.2
-# The start of an answer quoted in a failure's message.
-EXCERPT_CHARS = 200
 # The grades an RL grader remembers, so that explaining a sample it just scored asks no endpoint again.
 REMEMBERED_GRADES = 256
-
-
-def _excerpt(body: bytes) -> str:
-    text = body[:EXCERPT_CHARS].decode("utf-8", errors="replace")
-    return repr(text + ("..." if len(body) > EXCERPT_CHARS else ""))
 
 
 def read_answer(body: bytes, count: int) -> list[tuple[float, str | None]]:
@@ -63,9 +39,9 @@ def read_answer(body: bytes, count: int) -> list[tuple[float, str | None]]:
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:
-        raise RewardUnavailable(f"malformed answer: not JSON ({exc}): {_excerpt(body)}") from None
+        raise RewardUnavailable(f"malformed answer: not JSON ({exc}): {excerpt(body)}") from None
     if not isinstance(data, dict) or not isinstance(data.get("rewards"), list):
-        raise RewardUnavailable(f'malformed answer: expected {{"rewards": [number, ...]}}, got {_excerpt(body)}')
+        raise RewardUnavailable(f'malformed answer: expected {{"rewards": [number, ...]}}, got {excerpt(body)}')
     rewards: list[Any] = data["rewards"]
     if len(rewards) != count:
         raise RewardUnavailable(f"wrong count: {len(rewards)} rewards for {count} item(s); send one per item, in order")
@@ -86,87 +62,27 @@ def read_answer(body: bytes, count: int) -> list[tuple[float, str | None]]:
     return answered
 
 
-class RemoteRewards:
-    """`GradeContext.reward` for one organization: asks its reward endpoint for an item's reward.
-
-    `session`, where given, is the one the endpoint is read with (an API request's); else each
-    call reads the endpoint in a short session of its own on `database` (a worker's), closed
-    before the POST so that no database connection waits on a slow endpoint. `allow_private`
-    is the webhooks' egress setting (`MINT_WEBHOOK_ALLOW_PRIVATE_NETWORKS`).
-    """
-
-    def __init__(
-        self, organization_id: str, *, allow_private: bool, database: str | None = None, session: Session | None = None
-    ) -> None:
-        assert (database is None) != (session is None), "give the database or the session to read endpoints with"
-        self.organization_id, self.allow_private = organization_id, allow_private
-        self.database, self.session = database, session
-
-    @classmethod
-    def of(cls, settings: Settings, organization_id: str) -> RemoteRewards:
-        """The organization's endpoints as a worker calls them, on the settings' database and egress policy."""
-        return cls(organization_id, allow_private=settings.webhook_allow_private_networks, database=settings.database)
-
-    def _endpoint(self, ref: str) -> tuple[str, str]:
-        if self.session is not None:
-            found = find_endpoint(self.session, self.organization_id, ref)
-            endpoint = (found.url, found.secret) if found is not None else None
-        else:
-            assert self.database is not None
-            with session_scope(self.database) as session:
-                found = find_endpoint(session, self.organization_id, ref)
-                endpoint = (found.url, found.secret) if found is not None else None
-        if endpoint is None:
-            raise RewardUnavailable(
-                "this organization has no such reward endpoint (deleted?); create it with POST /v1/reward_endpoints"
-            )
-        return endpoint
+class RemoteRewards(TeamEndpoints):
+    """`GradeContext.reward` for one organization: asks its reward endpoint for an item's reward."""
 
     def __call__(self, ref: str, item: Mapping[str, Any], timeout_s: float, retries: int) -> tuple[float, str | None]:
-        url, secret = self._endpoint(ref)
         try:
             body = json.dumps({"type": REWARD_REQUEST_TYPE, "items": [item]}, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise RewardUnavailable(f"the item cannot be sent as JSON: {exc}") from None
-        request_id = new_id("rwreq")
-        deadline = time.monotonic() + timeout_s
-        timed_out = f"timeout: no answer within the grader's timeout_s of {timeout_s:g} s"
-        for attempt in range(retries + 1):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RewardUnavailable(timed_out + (f" ({attempt} attempts)" if attempt > 1 else ""))
-            try:
-                destination = egress.resolve(url, allow_private=self.allow_private)
-                answer = egress.send(
-                    destination,
-                    method="POST",
-                    headers=signed_headers(secret, request_id, body),
-                    body=body.encode(),
-                    deadline_s=left,
-                    answer_bytes=MAX_REWARD_ANSWER_BYTES + 1,  # one byte more tells an answer over the bound
-                )
-            except egress.DeadlinePassed:
-                raise RewardUnavailable(timed_out + (f" ({attempt + 1} attempts)" if attempt else "")) from None
-            except egress.ConnectionFailed as exc:
-                failure = f"connection failed: {exc}"
-            except egress.EgressError as exc:  # not public, or not resolvable: another try would not help
-                raise RewardUnavailable(str(exc)) from None
-            else:
-                status = answer.status_code
-                if status == 200:
-                    ((reward, detail),) = read_answer(answer.body_prefix, 1)
-                    return reward, detail
-                failure = f"the endpoint answered HTTP {status}: {_excerpt(answer.body_prefix)}"
-                if status != 429 and status < 500:
-                    raise RewardUnavailable(f"{failure} (not retried: a reward endpoint answers 200 with its rewards)")
-            if attempt == retries:
-                break
-            wait_s = RETRY_WAIT_S * 2**attempt
-            if time.monotonic() + wait_s >= deadline:
-                raise RewardUnavailable(f"{failure}; no time was left within timeout_s {timeout_s:g} s to retry")
-            time.sleep(wait_s)
-        tries = f"{retries + 1} attempts" if retries else "1 attempt, retries 0"
-        raise RewardUnavailable(f"{failure} (after {tries})")
+        try:
+            answer = self.post(
+                ref,
+                body,
+                timeout_s=timeout_s,
+                retries=retries,
+                answer_bytes=MAX_REWARD_ANSWER_BYTES,
+                refusal_hint="a reward endpoint answers 200 with its rewards",
+            )
+        except EndpointFailed as exc:
+            raise RewardUnavailable(str(exc)) from None
+        ((reward, detail),) = read_answer(answer, 1)
+        return reward, detail
 
 
 def _output_key(output: Any) -> str:

@@ -14,7 +14,7 @@ themselves are `mint.services.evals.remote_rewards`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import or_, select
@@ -24,6 +24,7 @@ from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.evals.benchmark import load_canonical
 from mint.evals.graders import GraderSpec
 from mint.evals.graders.remote import RemoteConfig
+from mint.schemas.remote_environments import REMOTE_ENVIRONMENT
 from mint.services.audit import record_audit
 from mint.services.principal import Principal
 from mint.services.webhooks import egress
@@ -32,9 +33,10 @@ from mint.storage.objects import ObjectStore
 from mint.storage.queries import PageResult, owned_by, paginate
 from mint.storage.tables import BenchmarkVersion, RewardEndpoint, new_id, utcnow
 
-# Canonical JSONL writes a remote grader as {"config": {...}, "type": "remote"}: content without
-# this text has none, and is not parsed at create.
-_REMOTE_MARK = b'"type":"remote"'
+# Canonical JSONL writes a remote grader as {"config": {...}, "type": "remote"} and a remote
+# environment as {"config": {...}, "name": "remote"}: content without this text has neither, and
+# is not parsed at create.
+_REMOTE_MARK = b'"remote"'
 
 
 def _audited(session: Session, principal: Principal, action: str, endpoint: RewardEndpoint, **data: Any) -> None:
@@ -157,9 +159,9 @@ def endpoint_refs(specs: Iterable[GraderSpec]) -> set[str]:
     }
 
 
-def check_graders(session: Session, organization_id: str, specs: Iterable[GraderSpec], *, param: str) -> None:
-    """Refuse (400, naming `param`) graders that name a reward endpoint the organization lacks."""
-    refs = endpoint_refs(specs)
+def check_refs(session: Session, organization_id: str, refs: set[str], *, param: str, named_by: str) -> None:
+    """Refuse (400, naming `param`) endpoint names or ids the organization lacks; `named_by` says
+    what named them (a remote grader, a remote environment)."""
     if not refs:
         return
     known = session.execute(
@@ -172,10 +174,24 @@ def check_graders(session: Session, organization_id: str, specs: Iterable[Grader
     missing = sorted(refs - found)
     if missing:
         raise InvalidRequest(
-            f"the remote grader names reward endpoint {missing[0]!r}, which this organization does not have; "
+            f"{named_by} names endpoint {missing[0]!r}, which this organization does not have; "
             "create it with POST /v1/reward_endpoints (or `mint reward-endpoints create`), or fix config.endpoint",
             param=param,
         )
+
+
+def check_graders(session: Session, organization_id: str, specs: Iterable[GraderSpec], *, param: str) -> None:
+    """Refuse (400, naming `param`) graders that name a reward endpoint the organization lacks."""
+    check_refs(session, organization_id, endpoint_refs(specs), param=param, named_by="the remote grader")
+
+
+def check_environment(session: Session, organization_id: str, spec: Mapping[str, Any] | None, *, param: str) -> None:
+    """Refuse (400, naming `param`) a `remote` environment spec whose server the organization lacks."""
+    if spec is None or spec.get("name") != REMOTE_ENVIRONMENT:
+        return
+    endpoint = (spec.get("config") or {}).get("endpoint")
+    if isinstance(endpoint, str):
+        check_refs(session, organization_id, {endpoint}, param=param, named_by="the remote environment")
 
 
 def check_version(session: Session, organization_id: str, store: ObjectStore, version: BenchmarkVersion) -> None:
@@ -183,4 +199,11 @@ def check_version(session: Session, organization_id: str, store: ObjectStore, ve
     endpoint the organization lacks (as `mint.services.evals.judges` refuses a missing judge)."""
     data = store.get_bytes(version.object_key)
     if _REMOTE_MARK in data:
-        check_graders(session, organization_id, (task.grader for task in load_canonical(data)), param="benchmark_id")
+        tasks = load_canonical(data)
+        check_graders(session, organization_id, (task.grader for task in tasks), param="benchmark_id")
+        servers = {
+            str(task.named_environment.config.get("endpoint"))
+            for task in tasks
+            if task.named_environment is not None and task.named_environment.name == REMOTE_ENVIRONMENT
+        }
+        check_refs(session, organization_id, servers, param="benchmark_id", named_by="a task's remote environment")

@@ -46,6 +46,7 @@ from mint.services import benchmarks
 from mint.services.billing.usage import record_usage
 from mint.services.dispatch import Dispatch
 from mint.services.evals import runs as evals
+from mint.services.evals.remote_environments import acting_for
 from mint.services.evals.remote_rewards import RemoteRewards
 from mint.services.evals.runs import FINISHED
 from mint.services.leases import (
@@ -503,6 +504,7 @@ def _execute(
                 reward=RemoteRewards.of(settings, run.organization_id),
                 source=config.get("benchmark_name"),
             )
+            act_in = acting_for(settings, run.organization_id)
             for start in range(0, len(todo), batch_tasks):
                 if not _still_held(settings, run.id, worker_id):
                     return "cancelled"
@@ -513,6 +515,7 @@ def _execute(
                     max_steps=int(config["max_steps"]),
                     seed=int(config["seed"]),
                     context=context,
+                    act_in=act_in,
                 )
                 wall_s += time.perf_counter() - began
                 ran += len(_write(settings, run, records))

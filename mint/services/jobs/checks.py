@@ -23,7 +23,7 @@ from mint.schemas.plans import TrainingPlan
 from mint.services.billing import prices as pricing
 from mint.services.catalog import current_revision, get_deployment, model_ref_of, resolve_version_ref
 from mint.services.datasets import KIND_OF_METHOD, get_dataset, require_kind
-from mint.services.evals.reward_endpoints import check_graders
+from mint.services.evals.reward_endpoints import check_environment, check_graders
 from mint.services.jobs.plans import METHOD_OF_TYPE, resolve_online_plan, resolve_plan
 from mint.services.models.adapters import adapter_for_base
 from mint.storage.tables import Adapter, AdapterVersion, BaseModelRow, Dataset, Deployment
@@ -182,6 +182,10 @@ def _check_stage(session: Session, organization_id: str, stage: StageCreate, ind
     if grader is not None:  # a remote grader's endpoint must exist now, not score 0 at every step
         spec = GraderSpec.model_validate(grader.model_dump())
         check_graders(session, organization_id, [spec], param=f"{prefix}method.reinforcement.grader")
+    environment = getattr(plan, "environment", None)
+    if environment is not None:  # so must a remote environment's server
+        param = f"{prefix}method.reinforcement.environment"
+        check_environment(session, organization_id, environment.model_dump(), param=param)
     return CheckedStage(kind=kind, training=training, validation_file=stage.validation_file, plan=plan)
 
 

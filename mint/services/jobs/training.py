@@ -21,6 +21,7 @@ from mint.services import catalog, datasets
 from mint.services.billing import prices as pricing
 from mint.services.billing import spend
 from mint.services.dispatch import Dispatch
+from mint.services.evals.remote_environments import environments_for
 from mint.services.evals.remote_rewards import graders_for
 from mint.services.jobs.checkpoints import newest_checkpoint, save_checkpoint
 from mint.services.jobs.claims import require_ours
@@ -277,7 +278,6 @@ class JobRun:
             job.trained_tokens = context.trained_tokens
 
     def _train(self, training: Training) -> list[StepReport]:
-        from mint.evals.agent_environments import make_environment
         from mint.trainer.methods import METHODS
         from mint.trainer.recipes.common import RecipeInputs
 
@@ -301,7 +301,7 @@ class JobRun:
             start_step=self.context.start_step,
             on_step=on_step,
             grader_for=graders_for(self.settings, self.context.organization_id),
-            environment_for=make_environment,
+            environment_for=environments_for(self.settings, self.context.organization_id),
             rl_max_steps_without_signal=self.settings.rl_max_steps_without_signal,
             live=live,
         )

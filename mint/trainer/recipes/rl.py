@@ -68,7 +68,7 @@ from mint.trainer.recipes.graded_samples import (
     shown_indices,
 )
 from mint.trainer.recipes.rollout_sources import PolicyVersions, RolloutSource, StaleSampler, rollout_source
-from mint.trainer.types import AdamParams, Datum, SampledSequence, SampleRequest
+from mint.trainer.types import AdamParams, Datum, SampledSequence, SampleRequest, close_environment
 
 __all__ = ["NoRewardSignal", "RlConfig", "RlPrompt", "StaleSampler", "run_rl", "run_rl_plan"]
 
@@ -422,7 +422,10 @@ def _rl_prompt(inputs: RecipeInputs, plan: RlPlan, grader: Grader | None, row: M
         tokens = render_prompt(inputs.tokenizer, row["messages"], row.get("tools"))
     else:
         first = environment()  # its prompt is rendered now, so that a row the template refuses names its line
-        tokens = render_prompt(inputs.tokenizer, first.initial_observation(), first.tools)
+        try:
+            tokens = render_prompt(inputs.tokenizer, first.initial_observation(), first.tools)
+        finally:
+            close_environment(first)
     return RlPrompt(prompt_tokens=tokens, reference=row.get("reference"), grader=grader, environment=environment)
 
 
