@@ -347,7 +347,10 @@ def test_an_eval_run_records_the_rewards_the_server_computed(
     their_run = {"benchmark_id": theirs.json()["id"], "model": BASE}
     refused = client.post("/v1/evals", headers=other_tenant.headers("developer"), json=their_run)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "benchmark_id"
-    assert "the remote grader names endpoint 'ok', which this organization does not have" in refused.json()["error"]["message"]
+    assert (
+        "the remote grader names endpoint 'ok', which this organization does not have"
+        in refused.json()["error"]["message"]
+    )
 
     run_id = run_in_this_process(prepared, tenant, benchmark.json()["id"], resident)
 
