@@ -53,6 +53,7 @@ from mint.evals.environments import Environment
 from mint.evals.graders import Grade, GradeContext, GraderSpec, Output, grade
 from mint.schemas.common import loads_finite
 from mint.schemas.plans import EnvironmentSpecIn
+from mint.schemas.remote_environments import REMOTE_ENVIRONMENT
 
 BenchmarkFormat = Literal["jsonl", "yaml"]
 FORMATS: tuple[BenchmarkFormat, ...] = ("jsonl", "yaml")
@@ -375,6 +376,10 @@ def _check_task(
     prompt = {key: raw[key] for key in ("messages", "tools", "environment") if key in raw}
     for error in validate_prompt_row(prompt) or prompt_row_environment_errors(prompt):
         problems.add(where, error)
+    environment = raw.get("environment")
+    remote = isinstance(environment, dict) and environment.get("name") == REMOTE_ENVIRONMENT
+    if remote and (environment.get("config") or {}).get("task") is None:
+        problems.add(where, "environment.config.task: required: the index of the environment server's task")
     tools = raw.get("tools")
     if tools is not None and isinstance(raw.get("environment"), list):
         names = _tool_names(tools)

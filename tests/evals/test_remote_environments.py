@@ -213,6 +213,13 @@ def test_runs_and_jobs_naming_an_unknown_environment_server_are_refused(
     )
     assert job.status_code == 400 and job.json()["error"]["param"] == "method.reinforcement.environment", job.text
 
+    # A benchmark task names the server's task.
+    untasked = {**tasks[0], "environment": {"name": "remote", "config": {"endpoint": "nowhere"}}}
+    refused = create_benchmark(
+        client, tenant, format="jsonl", content=jsonl([untasked]), grader={"type": "environment"}
+    )
+    assert refused.status_code == 400 and "environment.config.task: required" in refused.text, refused.text
+
     # A remote environment's config is checked where it is written.
     bad = client.post(
         "/v1/datasets",
