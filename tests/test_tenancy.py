@@ -58,6 +58,7 @@ SELF_ROUTES = {
     "/v1/autotune",
     "/v1/webhooks",
     "/v1/reward_endpoints",
+    "/v1/reviews/queues",
 }
 # Routes that name other resources by id in the query or the body, not the path; their
 # tenancy (another organization's ids are 404) is checked in tests/evals/test_evals_api.py.
@@ -274,7 +275,26 @@ def _reward_endpoint(client: TestClient, owner: Tenant) -> str:
     return str(response.json()["id"])
 
 
+def _review_queue(client: TestClient, owner: Tenant) -> str:
+    """A review queue over one captured completion of one of the owner's deployments."""
+    deployment = _deployment(client, owner)
+    record_capture(owner, deployment, asked="hi", answered="hello")
+    body = {"name": "tenancy", "deployment": deployment}
+    response = client.post("/v1/reviews/queues", headers=owner.headers("developer"), json=body)
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def _review_item(client: TestClient, owner: Tenant) -> str:
+    queue_id = _review_queue(client, owner)
+    response = client.get(f"/v1/reviews/queues/{queue_id}/items", headers=owner.headers("developer"))
+    assert response.status_code == 200, response.text
+    return str(response.json()["data"][0]["id"])
+
+
 RESOURCE_MAKERS: dict[str, ResourceMaker] = {
+    "queue_id": _review_queue,
+    "item_id": _review_item,
     "endpoint_id": _reward_endpoint,
     "run_id": _autotune_run,
     "webhook_id": _webhook,
@@ -304,6 +324,9 @@ ROUTE_BODIES: dict[str, dict[str, Any]] = {
     "/v1/adapters/{adapter_id}/versions/{version}/replay": {"model": "tiny-qwen3-moe"},
     "/api/v1/sessions/{session_id}/project": {"project_id": "tenancy"},
     "/v1/episodes/{episode_id}/reward": {"score": 1.0},
+    "/v1/reviews/queues/{queue_id}/dataset": {"kind": "chat"},
+    "/v1/reviews/items/{item_id}": {"assignee": None},
+    "/v1/reviews/items/{item_id}/reviews": {"passed": True},
 }
 
 

@@ -33,6 +33,7 @@ from mint.api.routes import (
     fine_tuning,
     health,
     organization,
+    reviews,
     reward_endpoints,
     webhooks,
 )
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Dispatch | None = 
         autotune,
         webhooks,
         reward_endpoints,
+        reviews,
         openai,
     ):
         app.include_router(module.router, responses=ERROR_RESPONSES)

@@ -23,12 +23,13 @@ from mint.storage.db import session_scope
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # The writes a viewer key may make, by method and route template: feedback on what a deployment
-# answered and the reward of an episode (the people who read answers are the ones who can judge
-# them), and revoking itself.
+# answered, the reward of an episode and an expert's review (the people who read answers are the
+# ones who can judge them), and revoking itself.
 VIEWER_WRITES = frozenset(
     {
         ("POST", "/v1/captures/{completion_id}/feedback"),
         ("POST", "/v1/episodes/{episode_id}/reward"),
+        ("POST", "/v1/reviews/items/{item_id}/reviews"),
         ("DELETE", "/api/v1/auth/apikey/me"),
     }
 )
@@ -72,8 +73,8 @@ def bearer_or_api_key(authorization: str | None, x_api_key: str | None) -> str |
 
 
 def check_method_allowed(principal: Principal, method: str, route: str | None) -> None:
-    """A viewer key can only read, give feedback on a captured answer, reward an episode, and revoke
-    itself (`VIEWER_WRITES`)."""
+    """A viewer key can only read, give feedback on a captured answer, reward an episode, review an
+    item of a review queue, and revoke itself (`VIEWER_WRITES`)."""
     if principal.role == "viewer" and method not in READ_METHODS and (method, route) not in VIEWER_WRITES:
         raise PermissionDenied("Viewer keys can only read; use a developer or admin key to make changes.")
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from mint.cli.options import LimitOpt, Remote, TimeoutOpt, exit_unless_succeeded, first, remote
-from mint.cli.output import console, emit, human
+from mint.cli.output import console, emit, human, warn
 from mint.schemas.autotune import MAX_BUDGET_S, MAX_BUDGET_USD, MAX_TRIALS
 from mint.schemas.autotune_state import AutotuneBest
 
@@ -56,6 +56,7 @@ def _show_run(api: Remote, run: Any) -> None:
         emit(trials, TRIAL_COLUMNS, as_json=False, title="trials")
     for decision in run.decisions:
         console.print(f"[bold]{decision.decision}[/bold]: {decision.reason}")
+    warn(run.warnings)
 
 
 @app.command("start")

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from mint.cli.options import LimitOpt, ReasonOpt, Remote, first, json_option, remote
-from mint.cli.output import human
+from mint.cli.output import human, warn
 from mint.schemas.common import MAX_VERSION
 
 app = typer.Typer(help="Deployments and their revisions.", no_args_is_help=True)
@@ -101,7 +101,15 @@ def deploy(
     """Create a deployment serving an adapter version under a stable name (revision 1)."""
     with api.client() as client:
         deployment = client.deployments.create(name, model=model, gate=json_option(gate, "--gate"), reason=reason)
+    _show_changed(api, deployment)
+
+
+def _show_changed(api: Remote, deployment: Any) -> None:
+    """A deployment just created or promoted, and what its gate's verdict warns of."""
     api.show(deployment, row_of(deployment))
+    verdict = deployment.serving.gate_verdict if deployment.serving else None
+    if not api.as_json and verdict:
+        warn(verdict.get("warnings") or [])
 
 
 @remote
@@ -114,7 +122,7 @@ def promote(
     """Serve another version under the deployment's name (a gate may refuse it: exit 5)."""
     with api.client() as client:
         deployment = client.deployments.promote(name, model=model, reason=reason)
-    api.show(deployment, row_of(deployment))
+    _show_changed(api, deployment)
 
 
 @remote

@@ -1,7 +1,7 @@
 """The `mint` command: one module per command group, assembled here.
 
 User commands (datasets, benchmarks, evals, jobs, adapters, deployments, captures, episodes, chat,
-models, keys, audit, usage, webhooks, reward-endpoints) speak HTTP through the SDK and share their
+models, keys, audit, usage, webhooks, reward-endpoints, reviews) speak HTTP through the SDK and share their
 connection and `--json` options (`mint.cli.options`); `mint admin` acts on the database;
 `api | worker | beat | serve | up` run the processes; `mint reward-server` serves a team's reward
 function, and `mint env-server` a team's verifiers environment, on the team's machine.
@@ -33,6 +33,7 @@ from mint.cli import (
     models,
     organization,
     processes,
+    reviews,
     reward_endpoints,
     reward_server,
     webhooks,
@@ -71,6 +72,7 @@ app.add_typer(organization.keys, name="keys")
 app.command("audit")(organization.audit)
 app.add_typer(webhooks.app, name="webhooks")
 app.add_typer(reward_endpoints.app, name="reward-endpoints")
+app.add_typer(reviews.app, name="reviews")
 app.command("usage")(usage)
 app.command("reward-server")(reward_server.reward_server)
 app.command("env-server")(env_server.env_server)

@@ -124,6 +124,13 @@ def emit_one(row: dict[str, Any], *, as_json: bool) -> None:
             console.print(f"[bold]{key}[/bold]: {cell(value, key)}")
 
 
+def warn(warnings: Iterable[str]) -> None:
+    """Print what a result should be read with (e.g. a judge the experts disagree with) on
+    stderr, one `warning:` line each, after the result itself."""
+    for line in warnings:
+        errors.print(f"warning: {line}", style="yellow", markup=False, highlight=False)
+
+
 def _table(title: str | None) -> Table:
     # A rule under the header and spaces between columns: the cheapest frame in width, and
     # lines that `grep` and `awk` read well.

@@ -9,7 +9,8 @@ A gate names a benchmark and up to three checks:
   production) does not lie entirely below 0.
 
 `evaluate_gate` is a pure function of the spec and the two runs' outcomes; it returns a
-`GateVerdict` whose `model_dump()` is the record a deployment revision keeps. Without a run
+`GateVerdict` whose `model_dump()` is the record a deployment revision keeps. Its caller adds
+`warnings` (a judge of the benchmark version the experts disagree with): they never decide. Without a run
 in production (a first deployment) only `min_pass_rate` applies.
 """
 
@@ -81,6 +82,11 @@ class GateVerdict(BaseModel):
     interval_low: float | None
     interval_high: float | None
     checks: list[GateCheck]
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What the verdict should be read with, without changing it: each judge grading this "
+        "benchmark version whose agreement with the experts' reviews is below the threshold.",
+    )
 
 
 def _pct(value: float) -> str:

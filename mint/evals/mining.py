@@ -11,6 +11,10 @@
 - `prompts` (RL): the task's messages, tools, scripted environment and reference, with the
   task's grader in `metadata.grader`, so an RL job scores samples exactly as the benchmark did.
 
+A trajectory that carries `lineage` (a dict: an expert review's reviewer, queue and item, see
+`mint.services.evals.review_mining`) gives each row mined from it `metadata.lineage`, so that
+what a model learns names who taught it.
+
 A continuation built from the reference is kept only if it passes the task's own grader, and
 every row is checked with the trainer's row validators: a task that cannot give a valid row is
 listed in `skipped` with the reason, never written half right.
@@ -210,6 +214,9 @@ def mine_failures(
         if row is None:
             result.skipped.append((task.id, why))
             continue
+        lineage = getattr(trajectory, "lineage", None)  # optional: the Protocol's readers need not have it
+        if isinstance(lineage, dict):
+            row["metadata"] = {**row.get("metadata", {}), "lineage": lineage}
         errors = _VALIDATORS[kind](row)
         if errors:
             result.skipped.append((task.id, f"the row would not validate: {'; '.join(errors[:3])}"))

@@ -174,6 +174,11 @@ class AutotunePublic(BaseModel):
     decisions: list[AutotuneDecision]
     trials: list[AutotuneTrialPublic]
     error: dict[str, Any] | None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Judges grading the run's benchmark version whose agreement with the experts' reviews is "
+        "below the threshold: the run's pass rates rest on their grades. They warn; they stop nothing.",
+    )
     created_at: Timestamp
     started_at: Timestamp | None
     finished_at: Timestamp | None

@@ -42,6 +42,7 @@ from mint.sdk.files import AsyncDatasets, AsyncFiles, Datasets, Files
 from mint.sdk.jobs import AsyncFineTuning, FineTuning
 from mint.sdk.models import AsyncBaseModels, AsyncModels, BaseModels, Models
 from mint.sdk.organization import ApiKeys, AsyncApiKeys, AsyncOrganization, Organization
+from mint.sdk.reviews import AsyncReviews, Reviews
 from mint.sdk.reward_endpoints import AsyncRewardEndpoints, RewardEndpoints
 from mint.sdk.webhooks import AsyncWebhooks, Webhooks
 
@@ -98,6 +99,7 @@ class Mint:
         self.api_keys = ApiKeys(self._http)
         self.webhooks = Webhooks(self._http)
         self.reward_endpoints = RewardEndpoints(self._http)
+        self.reviews = Reviews(self._http)
 
     def close(self) -> None:
         """Close the connections; the client cannot be used after."""
@@ -158,6 +160,7 @@ class AsyncMint:
         self.api_keys = AsyncApiKeys(self._http)
         self.webhooks = AsyncWebhooks(self._http)
         self.reward_endpoints = AsyncRewardEndpoints(self._http)
+        self.reviews = AsyncReviews(self._http)
 
     async def close(self) -> None:
         await self._http.close()

@@ -52,6 +52,7 @@ from mint.chat.formats import (
 from mint.chat.rows import validate_chat_row, validate_preference_row, validate_prompt_row
 from mint.errors import InvalidRequest, NotFound, PayloadTooLarge
 from mint.evals.agent_environments import prompt_row_environment_errors
+from mint.evals.mining import MiningResult
 from mint.schemas.common import loads_finite
 from mint.storage.keys import dataset_key
 from mint.storage.objects import ObjectStore
@@ -428,6 +429,34 @@ def create_dataset_from_rows(
         kind=kind,
         max_bytes=max(len(content), 1),
         max_row_bytes=max(len(content), 1),
+        source_eval_run_id=source_eval_run_id,
+    )
+
+
+def dataset_of_mined(
+    session: Session,
+    store: ObjectStore,
+    result: MiningResult,
+    *,
+    organization_id: str,
+    what: str,
+    filename: str,
+    source_eval_run_id: str | None = None,
+) -> Dataset:
+    """A dataset of the rows mined from `what` (a run's failures, corrected captures, expert
+    corrections); refused (400) when none gave a row, with the first reasons why."""
+    if not result.rows:
+        raise InvalidRequest(
+            f"none of {what} gives a {result.kind} row ({result.first_reasons()})",
+            param="kind",
+        )
+    return create_dataset_from_rows(
+        session,
+        store,
+        organization_id=organization_id,
+        kind=result.kind,
+        rows=result.rows,
+        filename=filename,
         source_eval_run_id=source_eval_run_id,
     )
 

@@ -319,16 +319,25 @@ def resident(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     torch.set_num_threads(previous)
 
 
-def run_in_this_process(settings: Settings, tenant: Tenant, benchmark_id: str, resident: Any) -> str:
-    """Create an eval run of `benchmark_id` on BASE (4 tokens, 1 step) with no queue message, run
-    it here on `resident` as a worker would, and return its id once it has succeeded."""
+def run_in_this_process(
+    settings: Settings,
+    tenant: Tenant,
+    benchmark_id: str,
+    resident: Any,
+    *,
+    model: str = BASE,
+    version: int | None = None,
+) -> str:
+    """Create an eval run of `benchmark_id` (its `version`, or newest) on `model` (BASE or an
+    adapter version of it; 4 tokens, 1 step) with no queue message, run it here on `resident` as
+    a worker would, and return its id once it has succeeded."""
     from mint.schemas.evals import EvalRunCreate
     from mint.services.auth import operator
     from mint.services.billing.quotas import QuotaDefaults
     from mint.services.evals import runner
     from mint.services.evals import runs as evals
 
-    body = EvalRunCreate(benchmark_id=benchmark_id, model=BASE, max_tokens=4, max_steps=1)
+    body = EvalRunCreate(benchmark_id=benchmark_id, version=version, model=model, max_tokens=4, max_steps=1)
     with session_scope(settings.database) as db:
         run_id = evals.create_eval_run(
             db,

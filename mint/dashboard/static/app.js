@@ -14,6 +14,7 @@ import * as evals from "./evals.js";
 import * as jobs from "./jobs.js";
 import * as overview from "./overview.js";
 import * as playground from "./playground.js";
+import * as reviews from "./reviews.js";
 import * as tinker from "./tinker.js";
 import * as usage from "./usage.js";
 
@@ -28,6 +29,8 @@ const ROUTES = [
   [/^\/evals\/new\/([^/]+)$/, evals.renderNewRun, "Eval runs"],
   [/^\/evals\/([^/]+)$/, evals.renderRun, "Eval run"],
   [/^\/compare\/([^/]+)\/([^/]+)$/, evals.renderComparison, "Comparison"],
+  [/^\/reviews$/, reviews.renderQueues, "Review queues"],
+  [/^\/reviews\/([^/]+)$/, reviews.renderQueue, "Review queue"],
   [/^\/jobs$/, jobs.renderJobs, "Jobs"],
   [/^\/jobs\/new\/([^/]+)$/, jobs.renderNewJob, "Jobs"],
   [/^\/jobs\/([^/]+)$/, jobs.renderJob, "Job"],

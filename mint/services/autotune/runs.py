@@ -22,6 +22,7 @@ from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.schemas.autotune import AutotuneCreate
 from mint.schemas.autotune_state import AutotuneState
 from mint.services import benchmarks
+from mint.services.agreement import judge_warnings
 from mint.services.autotune import driver
 from mint.services.autotune.state import elapsed_s, state_of, trials_of
 from mint.services.autotune.tick import Tick
@@ -142,10 +143,24 @@ def run_view(session: Session, run: AutotuneRun) -> dict[str, Any]:
             for t in trials_of(session, run)
         ],
         "error": run.error,
+        "warnings": _judge_warnings(session, run),
         "created_at": run.created_at,
         "started_at": run.started_at,
         "finished_at": run.finished_at,
     }
+
+
+def _judge_warnings(session: Session, run: AutotuneRun) -> list[str]:
+    """The judges the experts disagree with, on the benchmark version the run asked for and on
+    the one it settled on (a version with a dev split it made from the first): the run's dev and
+    held-out pass rates are read through their grades."""
+    benchmark = benchmarks.get_benchmark(session, run.organization_id, run.benchmark_id)
+    asked = benchmarks.get_version(session, benchmark, run.request.get("version")).id
+    settled = state_of(run).benchmark_version_id
+    found: list[str] = []
+    for version_id in dict.fromkeys(filter(None, (asked, settled))):
+        found += judge_warnings(session, run.organization_id, version_id)
+    return found
 
 
 def tick(settings: Settings, run_id: str, tick_id: str, send: Dispatch) -> str:

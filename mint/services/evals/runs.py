@@ -39,7 +39,7 @@ from mint.schemas.evals import EvalRunCreate, FromFailuresCreate
 from mint.services import benchmarks, catalog
 from mint.services.billing import spend
 from mint.services.billing.quotas import QuotaDefaults, hold
-from mint.services.datasets import create_dataset_from_rows
+from mint.services.datasets import dataset_of_mined
 from mint.services.dispatch import Dispatch
 from mint.services.evals.judges import resolve_judges
 from mint.services.evals.reward_endpoints import check_version
@@ -341,18 +341,12 @@ def dataset_from_failures(
     """A dataset of SFT rows, DPO pairs or RL prompts mined from a run's failures (the same rows: the same dataset)."""
     run = catalog.get_eval_run(session, principal.organization_id, body.eval_id, param="eval_id")
     result = mine_run(session, store, run, body.kind)
-    if not result.rows:
-        reasons = result.first_reasons()
-        raise InvalidRequest(
-            f"none of the {len(result.skipped)} failed tasks of eval run {run.id} gives a {body.kind} row ({reasons})",
-            param="kind",
-        )
-    dataset = create_dataset_from_rows(
+    dataset = dataset_of_mined(
         session,
         store,
+        result,
         organization_id=principal.organization_id,
-        kind=body.kind,
-        rows=result.rows,
+        what=f"the {len(result.skipped)} failed tasks of eval run {run.id}",
         filename=body.filename or f"{run.id}-failures-{body.kind}.jsonl",
         source_eval_run_id=run.id,
     )

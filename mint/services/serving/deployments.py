@@ -9,7 +9,9 @@ A deployment may carry a gate (`mint.evals.gates.GateSpec`): a promotion needs a
 eval run of the candidate on the gate's benchmark, and, when a version is or was in
 production, its run on the same benchmark version: a withdrawn deployment is compared with
 the version it served last, so withdrawing does not lift the gate's regression checks. The
-verdict and its numbers are kept in the revision; every refusal is kept in the audit log.
+verdict and its numbers are kept in the revision; every refusal is kept in the audit log. A
+verdict warns (and only warns) of each judge of the benchmark version whose agreement with the
+experts' reviews is low (`mint.services.agreement.judge_warnings`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sqlalchemy.orm import Session
 from mint.errors import Conflict, InvalidRequest
 from mint.evals.gates import GateSpec, GateVerdict, evaluate_gate
 from mint.services import catalog
+from mint.services.agreement import judge_warnings
 from mint.services.audit import record_audit
 from mint.services.catalog import ResolvedModel, model_ref_of_id, resolve_model_ref
 from mint.services.dispatch import Dispatch
@@ -238,12 +241,14 @@ def _verdict(
     if production_id is not None:
         production = catalog.get_eval_run(session, organization_id, production_id, param="production")
         catalog.succeeded_run(production, "production")
-    return evaluate_gate(
+    verdict = evaluate_gate(
         spec,
         benchmark_name=str(candidate.config.get("benchmark_name", "")),
         candidate=catalog.run_outcomes(session, candidate),
         production=catalog.run_outcomes(session, production) if production is not None else None,
     )
+    verdict.warnings = judge_warnings(session, organization_id, candidate.benchmark_version_id)
+    return verdict
 
 
 def _gate(

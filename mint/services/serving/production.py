@@ -24,7 +24,7 @@ from mint.evals.mining import MiningKind, MiningResult, mine_failures
 from mint.schemas.captures import BenchmarkFromCaptures, CaptureFilter, DatasetFromCaptures
 from mint.services import benchmarks
 from mint.services.catalog import get_deployment
-from mint.services.datasets import create_dataset_from_rows
+from mint.services.datasets import dataset_of_mined
 from mint.services.principal import Principal
 from mint.services.serving.captures import feedback_of
 from mint.storage.objects import ObjectStore
@@ -127,15 +127,12 @@ def dataset_from_captures(
 ) -> tuple[Dataset, MiningResult]:
     """A dataset mined from a deployment's corrected captures."""
     _, result = mine_captures(session, principal.organization_id, body, body.kind)
-    if not result.rows:
-        reasons = result.first_reasons()
-        raise InvalidRequest(f"none of the corrected captures gives a {body.kind} row ({reasons})", param="kind")
-    dataset = create_dataset_from_rows(
+    dataset = dataset_of_mined(
         session,
         store,
+        result,
         organization_id=principal.organization_id,
-        kind=body.kind,
-        rows=result.rows,
+        what="the corrected captures",
         filename=body.filename or f"{body.deployment or 'production'}-captures-{body.kind}.jsonl",
     )
     return dataset, result

@@ -73,6 +73,12 @@ from mint.storage.tables.organizations import (
     AuditLog,
     Organization,
 )
+from mint.storage.tables.reviews import (
+    REVIEW_SOURCES,
+    Review,
+    ReviewItem,
+    ReviewQueue,
+)
 from mint.storage.tables.reward_endpoints import (
     RewardEndpoint,
 )
@@ -144,7 +150,11 @@ __all__ = [
     "NAMING_CONVENTION",
     "Organization",
     "Price",
+    "REVIEW_SOURCES",
     "REVISION_ACTIONS",
+    "Review",
+    "ReviewItem",
+    "ReviewQueue",
     "RewardEndpoint",
     "ROLES",
     "SESSION_KINDS",
