@@ -110,6 +110,7 @@ class _StreamedUsage:
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
+        self.cached_tokens = 0  # of the prompt tokens, those the node's prompt cache served
         self.streamed: dict[int, int] = {}
         self.finished: dict[int, int] = {}
 
@@ -118,14 +119,16 @@ class _StreamedUsage:
         self.streamed[index] = self.streamed.get(index, 0) + len(line.token_ids)
         if line.finish_reason and line.usage:
             self.prompt_tokens = line.usage.prompt_tokens
+            self.cached_tokens = max(self.cached_tokens, line.usage.prompt_tokens_details.cached_tokens)
             self.finished[index] = line.usage.completion_tokens
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         completion = sum(self.finished.get(index, count) for index, count in self.streamed.items())
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
 
@@ -177,7 +180,7 @@ class _Keeping:
     def anything(self) -> bool:
         return self.capture or self.episode is not None
 
-    def offer(self, served: str | None, choices: _Choices, usage: dict[str, int]) -> None:
+    def offer(self, served: str | None, choices: _Choices, usage: dict[str, Any]) -> None:
         plan, body = self.plan, self.body
         assert plan.capture is not None
         chat = isinstance(body, ChatCompletionCreate)

@@ -136,10 +136,17 @@ class Served(BaseModel):
     route: dict[str, Any] | None = Field(description="For a mixture: the router's decision.")
 
 
+class PromptTokensDetails(BaseModel):
+    """OpenAI's breakdown of a request's prompt tokens."""
+
+    cached_tokens: int = Field(default=0, ge=0, description="Prompt tokens read from the prompt cache, not run.")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class ChatCompletion(BaseModel):

@@ -549,7 +549,8 @@ def _target_tensor(targets: dict[str, Any]) -> bytes:
 def encode_sample_response(result: dict[str, Any]) -> bytes:
     """A `SampleResponse` from a stored sample result: each sequence's tokens (int32), logprobs
     (float32), stop reason and top-k table; the prompt's logprobs (NaN where there is none, as at
-    position 0), top-k table and target logprobs, each where the request asked for it."""
+    position 0), top-k table and target logprobs, each where the request asked for it; and how
+    many prompt tokens came from the prompt cache."""
     out = b""
     for sequence in result["sequences"]:
         message = (
@@ -565,6 +566,8 @@ def encode_sample_response(result: dict[str, Any]) -> bytes:
         out += _len_field(2, _packed("f", values))
     if result.get("topk_prompt_logprobs") is not None:
         out += _len_field(3, _topk_table(result["topk_prompt_logprobs"]))
+    if result.get("prompt_cache_hit_tokens"):
+        out += _varint_field(4, result["prompt_cache_hit_tokens"])
     if result.get("target_prompt_logprobs") is not None:
         out += _len_field(5, _target_tensor(result["target_prompt_logprobs"]))
     return out

@@ -34,7 +34,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
 from mint.errors import InvalidRequest, NotFound
-from mint.schemas.inference import MAX_TOP_LOGPROBS
+from mint.schemas.inference import MAX_TOP_LOGPROBS, PromptTokensDetails
 
 FinishReason = Literal["stop", "length"]
 # The k most likely tokens at one step, most likely first: (token id, logprob) pairs.
@@ -134,6 +134,8 @@ class Usage(_Frozen):
 
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
+    # Of the prompt tokens, those read from the engine's prompt cache (OpenAI's shape).
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -185,10 +187,15 @@ class DecodingRow(Protocol):
     final_text: str
     finish_reason: FinishReason | None
     stop_match: str | int | None
+    cached_tokens: int  # prompt tokens read from the prompt cache
 
 
 def usage_of(row: DecodingRow) -> Usage:
-    return Usage(prompt_tokens=len(row.prompt), completion_tokens=len(row.tokens))
+    return Usage(
+        prompt_tokens=len(row.prompt),
+        completion_tokens=len(row.tokens),
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=row.cached_tokens),
+    )
 
 
 def result_of(row: DecodingRow) -> GenerateResult:

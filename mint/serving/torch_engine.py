@@ -12,7 +12,10 @@ decode steps finished requests leave and waiting ones join (prefilled together, 
 into the running batch). The running batch keeps one transformers `DynamicCache`, left-padded:
 each row's real tokens end at the last column, an attention mask hides the padding, and
 position ids count each row's own tokens. When rows leave, the columns that are padding for
-every remaining row are dropped.
+every remaining row are dropped. A joining row starts from the longest cached prefix of its
+prompt under its adapter's weights (`mint.trainer.prompt_cache`: whole blocks, bounded by bytes,
+an adapter's blocks dropped when it is removed or loaded again) and reports those tokens as
+cached in its usage.
 
 Each step's logits give every sampled token its logprob (logit - logsumexp in float32: the
 model's own distribution, at temperature 1, whatever the request samples with), and, for
@@ -30,6 +33,7 @@ memory the engine reserves, bounded by max_adapters x max_rank.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Generator, Sequence
@@ -75,6 +79,8 @@ from mint.serving.peft_format import adapter_files, holdback, read_config
 from mint.trainer.lora import TargetCatalogue
 from mint.trainer.models import load_base_model
 from mint.trainer.packing import token_logprobs, top_logprobs
+from mint.trainer.prompt_cache import DEFAULT_MAX_BYTES as DEFAULT_PROMPT_CACHE_BYTES
+from mint.trainer.prompt_cache import CachedPrompts, PromptCache, Spliced
 from mint.trainer.sampling import choose_tokens, end_of_sequence_ids
 from mint.trainer.types import SamplingParams
 
@@ -161,6 +167,8 @@ class _Row:
     final_text: str = ""
     finish_reason: FinishReason | None = None
     stop_match: str | int | None = None
+    weights: tuple[str | None, int] = (None, 0)  # (adapter, its load): whose prompt-cache blocks it may read
+    cached_tokens: int = 0  # prompt tokens read from the prompt cache
 
     @property
     def next_position(self) -> int:
@@ -240,6 +248,7 @@ class _Loaded:
     slot: int
     info: AdapterInfo
     modules: tuple[str, ...]
+    load: int  # which load of the engine this is: the version of its weights for the prompt cache
 
 
 class TorchEngine(BatchEngine):
@@ -260,6 +269,7 @@ class TorchEngine(BatchEngine):
         max_adapters: int = DEFAULT_MAX_ADAPTERS,
         max_rank: int = DEFAULT_MAX_RANK,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
     ) -> None:
         if max_adapters < 1 or max_rank < 1 or max_batch_size < 1:
             raise ConfigurationError("max_adapters, max_rank and max_batch_size must be at least 1")
@@ -286,6 +296,8 @@ class TorchEngine(BatchEngine):
         self._free_slots = list(range(1, max_adapters + 1))
         self._in_use: Counter[str] = Counter()
         self._lock = threading.RLock()
+        self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes else None
+        self._loads = itertools.count(1)
 
     @classmethod
     def from_spec(
@@ -298,6 +310,7 @@ class TorchEngine(BatchEngine):
         max_adapters: int = DEFAULT_MAX_ADAPTERS,
         max_rank: int = DEFAULT_MAX_RANK,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
     ) -> TorchEngine:
         """Load the base named by `spec` (pulled into `cache_dir` if needed) and serve it."""
         model, tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
@@ -309,6 +322,7 @@ class TorchEngine(BatchEngine):
             max_adapters=max_adapters,
             max_rank=max_rank,
             max_batch_size=max_batch_size,
+            prompt_cache_bytes=prompt_cache_bytes,
         )
 
     def _wrap(
@@ -361,7 +375,7 @@ class TorchEngine(BatchEngine):
             modules = self._fill_slot(slot, adapter)
             size_bytes = adapter.numel * self._context.dtype.itemsize  # in the engine's dtype
             info = AdapterInfo(adapter_id=adapter_id, rank=adapter.rank, size_bytes=size_bytes)
-            self._loaded[adapter_id] = _Loaded(slot, info, modules)
+            self._loaded[adapter_id] = _Loaded(slot, info, modules, next(self._loads))
 
     def _fill_slot(self, slot: int, adapter: AdapterFactors) -> tuple[str, ...]:
         filled: list[SlotStack] = []
@@ -404,6 +418,8 @@ class TorchEngine(BatchEngine):
             for module in loaded.modules:
                 self._stacks_of(module).clear(loaded.slot)
             del self._loaded[adapter_id]
+            if self.prompt_cache is not None:
+                self.prompt_cache.invalidate(adapter_id)
             self._free_slots.append(loaded.slot)
             self._free_slots.sort()
 
@@ -461,6 +477,7 @@ class TorchEngine(BatchEngine):
             text=_CompletionText(self._detokenize, request.stop, streaming),
             generator=None if request.temperature == 0.0 else _generator(request.seed, self.device),
             alternatives=request.top_logprobs,
+            weights=(None, 0) if loaded is None else (request.adapter_id, loaded.load),
         )
 
     def _admit(self, requests: Sequence[GenerateRequest], *, streaming: bool) -> list[_Row]:
@@ -526,23 +543,30 @@ class TorchEngine(BatchEngine):
             return self._model(**inputs, use_cache=True, logits_to_keep=1)
 
     def _prefill(self, rows: list[_Row]) -> tuple[_Batch, torch.Tensor]:
-        """Run the prompts of joining rows, left-padded to one length; (their batch, last logits (J, V))."""
-        width = max(len(row.prompt) for row in rows)
-        ids_J_P = torch.full((len(rows), width), self._pad_token_id, dtype=torch.long)
-        mask_J_P = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids_J_P[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
-            mask_J_P[i, width - len(row.prompt) :] = 1
-        ids_J_P, mask_J_P = ids_J_P.to(self.device), mask_J_P.to(self.device)
-        positions_J_P = (mask_J_P.cumsum(dim=-1) - 1).clamp(min=0)
-        output = self._forward(rows, input_ids=ids_J_P, attention_mask=mask_J_P, position_ids=positions_J_P)
+        """Run the prompts of joining rows, left-padded to one length, each from its cached prefix
+        if the prompt cache holds one; (their batch, last logits (J, V))."""
+        prompts = [row.prompt for row in rows]
+        cached = None if self.prompt_cache is None else CachedPrompts(self.prompt_cache, tuple(r.weights for r in rows))
+        hits = [None] * len(rows) if cached is None else cached.lookup(prompts)
+        spliced = Spliced.of(prompts, hits, self._pad_token_id, self.device)
+        for row, tokens in zip(rows, spliced.cached, strict=True):
+            row.cached_tokens = tokens
+        output = self._forward(
+            rows,
+            input_ids=spliced.input_ids,
+            attention_mask=spliced.mask,
+            position_ids=spliced.position_ids,
+            cache=spliced.past_cache(),
+        )
         cache = output.cache
         if any(type(layer).__name__ != "DynamicLayer" for layer in cache.layers):
             raise ConfigurationError(
                 f"base {self._base_model!r} uses a KV cache with sliding or special layers; "
                 "the torch engine batches plain full-attention caches only"
             )
-        return _Batch(rows, cache, mask_J_P), output.logits[:, -1]
+        if cached is not None:
+            cached.store(prompts, spliced, cache)
+        return _Batch(rows, cache, spliced.mask), output.logits[:, -1]
 
     def _decode_step(self, batch: _Batch) -> torch.Tensor:
         """Feed every row's newest token; next-token logits (B, V)."""

@@ -129,6 +129,7 @@ class _Run:
     final_text: str = ""
     finish_reason: FinishReason | None = None
     stop_match: str | int | None = None
+    cached_tokens: int = 0  # prompt tokens vLLM's prefix cache served (its num_cached_tokens)
 
     def usage(self) -> Usage:
         return usage_of(self)
@@ -144,6 +145,7 @@ class _Run:
         self.tokens += new_tokens
         self.logprobs += new_logprobs
         self.top_logprobs += new_tops
+        self.cached_tokens = int(getattr(output, "num_cached_tokens", None) or self.cached_tokens)
         delta = ""
         if output.finished:
             self._finish(completion.finish_reason, completion.stop_reason)
@@ -265,6 +267,9 @@ class VllmEngine(BatchEngine):
             engine_args["max_model_len"] = context_length
         if kv_cache_bytes is not None:
             engine_args["kv_cache_memory_bytes"] = kv_cache_bytes
+        # Prompt prefixes' KV blocks kept across requests (keyed by the adapter's name and folder, so
+        # never shared across adapter versions); each result reports its hits as cached tokens.
+        engine_args.setdefault("enable_prefix_caching", True)
         self._llm = LLM(
             model=str(model_dir),
             tokenizer=str(model_dir),

@@ -32,6 +32,7 @@ from torch import nn
 
 from mint.errors import InvalidRequest
 from mint.trainer.packing import token_logprobs, top_logprobs
+from mint.trainer.prompt_cache import CachedPrompts, Spliced
 from mint.trainer.types import SampledSequence, SampleRequest, SamplingParams
 
 MAX_SAMPLES_PER_REQUEST = 256
@@ -204,6 +205,7 @@ class _Request:
         self.top: list[list[list[tuple[int, float]]]] = [[] for _ in range(self.num_rows)]
         self.done = [False] * self.num_rows
         self.stopped = [False] * self.num_rows
+        self.cached_tokens = 0  # prompt tokens read from the prompt cache
 
     def add(
         self,
@@ -239,6 +241,7 @@ class _Request:
                 sampler_logprobs=drawn,
                 top_logprobs=top if self.top_k else None,
                 stop_reason="stop" if stopped else "length",
+                prompt_cache_hit_tokens=self.cached_tokens,
             )
             for tokens, logprobs, drawn, top, stopped in zip(
                 self.tokens, self.logprobs, self.sampler_logprobs, self.top, self.stopped, strict=True
@@ -265,30 +268,39 @@ def _no_context(rows: list[tuple[int, int]]) -> AbstractContextManager[Any]:
 
 
 def _prefill(
-    model: nn.Module, requests: Sequence[_Request], device: torch.device, rows_context: RowsContext
+    model: nn.Module,
+    requests: Sequence[_Request],
+    device: torch.device,
+    rows_context: RowsContext,
+    prompts: CachedPrompts | None,
 ) -> tuple[Any, torch.Tensor, torch.Tensor]:
-    """Run every prompt once, left-padded to one width; returns the cache, attention mask and last
-    logits, each repeated so that every sample of a request has its own row (B rows)."""
-    width = max(len(request.prompt) for request in requests)
-    ids_R_P = torch.full((len(requests), width), _PAD_TOKEN_ID, dtype=torch.long)
-    mask_R_P = torch.zeros((len(requests), width), dtype=torch.long)
-    for index, request in enumerate(requests):
-        ids_R_P[index, width - len(request.prompt) :] = torch.tensor(request.prompt, dtype=torch.long)
-        mask_R_P[index, width - len(request.prompt) :] = 1
-    ids_R_P, mask_R_P = ids_R_P.to(device), mask_R_P.to(device)
-    positions_R_P = (mask_R_P.cumsum(dim=-1) - 1).clamp(min=0)
+    """Run every prompt once, left-padded to one width, each from its cached prefix if
+    `prompts` holds one (`prompt_cache.Spliced`); returns the cache, attention mask and last
+    logits, each repeated so that every sample of a request has its own row (B rows). Each
+    prompt's new whole blocks go into the prompt cache."""
+    hits = [None] * len(requests) if prompts is None else prompts.lookup([request.prompt for request in requests])
+    spliced = Spliced.of([request.prompt for request in requests], hits, _PAD_TOKEN_ID, device)
+    for request, cached in zip(requests, spliced.cached, strict=True):
+        request.cached_tokens = cached
     # logits_to_keep=1: only the last position's logits are needed (every prompt ends there).
     with rows_context([(index, 1) for index in range(len(requests))]):
         output = model(
-            input_ids=ids_R_P, attention_mask=mask_R_P, position_ids=positions_R_P, use_cache=True, logits_to_keep=1
+            input_ids=spliced.input_ids,
+            attention_mask=spliced.mask,
+            position_ids=spliced.position_ids,
+            cache=spliced.past_cache(),
+            use_cache=True,
+            logits_to_keep=1,
         )
+    cache = output.cache
+    if prompts is not None:
+        prompts.store([request.prompt for request in requests], spliced, cache)
     request_of_row_B = torch.repeat_interleave(
         torch.arange(len(requests), device=device),
         torch.tensor([request.num_rows for request in requests], device=device),
     )
-    cache = output.cache
     cache.batch_select_indices(request_of_row_B)
-    return cache, mask_R_P[request_of_row_B], output.logits[:, -1][request_of_row_B]
+    return cache, spliced.mask[request_of_row_B], output.logits[:, -1][request_of_row_B]
 
 
 def generate_batch(
@@ -297,16 +309,19 @@ def generate_batch(
     *,
     decode: Callable[[list[int]], str],
     rows_context: RowsContext = _no_context,
+    prompts: CachedPrompts | None = None,
 ) -> list[list[SampledSequence]]:
     """Sample every request's `num_samples` continuations in one batch; one list per request, in
     order. Each forward runs in `rows_context(live requests and their rows)`: how requests of
-    several adapters decode together (`ResidentBase.sample_many`)."""
+    several adapters decode together (`ResidentBase.sample_many`). With `prompts`, each prompt
+    starts from its longest cached prefix under its request's weights, and its samples report
+    how many tokens that was (`prompt_cache_hit_tokens`)."""
     if not decodings:
         return []
     device = model.get_input_embeddings().weight.device
     requests = [_Request(decoding, device) for decoding in decodings]
     order = {id(request): index for index, request in enumerate(requests)}
-    cache, mask_B_T, logits_B_V = _prefill(model, requests, device, rows_context)
+    cache, mask_B_T, logits_B_V = _prefill(model, requests, device, rows_context, prompts)
     live = list(requests)  # the requests still decoding; their rows lie in this order, contiguous
     for step in range(max(decoding.max_new_tokens for decoding in decodings)):
         chosen, drawn = [], []

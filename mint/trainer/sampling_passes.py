@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from mint.trainer.mixed_adapters import by_adapter, mixed_adapters
+from mint.trainer.prompt_cache import CachedPrompts
 from mint.trainer.sampling import MAX_SAMPLES_PER_REQUEST, Decoding, decoding_chunks, generate_batch
 from mint.trainer.types import SampledSequence, SampleRequest
 
@@ -42,15 +43,19 @@ class SampleCall:
 
 
 def decode_alone(
-    model: nn.Module, decodings: Sequence[Decoding], decode: Callable[[list[int]], str]
+    model: nn.Module,
+    decodings: Sequence[Decoding],
+    decode: Callable[[list[int]], str],
+    prompts: CachedPrompts | None = None,
 ) -> list[list[SampledSequence]]:
     """Decode under whatever adapter is active in `model` (or none), in batches of at most
-    MAX_ROWS_PER_BATCH rows; one list of samples per decoding."""
-    return [
-        group
-        for chunk in decoding_chunks(decodings, MAX_ROWS_PER_BATCH)
-        for group in generate_batch(model, chunk, decode=decode)
-    ]
+    MAX_ROWS_PER_BATCH rows, each prompt from its cached prefix in `prompts` if any; one list of
+    samples per decoding."""
+    samples: list[list[SampledSequence]] = []
+    for chunk in decoding_chunks(decodings, MAX_ROWS_PER_BATCH):
+        part = None if prompts is None else prompts.part(len(samples), len(samples) + len(chunk))
+        samples += generate_batch(model, chunk, decode=decode, prompts=part)
+    return samples
 
 
 def decode_mixed(
@@ -59,6 +64,7 @@ def decode_mixed(
     decodings: Sequence[Decoding],
     owners: Sequence[str | None],
     decode: Callable[[list[int]], str],
+    prompts: CachedPrompts | None = None,
 ) -> list[list[SampledSequence]]:
     """Decode each decoding through its owner's adapter, in batches of at most MAX_ROWS_PER_BATCH
     rows (the caller holds the base's lock, has checked that the owners can mix and has settled
@@ -70,7 +76,8 @@ def decode_mixed(
         # lays its live rows out by owner, a span per run of rows with one adapter.
         with mixed_adapters(peft_model, by_adapter(chunk_owners)) as mixed:
             rows_context = mixed.rows_of(chunk_owners)
-            samples += generate_batch(model, chunk, decode=decode, rows_context=rows_context)
+            part = None if prompts is None else prompts.part(len(samples), len(samples) + len(chunk))
+            samples += generate_batch(model, chunk, decode=decode, rows_context=rows_context, prompts=part)
     return samples
 
 

@@ -45,6 +45,8 @@ from mint.trainer.host_memory import share_one_arena
 from mint.trainer.mixed_adapters import can_mix
 from mint.trainer.models import load_base_model
 from mint.trainer.packing import pack, packed_logprobs
+from mint.trainer.prompt_cache import DEFAULT_MAX_BYTES as DEFAULT_PROMPT_CACHE_BYTES
+from mint.trainer.prompt_cache import CachedPrompts, PromptCache
 from mint.trainer.prompt_scores import PromptQuery, PromptScores, score_prompt
 from mint.trainer.sampling import Decoding, end_of_sequence_ids
 from mint.trainer.sampling_passes import (
@@ -79,6 +81,7 @@ class ResidentBase:
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         mix_backward: bool | None = None,
         batch_invariant: bool = False,
+        prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
     ) -> None:
         share_one_arena()  # before any session's thread allocates
         model, tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
@@ -116,6 +119,9 @@ class ResidentBase:
         self.sampling_passes = Combiner(self.sample_many, MAX_SESSIONS_PER_PASS, self.loops)
         # The worker group this base is sharded over (`join_group`); None: the whole base is here.
         self.group: Group | None = None
+        # Prompt prefixes' KV kept across sample calls, per adapter and weights version. Off on a
+        # batch-invariant base: a prompt run in two parts is not bit for bit the prompt run whole.
+        self.prompt_cache = None if batch_invariant or not prompt_cache_bytes else PromptCache(prompt_cache_bytes)
 
     @classmethod
     def shared(
@@ -128,7 +134,8 @@ class ResidentBase:
         **options: Any,
     ) -> ResidentBase:
         """The process's one ResidentBase for this base, cache folder, dtype and device (loaded
-        on first use with `options`: `max_sessions`, `mix_backward`, `batch_invariant`)."""
+        on first use with `options`: `max_sessions`, `mix_backward`, `batch_invariant`,
+        `prompt_cache_bytes`)."""
         key = (spec.name, str(Path(cache_dir).resolve()), dtype or spec.dtype, device)
         with cls._shared_lock:
             if key not in cls._shared:
@@ -268,6 +275,8 @@ class ResidentBase:
                 warnings.filterwarnings("ignore", message=r"Adapter .* was active which is now deleted")
                 self._peft.delete_adapter(session_id)
             self._active = None  # peft switched layers to some other adapter: set one before the next use
+            if self.prompt_cache is not None:
+                self.prompt_cache.invalidate(session_id)
 
     def _new_session_id(self, requested: str | None) -> str:
         if requested is None:
@@ -435,25 +444,34 @@ class ResidentBase:
             # Read under the lock that also guards every weight update: the weights that decode.
             stamps = {None: BASE_VERSION} | {name: self.get(name).version for name in adapters}
             if len({adapter for adapter, _ in checked}) > 1 and not can_mix(self.model, adapters):
-                results = [self._decode(decodings, [adapter] * len(decodings)) for adapter, decodings in checked]
+                results = [
+                    self._decode(decodings, [adapter] * len(decodings), stamps) for adapter, decodings in checked
+                ]
             else:
                 samples = self._decode(
                     [decoding for _, decodings in checked for decoding in decodings],
                     [adapter for adapter, decodings in checked for _ in decodings],
+                    stamps,
                 )
                 results = per_call(samples, checked)
         return stamped(checked, results, stamps)
 
-    def _decode(self, decodings: Sequence[Decoding], owners: Sequence[str | None]) -> list[list[SampledSequence]]:
+    def _decode(
+        self, decodings: Sequence[Decoding], owners: Sequence[str | None], versions: dict[str | None, str]
+    ) -> list[list[SampledSequence]]:
         """Decode each request through its owner's adapter: the plain one-adapter path when they
         all share one, else a mixed pass (the caller holds the lock and has checked that the
-        owners can mix)."""
+        owners can mix). Prompts start from their cached prefixes under the owner's weights
+        `versions`."""
         decode = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
+        prompts = None
+        if self.prompt_cache is not None:
+            prompts = CachedPrompts(self.prompt_cache, tuple((owner, versions[owner]) for owner in owners))
         if len(set(owners)) <= 1:
             with self._use(next(iter(owners), None)) as model:
-                return decode_alone(model, decodings, decode)
+                return decode_alone(model, decodings, decode, prompts)
         self._settle_active(next(owner for owner in owners if owner is not None))
-        return decode_mixed(self._peft, self.model, decodings, owners, decode)
+        return decode_mixed(self._peft, self.model, decodings, owners, decode, prompts)
 
     def sample_with(
         self, adapter_name: str | None, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int

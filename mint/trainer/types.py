@@ -250,6 +250,9 @@ class SampledSequence(_Frozen):
     # The version of the weights that generated it: `TrainingSession.version` of the adapter,
     # or "base" (every adapter disabled). Stamped by `ResidentBase.sample_batch`.
     adapter_version: str | None = None
+    # Tokens of its prompt read from the prompt cache rather than run (`mint.trainer.prompt_cache`);
+    # the same for every sample of one request.
+    prompt_cache_hit_tokens: int = 0
 
     @model_validator(mode="after")
     def _aligned(self) -> SampledSequence:

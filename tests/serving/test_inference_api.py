@@ -830,3 +830,20 @@ def test_production_feedback_becomes_the_next_version_that_fixes_what_it_correct
           f"delta {comparison.accuracy_delta:+.2f}")  # fmt: skip
     assert len(production) >= len(PRODUCTION_REQUESTS) // 2 and comparison.broken == []
     assert comparison.significant
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens(client: Any) -> None:
+    """The node's prompt cache: the second request of a prompt reads its whole blocks back
+    (16 tokens each, the last prompt token always run) and says so in OpenAI's usage field."""
+    prompt = "A prompt cache check. " + " ".join(f"word{i}" for i in range(30))
+    first = client.completions.create(model=BASE, prompt=prompt, max_tokens=2, temperature=0)
+    second = client.completions.create(model=BASE, prompt=prompt, max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == (second.usage.prompt_tokens - 1) // 16 * 16 > 0
+    assert second.choices[0].text == first.choices[0].text
+    chunks = list(
+        client.completions.create(
+            model=BASE, prompt=prompt, max_tokens=2, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens_details.cached_tokens

@@ -6,7 +6,8 @@ the base's queue). The worker that takes a request's message also claims up to
 SAMPLE_BATCH_CAP - 1 other pending requests of the same adapter on the same base, decodes them
 together (`ResidentBase.sample_batch`), and records each request's result, usage or failure on its
 own future; a request the base cannot run (a prompt too long) fails alone. A result holds what
-the request asked about its prompt (logprobs, top-k, target logprobs) and, with
+the request asked about its prompt (logprobs, top-k, target logprobs), how many of its
+prompt's tokens came from the resident base's prompt cache (`prompt_cache_hit_tokens`) and, with
 record_stability_info, each token's sampler logprob for `mint.services.tinker.provenance`. The
 trainer is imported only through the resident base, so importing this module imports no torch.
 """
@@ -231,5 +232,7 @@ def _sample_result(
             for sequence in sequences
         ],
         "prompt_logprobs": result.pop("prompt_logprobs", None),
+        # Prompt tokens read from the prompt cache (the same for each of the request's samples).
+        "prompt_cache_hit_tokens": sequences[0].prompt_cache_hit_tokens if sequences else 0,
         **result,
     }
