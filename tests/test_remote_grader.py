@@ -17,7 +17,7 @@ import json
 import os
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -79,8 +79,14 @@ def _answer(mode: str, items: list[dict[str, Any]], attempt: int) -> tuple[int, 
     return answers[mode]
 
 
-@pytest.fixture
-def server() -> Iterator[RewardServer]:
+# answer(mode, verified body, attempt of that mode) -> (HTTP status, body)
+Answer = Callable[[str, dict[str, Any], int], tuple[int, bytes]]
+
+
+@contextlib.contextmanager
+def signed_server(answer: Answer) -> Iterator[RewardServer]:
+    """A server on 127.0.0.1 that verifies each request's signature with its mode's secret (the
+    path is the mode), keeps it, and answers what `answer` says; `/slow` waits for `release`."""
     box: list[RewardServer] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -95,15 +101,15 @@ def server() -> Iterator[RewardServer]:
                 target.calls[mode] = attempt = target.calls.get(mode, 0) + 1
             if mode == "slow":
                 target.release.wait()
-                status, answer = 200, b'{"rewards": [1.0]}'
+                status, reply = 200, b'{"rewards": [1.0]}'
             else:
-                status, answer = _answer(mode, body["items"], attempt)
+                status, reply = answer(mode, body, attempt)
             self.send_response(status)
             self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(answer)))
+            self.send_header("content-length", str(len(reply)))
             self.end_headers()
             with contextlib.suppress(OSError):  # Mint stopped reading (an oversized answer, a timeout)
-                self.wfile.write(answer)
+                self.wfile.write(reply)
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -112,10 +118,18 @@ def server() -> Iterator[RewardServer]:
     box.append(RewardServer(base=f"http://127.0.0.1:{http.server_address[1]}"))
     thread = threading.Thread(target=http.serve_forever, daemon=True)
     thread.start()
-    yield box[0]
-    box[0].release.set()
-    http.shutdown()
-    thread.join(timeout=10)
+    try:
+        yield box[0]
+    finally:
+        box[0].release.set()
+        http.shutdown()
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def server() -> Iterator[RewardServer]:
+    with signed_server(lambda mode, body, attempt: _answer(mode, body["items"], attempt)) as started:
+        yield started
 
 
 def add_endpoint(client: TestClient, tenant: Tenant, server: RewardServer, mode: str, role: str = "developer") -> Any:

@@ -13,17 +13,12 @@ a run or a job names it.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from standardwebhooks.webhooks import Webhook as Verifier
 
 from mint.config import Settings
 from mint.evals.benchmark import BenchmarkTask
@@ -32,20 +27,7 @@ from mint.schemas.remote_environments import MAX_OBSERVATION_BYTES
 from mint.services.evals.remote_environments import acting_for
 from tests.conftest import Tenant
 from tests.evals.test_evals_api import create_benchmark, jsonl
-
-
-@dataclass
-class Server:
-    """An environment server on 127.0.0.1 whose path picks how it answers; every request is kept."""
-
-    base: str
-    secrets_by_mode: dict[str, str] = field(default_factory=dict)
-    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def of(self, mode: str) -> list[dict[str, Any]]:
-        with self.lock:
-            return [body for path, body in self.requests if path == mode]
+from tests.test_remote_grader import RewardServer, signed_server
 
 
 def _observation(mode: str, body: dict[str, Any]) -> tuple[int, bytes]:
@@ -77,39 +59,13 @@ def _observation(mode: str, body: dict[str, Any]) -> tuple[int, bytes]:
 
 
 @pytest.fixture
-def server() -> Iterator[Server]:
-    box: list[Server] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            target = box[0]
-            mode = self.path.strip("/")
-            raw = self.rfile.read(int(self.headers["content-length"]))
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            body = dict(Verifier(target.secrets_by_mode[mode]).verify(raw, headers))  # raises if not signed
-            with target.lock:
-                target.requests.append((mode, body))
-            status, answer = _observation(mode, body)
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(answer)))
-            self.end_headers()
-            with contextlib.suppress(OSError):  # Mint stopped reading an oversized answer
-                self.wfile.write(answer)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    box.append(Server(base=f"http://127.0.0.1:{http.server_address[1]}"))
-    thread = threading.Thread(target=http.serve_forever, daemon=True)
-    thread.start()
-    yield box[0]
-    http.shutdown()
-    thread.join(timeout=10)
+def server() -> Iterator[RewardServer]:
+    """An environment server on 127.0.0.1 whose path picks how it answers; every request is kept."""
+    with signed_server(lambda mode, body, attempt: _observation(mode, body)) as started:
+        yield started
 
 
-def register(client: TestClient, tenant: Tenant, server: Server, modes: Sequence[str]) -> None:
+def register(client: TestClient, tenant: Tenant, server: RewardServer, modes: Sequence[str]) -> None:
     """One endpoint per mode, named as the mode; the server checks each one's signatures."""
     for mode in modes:
         body = {"name": mode, "url": f"{server.base}/{mode}"}
@@ -140,7 +96,7 @@ def calling_model(requests: Sequence[GenerateRequest]) -> list[Generation]:
 
 
 def test_an_episode_is_played_turn_by_turn_and_failures_stay_on_their_trajectories(
-    client: TestClient, prepared: Settings, tenant: Tenant, server: Server
+    client: TestClient, prepared: Settings, tenant: Tenant, server: RewardServer
 ) -> None:
     modes = ["ok", "broken", "garbage", "huge", "endless"]
     register(client, tenant, server, modes)
@@ -179,7 +135,7 @@ def test_an_episode_is_played_turn_by_turn_and_failures_stay_on_their_trajectori
 
 
 def test_runs_and_jobs_naming_an_unknown_environment_server_are_refused(
-    client: TestClient, tenant: Tenant, server: Server
+    client: TestClient, tenant: Tenant, server: RewardServer
 ) -> None:
     dev = tenant.headers("developer")
     tasks = [{"id": "t", "messages": [{"role": "user", "content": "x"}], "environment": task("nowhere").environment}]
