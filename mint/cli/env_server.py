@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -58,13 +59,7 @@ def env_server(
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     try:
-        if not secret:
-            raise errors.InvalidRequest(
-                "give the endpoint's secret (--secret whsec_... or MINT_ENVIRONMENT_SECRET): requests are always "
-                "signed and checked",
-                param="secret",
-            )
-        check_secret(secret, server.SECRET_VARIABLE)
+        secret = check_secret(secret, server.SECRET_VARIABLE)
         if not environment.is_file():
             raise errors.InvalidRequest(
                 f"no file {environment}: give the environment's module file", param="environment"
@@ -76,7 +71,7 @@ def env_server(
         if not isinstance(arguments, dict):
             raise errors.InvalidRequest("--taskset-args must be a JSON object", param="taskset_args")
         process = server.EpisodeProcess(
-            environment, python=python or server.default_python(), harness=harness, taskset_args=arguments
+            environment, python=python or sys.executable, harness=harness, taskset_args=arguments
         )
     except errors.InvalidRequest as exc:
         stderr.print(f"[red]error:[/red] {escape(exc.message)}")

@@ -24,9 +24,14 @@ SECRET_PREFIX = "whsec_"
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
 
 
-def check_secret(secret: str, variable: str) -> str:
-    """The secret if it is one Mint gives (`whsec_` and base64), else InvalidRequest; `variable` is
-    the environment variable a user may set it in."""
+def check_secret(secret: str | None, variable: str) -> str:
+    """The secret if it is one Mint gives (`whsec_` and base64), else InvalidRequest (none given,
+    or not such a secret); `variable` is the environment variable a user may set it in."""
+    if not secret:
+        raise errors.InvalidRequest(
+            f"give the endpoint's secret (--secret whsec_... or {variable}): requests are always signed and checked",
+            param="secret",
+        )
     try:
         key = base64.b64decode(secret.removeprefix(SECRET_PREFIX), validate=True)
     except (binascii.Error, ValueError):

@@ -6,7 +6,8 @@ same URL, secret and signing as a reward server) and named by a task's or a job'
 spec, `{"name": "remote", "config": {"endpoint": ..., "task": ...}}` (`RemoteEnvironmentConfig`).
 Mint POSTs a signed JSON body whose `type` is one of:
 
-- `environment.tasks` -> `{"tasks": [EnvironmentTask, ...]}`: what the environment offers;
+- `environment.tasks` -> `{"tasks": [{"index", "id", "name", "prompt", "system_prompt"}, ...]}`:
+  what the environment offers (for the team's own tooling; Mint names tasks by index);
 - `environment.start` with `task` (the index) -> an `Observation`: the conversation of the
   episode's first model call (its system prompt, prompt and the tools it offers);
 - `environment.step` with `episode` and `message` (the assistant's turn) -> the next
@@ -66,24 +67,6 @@ class RemoteEnvironmentConfig(BaseModel):
     )
     timeout_s: float = Field(default=120.0, gt=0.0, le=MAX_TIMEOUT_S, description="The deadline of one call.")
     retries: int = Field(default=2, ge=0, le=MAX_RETRIES, description="Retries after a 5xx, 429 or connection error.")
-
-
-class EnvironmentTask(BaseModel):
-    """One task an environment server offers: its index, and what identifies and shows it."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    index: int = Field(ge=0)
-    id: str | None = None
-    name: str | None = None
-    prompt: str | list[dict[str, Any]] | None = None
-    system_prompt: str | None = None
-
-
-class TaskList(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    tasks: list[EnvironmentTask]
 
 
 class Observation(BaseModel):

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
@@ -199,8 +198,3 @@ def create_app(process: EpisodeProcess, secret: str, *, max_request_bytes: int =
     return Starlette(
         routes=[Route("/health", health, methods=["GET"]), Route("/{path:path}", environment, methods=["POST"])]
     )
-
-
-def default_python() -> str:
-    """The Python the environment process runs with, when neither --python nor MINT_VERIFIERS_PYTHON says."""
-    return sys.executable

@@ -31,12 +31,9 @@ from mint.schemas.remote_environments import (
     ENVIRONMENT_CLOSE_TYPE,
     ENVIRONMENT_START_TYPE,
     ENVIRONMENT_STEP_TYPE,
-    ENVIRONMENT_TASKS_TYPE,
     MAX_OBSERVATION_BYTES,
-    EnvironmentTask,
     Observation,
     RemoteEnvironmentConfig,
-    TaskList,
 )
 from mint.services.evals.team_endpoints import EndpointFailed, TeamEndpoints, excerpt
 
@@ -150,28 +147,15 @@ class RemoteEnvironment:
         return f"environment server {self.config.endpoint!r}: " + "; ".join(parts)
 
 
-def remote_environment_factory(endpoints: TeamEndpoints) -> Callable[[RemoteEnvironmentConfig], RemoteEnvironment]:
-    """What makes a fresh episode of a remote environment spec's config, on `endpoints`."""
-    return lambda config: RemoteEnvironment(endpoints, config)
-
-
-def list_tasks(endpoints: TeamEndpoints, endpoint: str, *, timeout_s: float = 60.0) -> list[EnvironmentTask]:
-    """The tasks an environment server offers."""
-    config = RemoteEnvironmentConfig(endpoint=endpoint, task=0, timeout_s=timeout_s)
-    answer = _call(endpoints, config, {"type": ENVIRONMENT_TASKS_TYPE})
-    try:
-        return TaskList.model_validate_json(answer).tasks
-    except ValidationError as exc:
-        raise EnvironmentUnavailable(
-            f"environment server {endpoint!r}: malformed task list: {exc.errors()[0]['msg']}: {excerpt(answer)}"
-        ) from None
-
-
 def environments_for(
     settings: Settings, organization_id: str
 ) -> Callable[[Mapping[str, Any], Mapping[str, Any] | None], Callable[[], AgentEnvironment] | None]:
     """An RL job's `environment_for`: `make_environment` with the organization's environment servers."""
-    remote = remote_environment_factory(TeamEndpoints.of(settings, organization_id))
+    endpoints = TeamEndpoints.of(settings, organization_id)
+
+    def remote(config: RemoteEnvironmentConfig) -> RemoteEnvironment:
+        return RemoteEnvironment(endpoints, config)
+
     return lambda row, job_environment: make_environment(row, job_environment, remote)
 
 
