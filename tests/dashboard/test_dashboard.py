@@ -726,7 +726,7 @@ def test_on_a_fresh_platform_the_dashboard_alone_starts_an_eval_a_job_and_a_depl
 
     # A benchmark from a file of tasks.
     nav(page, "Benchmarks").click()
-    expect(page.locator(".empty")).to_contain_text("create one with the form above")
+    expect(page.get_by_text("No benchmarks yet: create one with the form above.")).to_be_visible()
     form = page.locator("form#create-benchmark")
     form.get_by_label("Name", exact=True).fill(BENCHMARK)
     form.get_by_label("Tasks file", exact=True).set_input_files(benchmark_file())
