@@ -232,7 +232,8 @@ def test_episodes_in_a_scripted_tool_environment_take_several_turns(
 ) -> None:
     """tiny-glm-moe, warm-started by SFT on one solved episode (call ping, read pong, answer),
     then RL in the row's scripted environment: episodes call the tool, get its result as the
-    next observation, and answer in a second turn."""
+    next observation, and answer in a second turn. Eight episodes, not four: after 60 steps a
+    sampled call is right often but not always, and four draws can all miss it."""
     tokenizer = resident.tokenizer
     solved = [
         *PING_ROW["messages"],
@@ -248,12 +249,12 @@ def test_episodes_in_a_scripted_tool_environment_take_several_turns(
     )
     make = make_environment(PING_ROW, None)
     limits = EpisodeLimits(max_turns=3, max_tokens=24, temperature=1.0)
-    episodes = run_episodes(session, tokenizer, make, 4, limits, 6)
+    episodes = run_episodes(session, tokenizer, make, 8, limits, 6)
     several = [episode for episode in episodes if len(episode.turns) > 1]
     assert several, [[t.message["content"] for t in e.turns] for e in episodes]
     # Played together with another group, in one batch per turn, the group's episodes are
     # the same: each episode's seeds are its own, whatever else is in the batch.
-    together = EpisodeGroups(tokenizer, [(make, 6), (make, 7)], 4, limits)
+    together = EpisodeGroups(tokenizer, [(make, 6), (make, 7)], 8, limits)
     play(session, together)
     assert [(e.tokens, e.stop_reason) for e in together.episodes[0]] == [(e.tokens, e.stop_reason) for e in episodes]
     assert [e.tokens for e in together.episodes[1]] != [e.tokens for e in episodes]
