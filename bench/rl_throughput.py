@@ -33,7 +33,9 @@ per second (sampled completion tokens that the loss covered), mean seconds per s
 first step's seconds, peak RSS, the mean reward and the share of groups whose rewards differed
 (the groups that carry a gradient), the model FLOP utilisation (MFU: 2N FLOPs per sampled token
 and 6N per trained token, N the base's parameters, per second, over the matmul peak each
-contestant's process measures at its start in the same dtype on the same threads), and a last
+contestant's process measures at its start in the same dtype on the same threads), the decode
+MFU (2N FLOPs per sampled token over the seconds spent sampling alone: Mint's `sample_batch`
+calls, TRL's `generate`) and the share of a step those seconds are, and a last
 row of Mint/TRL ratios of each column (above 1 in s/step means Mint is slower). Each
 contestant's 1-minute load average before and after its run is printed too: other work on the
 same cores slows a contestant's steps, so compare runs made on an otherwise idle machine.
@@ -68,7 +70,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,10 +146,21 @@ class StepClock:
         self.samples_per_step = samples_per_step
         self.trained_tokens = 0  # running count, added to by the trainer's loss pass
         self.sampled_tokens = 0  # running count of completion tokens generated
+        self.decode_seconds = 0.0  # running time spent sampling (prefill and decode)
         self.steps: list[dict[str, float]] = []
         self._last = 0.0
         self._counted = 0
         self._sampled = 0
+        self._decoding = 0.0
+
+    @contextmanager
+    def decoding(self) -> Iterator[None]:
+        """Count the time inside as sampling time."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.decode_seconds += time.perf_counter() - started
 
     def start(self) -> None:
         self._last = time.perf_counter()
@@ -159,9 +173,11 @@ class StepClock:
                 "samples": self.samples_per_step,
                 "trained_tokens": self.trained_tokens - self._counted,
                 "sampled_tokens": self.sampled_tokens - self._sampled,
+                "decode_seconds": self.decode_seconds - self._decoding,
             }
         )
         self._last, self._counted, self._sampled = now, self.trained_tokens, self.sampled_tokens
+        self._decoding = self.decode_seconds
 
 
 # ---- Mint --------------------------------------------------------------------------------------
@@ -191,7 +207,8 @@ class CountingPolicy:
         return self.session.looping()
 
     def sample_batch(self, requests: Any) -> Any:
-        results = self.session.sample_batch(requests)
+        with self.clock.decoding():
+            results = self.session.sample_batch(requests)
         self.clock.sampled_tokens += sum(len(sequence.tokens) for result in results for sequence in result)
         return results
 
@@ -340,6 +357,13 @@ def run_trl(args: argparse.Namespace) -> list[dict[str, float]]:
     rows = [{"prompt": chat(PROMPTS[i][0]), "targets": PROMPTS[i][1]} for i in step_prompts(args)]
     samples = args.prompts_per_step * args.group_size
     clock = StepClock(samples)
+    generate = model.generate  # what TRL's sampling ends in, through peft: timed as sampling
+
+    def timed_generate(*generate_args: Any, **generate_kwargs: Any) -> Any:
+        with clock.decoding():
+            return generate(*generate_args, **generate_kwargs)
+
+    model.generate = timed_generate
 
     class CountingTrainer(GRPOTrainer):  # counts the completion tokens each loss pass covers
         def compute_loss(self, model: Any, inputs: dict[str, Any], *rest: Any, **kwargs: Any) -> Any:
@@ -442,6 +466,9 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     steps = result["steps"]
     timed = steps[1:] or steps
     seconds = sum(step["seconds"] for step in timed)
+    sampled = sum(step.get("sampled_tokens", 0) for step in timed)
+    decoding = sum(step.get("decode_seconds", 0.0) for step in timed)
+    peak = result["peak_flops"]
     return {
         "samples_per_s": sum(step["samples"] for step in timed) / seconds,
         "tokens_per_s": sum(step["trained_tokens"] for step in timed) / seconds,
@@ -457,6 +484,9 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
         )
         / seconds
         / result["peak_flops"],
+        # Sampling alone: 2N FLOPs per sampled token over the time spent sampling.
+        "decode_mfu": precision.model_flops(result["parameters"], sampled, 0) / max(decoding, 1e-9) / peak,
+        "decode_share": decoding / seconds,
         "peak_gflops": result["peak_flops"] / 1e9,
     }
 
@@ -471,6 +501,8 @@ COLUMNS = (
     ("mean reward", 12, "reward"),
     ("groups w/ signal", 17, "groups_with_signal"),
     ("MFU", 7, "mfu"),
+    ("decode MFU", 11, "decode_mfu"),
+    ("decode share", 13, "decode_share"),
     ("peak GFLOP/s", 13, "peak_gflops"),
 )
 FORMATS = {
@@ -478,6 +510,8 @@ FORMATS = {
     "reward": "{:.3f}",
     "groups_with_signal": "{:.0%}",
     "mfu": "{:.2%}",
+    "decode_mfu": "{:.2%}",
+    "decode_share": "{:.0%}",
     "peak_gflops": "{:.0f}",
 }
 

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from mint.errors import InvalidRequest
+from mint.trainer.kv_cache import reserve
 from mint.trainer.packing import token_logprobs, top_logprobs
 from mint.trainer.prompt_cache import CachedPrompts, Spliced
 from mint.trainer.types import SampledSequence, SampleRequest, SamplingParams
@@ -106,7 +107,7 @@ def draw(
     logits_B_V = logits_B_V.float()
     if params.temperature == 0.0:
         return logits_B_V.argmax(dim=-1), logits_B_V.new_zeros(logits_B_V.shape[0])
-    scaled_B_V = logits_B_V / params.temperature
+    scaled_B_V = logits_B_V / params.temperature if params.temperature != 1.0 else logits_B_V
     if params.top_k != -1 and params.top_k < scaled_B_V.shape[-1]:
         kth_B_1 = scaled_B_V.topk(params.top_k, dim=-1).values[:, -1:]
         scaled_B_V = scaled_B_V.masked_fill(scaled_B_V < kth_B_1, float("-inf"))
@@ -131,8 +132,13 @@ def _inverse_cdf(probs_B_V: torch.Tensor, generator: torch.Generator) -> torch.T
     cdf_B_V = probs_B_V.cumsum(dim=-1)
     uniform_B_1 = torch.rand((probs_B_V.shape[0], 1), generator=generator, device=probs_B_V.device)
     chosen_B = torch.searchsorted(cdf_B_V, uniform_B_1 * cdf_B_V[:, -1:], right=True).squeeze(-1)
-    last_positive_B = probs_B_V.shape[-1] - 1 - (probs_B_V > 0).flip(-1).int().argmax(dim=-1)
-    return torch.minimum(chosen_B, last_positive_B)
+    # Below the top, the first cumulative value past the number rises there: a token of positive
+    # probability. Only a number at the top (past the end) needs the last positive token.
+    vocab = probs_B_V.shape[-1]
+    if bool((chosen_B >= vocab).any()):
+        last_positive_B = vocab - 1 - (probs_B_V > 0).flip(-1).int().argmax(dim=-1)
+        chosen_B = torch.minimum(chosen_B, last_positive_B)
+    return chosen_B
 
 
 def choose_tokens(logits_B_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
@@ -321,9 +327,18 @@ def generate_batch(
     device = model.get_input_embeddings().weight.device
     requests = [_Request(decoding, device) for decoding in decodings]
     order = {id(request): index for index, request in enumerate(requests)}
-    cache, mask_B_T, logits_B_V = _prefill(model, requests, device, rows_context, prompts)
+    cache, prompt_mask_B_T, logits_B_V = _prefill(model, requests, device, rows_context, prompts)
+    steps = max(decoding.max_new_tokens for decoding in decodings)
+    # Room for every step's keys and values, and the whole decode's mask, made once: a step
+    # writes into the cache and reads the first columns of the mask.
+    reserve(cache, steps)
+    prompt_width = prompt_mask_B_T.shape[1]
+    mask_B_W = torch.cat([prompt_mask_B_T, prompt_mask_B_T.new_ones((prompt_mask_B_T.shape[0], steps))], dim=1)
+    prompt_lengths_B = torch.tensor(
+        [len(request.prompt) for request in requests for _ in range(request.num_rows)], dtype=torch.long, device=device
+    )
     live = list(requests)  # the requests still decoding; their rows lie in this order, contiguous
-    for step in range(max(decoding.max_new_tokens for decoding in decodings)):
+    for step in range(steps):
         chosen, drawn = [], []
         start = 0
         for request in live:
@@ -350,19 +365,13 @@ def generate_batch(
             # Finished requests leave: their rows go from the cache, the mask and the next input.
             index_B = torch.tensor(kept_rows, dtype=torch.long, device=device)
             cache.batch_select_indices(index_B)
-            mask_B_T, next_B = mask_B_T[index_B], next_B[index_B]
+            mask_B_W, prompt_lengths_B, next_B = mask_B_W[index_B], prompt_lengths_B[index_B], next_B[index_B]
             live = kept
-        positions_B_1 = torch.tensor(
-            [[len(request.prompt) + step] for request in live for _ in range(request.num_rows)],
-            dtype=torch.long,
-            device=device,
-        )
-        mask_B_T = torch.cat([mask_B_T, mask_B_T.new_ones((mask_B_T.shape[0], 1))], dim=1)
         with rows_context([(order[id(request)], request.num_rows) for request in live]):
             output = model(
                 input_ids=next_B.unsqueeze(-1),
-                attention_mask=mask_B_T,
-                position_ids=positions_B_1,
+                attention_mask=mask_B_W[:, : prompt_width + step + 1],
+                position_ids=(prompt_lengths_B + step).unsqueeze(-1),
                 cache=cache,
                 use_cache=True,
             )

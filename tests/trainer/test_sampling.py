@@ -5,6 +5,7 @@ different lengths and their own parameters, each sampled as it would be alone.""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -280,3 +281,29 @@ def test_a_batch_with_a_bad_request_is_refused_before_it_runs(resident: Resident
         with pytest.raises(InvalidRequest):
             trained.sample_batch([*MIXED, bad])
     assert trained.sample_batch([]) == []
+
+
+def test_decoding_writes_a_preallocated_cache_with_the_samples_of_a_growing_one(
+    trained: TrainingSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every step writes its keys and values into buffers sized once for the decode (none grows),
+    and the samples are exactly those of transformers' cache grown by concatenation."""
+    from mint.trainer import kv_cache, sampling
+
+    grown: list[int] = []
+    writes: list[int] = []
+    write = kv_cache.PreallocatedLayer.update
+    monkeypatch.setattr(kv_cache.PreallocatedLayer, "_grow", lambda layer, capacity: grown.append(capacity))
+
+    def counted_write(layer: kv_cache.PreallocatedLayer, *args: Any, **kwargs: Any) -> Any:
+        writes.append(1)
+        return write(layer, *args, **kwargs)
+
+    monkeypatch.setattr(kv_cache.PreallocatedLayer, "update", counted_write)
+    preallocated = trained.sample_batch(MIXED)
+    assert writes and grown == []
+    monkeypatch.setattr(sampling, "reserve", lambda cache, extra: None)
+    for samples, other in zip(preallocated, trained.sample_batch(MIXED), strict=True):
+        assert [(s.tokens, s.logprobs, s.sampler_logprobs) for s in samples] == [
+            (s.tokens, s.logprobs, s.sampler_logprobs) for s in other
+        ]
