@@ -4,9 +4,15 @@
 #   1. Mint's worker group, 1 rank on NCCL (bench/worker_group.py --nproc 1: the base sharded
 #      with FSDP2, LoRA through the group's ResidentBase, full-parameter training), against one
 #      process on the same GPU;
-#   2. LoRA training throughput and MFU of Mint's trainer on a seeded 0.9B dense base
+#   2. the data-parallel worker group on NCCL, one GPU per rank (bench/worker_group.py --nproc
+#      N, N the GPUs up to 4): each rank runs 1/N of each step's rows. Expected: LoRA and
+#      full-parameter s/step falling towards 1/N of one process's (tokens/s near N times), and
+#      the base's weights per rank about 1/N. NCCL cannot put two ranks of one group on one
+#      GPU, so on a one-GPU machine the step says so and is skipped (the split's equality to one
+#      process is tested on gloo ranks by tests/distributed/test_data_parallel.py);
+#   3. LoRA training throughput and MFU of Mint's trainer on a seeded 0.9B dense base
 #      (bench/gpu_train_mfu.py; nothing downloaded);
-#   3. the Engine contract suite against vLLM on the MoE base tiny-glm-moe (LoRA on attention
+#   4. the Engine contract suite against vLLM on the MoE base tiny-glm-moe (LoRA on attention
 #      and on the routed experts), vLLM running in a venv of its own with the CUDA wheel
 #      (installed there with pip when missing: that step needs the package index).
 #
@@ -82,9 +88,18 @@ vllm_contract() {
 # The limits add up to ten minutes; the steps usually take well under them.
 export ROOT PY VLLM_CUDA_VENV
 export -f vllm_contract
-step "worker group, 1 rank on NCCL (FSDP2)" 90 "$PY" bench/worker_group.py --nproc 1 --steps 4
-step "LoRA throughput and MFU, 0.9B dense" 210 "$PY" bench/gpu_train_mfu.py --steps "$STEPS"
-step "vLLM engine contract, MoE LoRA (tiny-glm-moe)" 300 bash -c vllm_contract
+GPUS="$(nvidia-smi -L | grep -c '^GPU')"
+step "worker group, 1 rank on NCCL (FSDP2)" 80 "$PY" bench/worker_group.py --nproc 1 --steps 4
+if [ "$GPUS" -ge 2 ]; then
+    step "data-parallel worker group, $((GPUS < 4 ? GPUS : 4)) ranks on NCCL" 80 \
+        "$PY" bench/worker_group.py --nproc "$((GPUS < 4 ? GPUS : 4))" --steps 4
+else
+    echo
+    echo "== data-parallel worker group: skipped (one GPU; NCCL needs a GPU per rank)"
+    SUMMARY+=("skipped data-parallel worker group (one GPU)")
+fi
+step "LoRA throughput and MFU, 0.9B dense" 190 "$PY" bench/gpu_train_mfu.py --steps "$STEPS"
+step "vLLM engine contract, MoE LoRA (tiny-glm-moe)" 250 bash -c vllm_contract
 
 echo
 echo "== summary"

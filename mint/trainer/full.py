@@ -7,14 +7,17 @@ Adam moments: about four times the base's size. It offers the same `forward`,
 a whole transformers checkpoint (safetensors) instead of an adapter.
 
 On a worker group (`group`), the copy, its gradients and its moments are sharded over the ranks
-with FSDP2, so a base whose training state does not fit one device trains on several; its
-resumable state is written with torch.distributed.checkpoint, shard by shard.
+with FSDP2, so a base whose training state does not fit one device trains on several. Each rank
+reads only its shards: of the base's (or a whole-model version's) safetensors when the trainer
+is built (`sharded_loading`), and of its resumable state, written with
+torch.distributed.checkpoint shard by shard, when it resumes (`load_state`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +25,12 @@ import torch
 
 from mint.errors import InvalidRequest
 from mint.schemas.base_models import BaseModelSpec
+from mint.trainer.data_parallel import replicated_parameters, score_split, summing_sharded_gradients
 from mint.trainer.group import Group
 from mint.trainer.models import load_base_model
 from mint.trainer.optimizer import AdapterOptimizer
 from mint.trainer.scoring import ModelLimits, ScoreRequest, score
+from mint.trainer.sharded_loading import load_sharded_base
 from mint.trainer.types import AdamParams, Datum, ForwardOutput
 
 
@@ -41,14 +46,19 @@ class FullParameterTrainer:
         device: str = "cpu",
         group: Group | None = None,
     ) -> None:
-        self.model, self.tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
+        if group is None:
+            self.model, self.tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
+        else:  # every rank reads only its shards of the weights (`sharded_loading`)
+            self.model, self.tokenizer = load_sharded_base(spec, cache_dir, group, dtype=dtype)
         self.model.requires_grad_(True)
         self.limits = ModelLimits.of(self.model, spec.context_length)
         # On a worker group every rank runs the same calls (SPMD) on its shard of every weight,
-        # gradient and moment; FSDP2 averages the gradients over the ranks.
+        # gradient and moment, and its share of each batch's rows (`data_parallel`); FSDP2 sums
+        # the ranks' gradients.
         self.group = group
         if group is not None:
-            group.shard(self.model)
+            summing_sharded_gradients(self.model)
+        self._replicated = replicated_parameters(self.model) if group is not None else []
         self.optimizer = AdapterOptimizer(dict(self.model.named_parameters()))
         self.step = 0
         self._lock = threading.Lock()
@@ -65,6 +75,17 @@ class FullParameterTrainer:
                 param="loss_fn",
             )
         with self._lock:
+            if self.group is not None and self.group.world_size > 1:
+                return score_split(
+                    self.group,
+                    self.model,
+                    [request],
+                    backward=backward,
+                    reference=lambda _: [],
+                    running=lambda _: nullcontext(),
+                    share_prefixes=True,
+                    replicated=self._replicated,
+                )[0]
             return score(
                 self.model, request.data, request.loss, request.config, backward=backward, reference=lambda _: []
             )
@@ -97,7 +118,9 @@ class FullParameterTrainer:
         return Path(folder)
 
     def load_state(self, folder: Path) -> None:
-        """Resume from a state `save_state` wrote, on any number of ranks (every rank calls it)."""
+        """Resume from a state `save_state` wrote, on any number of ranks (every rank calls it). DCP
+        loads into the sharded state dict in place: each rank reads only the parts of the files
+        that overlap its own shards."""
         import torch.distributed.checkpoint as dcp
 
         with self._lock, torch.no_grad():

@@ -6,6 +6,16 @@ launched by torchrun's elastic agent). Each rank holds 1/N of the base's weights
 all-gathers one layer at a time. LoRA adapters are small and replicated: every rank holds the
 whole adapter and its Adam moments, and computes the same update.
 
+The ranks also split the work: a `forward` or `forward_backward` runs each rank's share of the
+batch's rows, its gradients summed over the ranks (an all_reduce of the replicated adapters,
+FSDP2's reduce-scatter of sharded weights) and its logprobs gathered, so that every rank ends
+the call with one process's gradients and outputs (`mint.trainer.data_parallel`). Decoding is
+not split: every rank samples the whole batch.
+
+Each rank builds the model on the meta device, shards it, and reads only its own rows of each
+weight from the base's safetensors files (`mint.trainer.sharded_loading`): no host ever holds
+the whole base, so one larger than a host's memory loads.
+
 Rank 0 is an ordinary Mint worker: it consumes the broker's queues, speaks to the database and
 the object store, and runs jobs, evals and Tinker models unchanged. The other ranks own no
 state of their own: they follow rank 0's commands. Every `ResidentBase` / `TrainingSession`
@@ -145,9 +155,12 @@ class Group:
     def shard(self, model: nn.Module) -> nn.Module:
         """Shard `model`'s weights over the group with FSDP2: every decoder layer, then the rest of
         the decoder (embeddings, final norm) and the LM head, each a unit of its own (the PEFT
-        wrapper calls the decoder's forward directly, so the outer model gets no unit). Weights
-        loaded in host memory move to this rank's device as they are sharded: the device only
-        ever holds this rank's share. Local to this rank (no collective)."""
+        wrapper calls the decoder's forward directly, so the outer model gets no unit). FSDP2
+        splits dim 0 of every parameter over the ranks. Weights loaded in host memory move to this
+        rank's device as they are sharded: the device only ever holds this rank's share. A model
+        on the meta device stays there, for `sharded_loading` to allocate and fill this rank's
+        shards alone. A head tied to the input embeddings becomes a parameter of its own, each
+        rank holding its rows. Local to this rank (no collective)."""
         from torch.distributed.fsdp import fully_shard
 
         mesh = self.mesh
@@ -202,7 +215,7 @@ class Group:
 
     def in_turn(self) -> Iterator[int]:
         """Yield once on each rank, one rank after another (rank 0 first), so that what each does
-        then (loading a whole base into host memory before sharding it) never overlaps."""
+        then (pulling the base into its cache, `sharded_loading`) never overlaps."""
         for turn in range(self.world_size):
             if turn == self.rank:
                 yield turn

@@ -1,4 +1,6 @@
-"""Host memory of large training passes on the CPU: freed blocks go back to the system.
+"""Host memory of large training passes on the CPU: freed blocks go back to the system. Also
+how a process reads its resident memory and its peak (`resident_peak_bytes`), by which a worker
+group's sharded loading is measured.
 
 glibc's malloc serves a large request from a mapping of its own only until the first such block
 is freed; then it raises its mapping threshold (up to 32 MiB) and serves activation-sized tensors
@@ -94,3 +96,39 @@ def share_one_arena() -> None:
     libc = _glibc()
     if libc is not None:
         libc.mallopt(M_ARENA_MAX, 1)
+
+
+# ---- measuring --------------------------------------------------------------------------------
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux's VmRSS; 0 where there is no /proc)."""
+    return _status_bytes("VmRSS")
+
+
+def resident_peak_bytes() -> int:
+    """This process's peak resident memory since it started or since `reset_resident_peak`
+    (Linux's VmHWM; 0 where there is no /proc)."""
+    return _status_bytes("VmHWM")
+
+
+def reset_resident_peak() -> bool:
+    """Start `resident_peak_bytes` again from the current resident memory (Linux's clear_refs);
+    False where the kernel does not allow it, and the peak then still counts from the start."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def _status_bytes(field: str) -> int:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
+    return 0

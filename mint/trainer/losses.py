@@ -33,6 +33,9 @@ class Loss:
     defaults: Mapping[str, float] = field(default_factory=dict)
     # DPO compares with the base model: the session fills `ref_logprobs` with the adapter disabled.
     needs_reference: bool = False
+    # How many consecutive data one term of the sum reads (DPO: a chosen and a rejected datum);
+    # a batch split over a worker group's ranks (`data_parallel`) never separates them.
+    data_per_term: int = 1
 
     def resolve_config(self, config: Mapping[str, float] | None) -> dict[str, float]:
         """Defaults overlaid with `config`; unknown keys are refused with the known ones listed."""
@@ -341,5 +344,12 @@ for _name, _fn, _inputs in (
 ):
     register_loss(Loss(_name, _fn, _inputs, defaults=LOSS_CONFIG_DEFAULTS[_name]))
 register_loss(
-    Loss("dpo", dpo, frozenset({"target_tokens"}), defaults=LOSS_CONFIG_DEFAULTS["dpo"], needs_reference=True)
+    Loss(
+        "dpo",
+        dpo,
+        frozenset({"target_tokens"}),
+        defaults=LOSS_CONFIG_DEFAULTS["dpo"],
+        needs_reference=True,
+        data_per_term=2,
+    )
 )

@@ -53,7 +53,8 @@ def _transformers() -> ModuleType:
     return transformers
 
 
-def _torch_dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a spec or an option names (`float32`, `bfloat16`, `float16`)."""
     import torch
 
     dtype = getattr(torch, name, None)
@@ -212,7 +213,7 @@ def build_base_model(spec: BaseModelSpec) -> tuple[PreTrainedModel, PreTrainedTo
             f"max_position_embeddings {positions}; make them equal",
             param="context_length",
         )
-    model = model.to(_torch_dtype(spec.dtype))
+    model = model.to(torch_dtype(spec.dtype))
     model.eval()
     return model, tokenizer
 
@@ -394,20 +395,27 @@ def load_base_model(
     "auto" (transformers' device_map, to spread a large base over the visible GPUs).
     """
     folder = pull_base_model(spec, cache_dir)
-    torch_dtype = _torch_dtype(dtype) if isinstance(dtype, str) else dtype
-    transformers = _transformers()
-    model_class = getattr(transformers, spec.model_class_name)
-    model = model_class.from_pretrained(
+    model_dtype = torch_dtype(dtype) if isinstance(dtype, str) else dtype
+    model = base_model_class(spec).from_pretrained(
         folder,
-        dtype=torch_dtype or _torch_dtype(spec.dtype),
+        dtype=model_dtype or torch_dtype(spec.dtype),
         device_map=device,
         local_files_only=True,
         use_safetensors=True,
     )
     model.eval()
+    return model, base_tokenizer(spec, folder)
+
+
+def base_model_class(spec: BaseModelSpec) -> type[PreTrainedModel]:
+    """The transformers class of the spec's architecture."""
+    model_class: type[PreTrainedModel] = getattr(_transformers(), spec.model_class_name)
+    return model_class
+
+
+def base_tokenizer(spec: BaseModelSpec, folder: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of the base pulled into `folder` (`pull_base_model`), offline."""
     if isinstance(spec.source, LocalPath):
-        tokenizer = _tokenizer_from_source(spec, folder)
-    else:
-        # A pulled folder is self-contained: its tokenizer and chat template were saved with it.
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    return model, tokenizer
+        return _tokenizer_from_source(spec, folder)
+    # A pulled folder is self-contained: its tokenizer and chat template were saved with it.
+    return _transformers().AutoTokenizer.from_pretrained(folder, local_files_only=True)

@@ -14,6 +14,14 @@ before the head. The tests check that batched logprobs equal one-forward-per-dat
 The real positions are then gathered, in data order, into one flat run of N tokens: the head,
 the losses and the callers see data end to end, as before.
 
+A pass of one adapter on an sdpa model runs the decoder on the data end to end instead (one row
+of N real tokens, `DataRows`): every linear layer, norm and MLP sees the real tokens only, and
+only attention spreads them into the [B, L] rows, runs sdpa's fused causal kernel there and
+gathers them back (`row_attention`). The padding of a batch of data of unequal lengths then costs
+attention a little, not the whole decoder: SmolLM2's SFT batches of 8 chat rows are about 1.5x as
+many positions padded as real, and the activations a pass keeps for its backward grow with the
+positions. Mixed passes of several adapters keep the rows (their LoRA spans are rows).
+
 `token_logprobs` is THE logprob computation: `forward`, `forward_backward` and `sample` all use
 it, so that sampled logprobs and trained logprobs agree (no train/inference mismatch in RL).
 """
@@ -21,6 +29,7 @@ it, so that sampled logprobs and trained logprobs agree (no train/inference mism
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -40,6 +49,31 @@ PAD_TOKEN_ID = 0
 
 
 @dataclass(frozen=True)
+class DataRows:
+    """Data end to end in one row of N real tokens (position ids restarting at each datum), and
+    where each token lies in the right-padded [B, L] batch, where attention runs."""
+
+    input_ids_1_N: torch.Tensor
+    position_ids_1_N: torch.Tensor
+    real_B_L: torch.Tensor
+    slots_N: torch.Tensor  # each real token's index in the flattened [B * L] batch
+
+    def spread(self, states_1_H_N_D: torch.Tensor) -> torch.Tensor:
+        """(1, heads, N, D) states of the tokens end to end as (B, heads, L, D) rows, zeros at
+        the padding."""
+        batch, width = self.real_B_L.shape
+        states_N_H_D = states_1_H_N_D[0].transpose(0, 1)
+        rows = states_N_H_D.new_zeros((batch * width, *states_N_H_D.shape[1:]))
+        rows = rows.index_copy(0, self.slots_N, states_N_H_D)
+        return rows.view(batch, width, *states_N_H_D.shape[1:]).transpose(1, 2)
+
+    def gather(self, rows_B_L_H_D: torch.Tensor) -> torch.Tensor:
+        """(B, L, heads, D) outputs of the rows back end to end: (1, N, heads, D)."""
+        flat = rows_B_L_H_D.reshape(-1, *rows_B_L_H_D.shape[2:])
+        return flat.index_select(0, self.slots_N).unsqueeze(0)
+
+
+@dataclass(frozen=True)
 class PackedBatch:
     """Data as a right-padded batch, one datum per row, and where their real tokens are."""
 
@@ -53,6 +87,9 @@ class PackedBatch:
     widths: list[int | None]  # each datum's K, None for (N,) targets
     # The same data as a prefix pass and a suffix pass, where data share prefixes enough.
     shared: SharedPrefixes | None = None
+    # The same data end to end, for a pass that runs its decoder on real tokens only (None where
+    # one datum per row is asked for, or where there is no padding to save).
+    rows: DataRows | None = None
 
     @property
     def decoder_positions(self) -> int:
@@ -76,7 +113,8 @@ def pack(
     """Lay `data` out one per row, right-padded, with next-token targets for their real tokens,
     and as shared prefixes and suffixes where consecutive data of one part (`part_sizes`: the
     parts' numbers of data, in order; one part by default) begin alike (`shared_prefixes`) and
-    `share_prefixes` allows it."""
+    `share_prefixes` allows it; and end to end (`DataRows`) where `share_prefixes` allows a layout
+    other than one datum per row (a batch-invariant pass does not)."""
     lengths = [datum.length for datum in data]
     width = max(lengths)
     input_ids = [list(datum.model_input) + [PAD_TOKEN_ID] * (width - datum.length) for datum in data]
@@ -93,10 +131,20 @@ def pack(
             for row in datum.target_tokens
         ]
         targets_N_K = torch.tensor(rows, dtype=torch.long, device=device)
+    real_B_L = torch.tensor(real, dtype=torch.bool, device=device)
+    rows = None
+    if share_prefixes and min(lengths) < width:
+        rows = DataRows(
+            input_ids_1_N=torch.tensor([[token for datum in data for token in datum.model_input]], device=device),
+            position_ids_1_N=torch.tensor([[p for length in lengths for p in range(length)]], device=device),
+            real_B_L=real_B_L,
+            slots_N=real_B_L.flatten().nonzero().squeeze(-1),
+        )
     return PackedBatch(
         input_ids_B_L=torch.tensor(input_ids, dtype=torch.long, device=device),
         position_ids_B_L=torch.arange(width, device=device).expand(len(data), width),
-        real_B_L=torch.tensor(real, dtype=torch.bool, device=device),
+        real_B_L=real_B_L,
+        rows=rows,
         targets_N_K=targets_N_K,
         lengths=lengths,
         widths=widths,
@@ -211,6 +259,89 @@ def checkpointed_layers(model: nn.Module) -> Iterator[None]:
                 layer._gradient_checkpointing_func = func
 
 
+# The attention implementation of a model whose passes may run data end to end: transformers'
+# sdpa, except in a pass given `data_rows` (`row_attention`).
+ROW_ATTENTION = "mint_row_sdpa"
+_rows_pass = threading.local()
+
+
+def row_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' sdpa attention; with `data_rows` (a `DataRows`: the decoder's input is the
+    data end to end), each datum's queries, keys and values are spread into its own row, sdpa runs
+    causally over the rows (the fused kernel, memory linear in L), and the outputs are gathered
+    back end to end. No token attends to another datum's."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    rows: DataRows | None = kwargs.pop("data_rows", None)
+    if rows is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    output_B_L_H_D, _ = sdpa_attention_forward(
+        module,
+        rows.spread(query),
+        rows.spread(key),
+        rows.spread(value),
+        None,
+        dropout=dropout,
+        scaling=scaling,
+        is_causal=True,
+        **kwargs,
+    )
+    return rows.gather(output_B_L_H_D), None
+
+
+def _row_attention_mask(*args: Any, **kwargs: Any) -> Any:
+    """sdpa's mask, except in a pass of data end to end, whose attention needs none (transformers
+    would build a block-diagonal one, N x N)."""
+    from transformers.masking_utils import sdpa_mask
+
+    return None if getattr(_rows_pass, "open", False) else sdpa_mask(*args, **kwargs)
+
+
+@functools.cache
+def _register_row_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register(ROW_ATTENTION, row_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ROW_ATTENTION, _row_attention_mask)
+
+
+def _runs_data_rows(causal: nn.Module) -> bool:
+    """Whether this model's attention takes `data_rows`: an sdpa model is switched to
+    `ROW_ATTENTION` (the same numbers in every other pass) on its first such pass."""
+    if getattr(causal.config, "_attn_implementation", None) == "sdpa":
+        _register_row_attention()
+        causal.set_attn_implementation(ROW_ATTENTION)
+    return getattr(causal.config, "_attn_implementation", None) == ROW_ATTENTION
+
+
+@contextmanager
+def _set_in_thread(local: threading.local, name: str, value: Any) -> Iterator[None]:
+    """Set `local.name` to `value` for this thread while open, then put back what it was."""
+    previous = getattr(local, name, None)
+    setattr(local, name, value)
+    try:
+        yield
+    finally:
+        setattr(local, name, previous)
+
+
+def _data_rows_open() -> AbstractContextManager[None]:
+    return _set_in_thread(_rows_pass, "open", True)
+
+
 # Architectures whose logits are exactly lm_head(final hidden state): no logit scaling or
 # soft-capping between them, so the head can be applied in chunks outside the model's forward.
 PLAIN_HEAD_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Glm4MoeForCausalLM", "Qwen3MoeForCausalLM"})
@@ -227,6 +358,35 @@ def _causal_lm(model: nn.Module) -> nn.Module:
 # Turns the logits of real positions [start, stop) of a batch (data end to end) into per-position
 # tensors (first dimension stop - start): what a pass computes from the output head.
 Reduce = Callable[[torch.Tensor, int, int], tuple[torch.Tensor, ...]]
+
+
+@dataclass(frozen=True)
+class PassShape:
+    """What of a pass's layout decides the collectives it runs where the weights are sharded over
+    a worker group's ranks (FSDP2: each call of a sharded module all-gathers its weights, and again
+    in the backward pass): whether the decoder runs twice (a prefix pass and a suffix pass),
+    whether its layers are recomputed in the backward pass (a large pass), and how many chunks the
+    output head runs. Ranks that run different data in one pass (`data_parallel`) agree on it."""
+
+    two_passes: bool
+    large: bool
+    head_chunks: int
+
+
+_lockstep = threading.local()
+
+
+def lockstep(agree: Callable[[PassShape], PassShape]) -> AbstractContextManager[None]:
+    """While open, each pass of this thread takes the shape `agree` returns for the shape it would
+    take alone: `agree` is a collective that every rank's pass calls at the same point, and its
+    answer may only turn the two passes off, turn a large pass on, or add head chunks (which run
+    on no positions)."""
+    return _set_in_thread(_lockstep, "agree", agree)
+
+
+def _agreed(shape: PassShape) -> PassShape:
+    agree = getattr(_lockstep, "agree", None)
+    return shape if agree is None else agree(shape)
 
 
 def _chunk_outputs(
@@ -257,8 +417,10 @@ def position_outputs(
     a small model with a large vocabulary. `spans` are ranges of the N real positions (data end
     to end) that chunks never cross (the parts of a mixed-session pass), so a part's head runs
     on the same chunks as it would alone, inside `mixed.scope(i)` for span i (forward and
-    recomputation alike; `mixed` is the pass's `mixed_adapters.MixedPass`, or None). Data that
-    share prefixes (`batch.shared`) run through the decoder as a prefix pass and a suffix pass.
+    recomputation alike; `mixed` is the pass's `mixed_adapters.MixedPass`, or None). Without
+    `mixed`, the decoder runs on the data end to end (`batch.rows`, `row_attention`); data that
+    share prefixes (`batch.shared`) run as a prefix pass and a suffix pass instead where those
+    run fewer positions.
     """
     causal = _causal_lm(model)
     architectures = getattr(causal.config, "architectures", None) or [type(causal).__name__]
@@ -268,26 +430,48 @@ def position_outputs(
         "attention_mask": None,  # causal attention alone: right padding never reaches a real token
         "use_cache": False,
     }
-    large = torch.is_grad_enabled() and (
-        activation_bytes(causal.config, batch.decoder_positions) > LARGE_PASS_ACTIVATION_BYTES
-    )
+    plain_head = architectures[0] in PLAIN_HEAD_ARCHITECTURES and hasattr(causal, "get_decoder")
+    end_to_end = plain_head and mixed is None and batch.rows is not None and _runs_data_rows(causal)
+    rows = batch.rows if end_to_end else None
+    positions = batch.decoder_positions
+    if rows is not None and (batch.shared is None or rows.input_ids_1_N.numel() <= positions):
+        shared, positions = None, rows.input_ids_1_N.numel()  # end to end runs fewer positions
+    else:
+        shared, rows = batch.shared, None
+    large = torch.is_grad_enabled() and activation_bytes(causal.config, positions) > LARGE_PASS_ACTIVATION_BYTES
+    real = batch.targets_N_K.shape[0]
+    bounds = [
+        (index, start, min(start + HEAD_CHUNK_POSITIONS, span_stop))
+        for index, (span_start, span_stop) in enumerate(spans or [(0, real)])
+        for start in range(span_start, span_stop, HEAD_CHUNK_POSITIONS)
+    ]
+    alone = PassShape(plain_head and shared is not None and not large, large, len(bounds) if plain_head else 0)
+    shape = _agreed(alone)
+    if shared is not None and not shape.two_passes:  # one decoder call, as the other ranks make
+        shared, rows = None, batch.rows if end_to_end else None
+    large = shape.large
+    bounds += [(bounds[-1][0] if bounds else 0, real, real)] * (shape.head_chunks - len(bounds))
     layers_scope = _large_pass(causal) if large else nullcontext()
-    if architectures[0] not in PLAIN_HEAD_ARCHITECTURES or not hasattr(causal, "get_decoder"):
+    if not plain_head:
         with layers_scope:
             logits_N_V = model(**inputs).logits[batch.real_B_L]
         return reduce(logits_N_V, 0, logits_N_V.shape[0])
-    if batch.shared is not None and not large:
-        hidden_N_H = shared_hidden(causal.get_decoder(), batch.shared, mixed)
+    if shared is not None and not large:
+        hidden_N_H = shared_hidden(causal.get_decoder(), shared, mixed)
+    elif rows is not None:
+        with layers_scope, _data_rows_open():
+            hidden_N_H = causal.get_decoder()(
+                input_ids=rows.input_ids_1_N,
+                position_ids=rows.position_ids_1_N,
+                attention_mask=None,
+                use_cache=False,
+                data_rows=rows,
+            ).last_hidden_state[0]
     else:
         with layers_scope:
             hidden_N_H = causal.get_decoder()(**inputs).last_hidden_state[batch.real_B_L]
     head = causal.get_output_embeddings()
     chunks = []
-    bounds = [
-        (index, start, min(start + HEAD_CHUNK_POSITIONS, span_stop))
-        for index, (span_start, span_stop) in enumerate(spans or [(0, hidden_N_H.shape[0])])
-        for start in range(span_start, span_stop, HEAD_CHUNK_POSITIONS)
-    ]
     # One split (whose backward is one concatenation), not a slice per chunk (whose backward
     # fills a zero tensor of all N positions, once per chunk).
     pieces = hidden_N_H.split([stop - start for _, start, stop in bounds])

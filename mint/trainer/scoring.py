@@ -107,6 +107,27 @@ class ScoreRequest:
         config = loss.resolve_config(loss_fn_config) if loss else {}
         return cls(data=limits.check_data(data, loss), loss=loss, config=config)
 
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the loss compares with a reference model whose logprobs some datum lacks: the
+        pass computes them first (`ResidentBase._reference`)."""
+        return (
+            self.loss is not None
+            and self.loss.needs_reference
+            and not all("ref_logprobs" in datum.loss_fn_inputs for datum in self.data)
+        )
+
+    def outputs(
+        self, logprobs: list[torch.Tensor], inputs: list[dict[str, torch.Tensor]]
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """The loss of these data's `logprobs` (None without a loss) and the metrics a pass reports
+        for them: tokens, the loss's value and its own metrics, and an RL step's signal."""
+        metrics = {"tokens:sum": float(sum(datum.length for datum in self.data))}
+        if self.loss is None:
+            return None, metrics
+        value, extra = self.loss.fn(logprobs, inputs, self.config)
+        return value, metrics | {"loss:sum": float(value.detach()), **extra, **policy_metrics(logprobs, inputs)}
+
 
 def input_tensors(datum: Datum, device: torch.device) -> dict[str, torch.Tensor]:
     """A datum's loss inputs as tensors: token ids as int64, everything else as float32."""
@@ -145,7 +166,7 @@ def score(
     return score_parts(model, [part], backward=backward, reference=reference, running=lambda _: train_mode())[0]
 
 
-def _spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
+def spans_of(sizes: Sequence[int]) -> list[tuple[int, int]]:
     """Consecutive [start, stop) ranges of the given sizes, from 0."""
     spans, start = [], 0
     for size in sizes:
@@ -176,27 +197,18 @@ def score_parts(
     inputs = []
     for part in parts:
         part_inputs = [input_tensors(datum, device) for datum in part.data]
-        if part.loss is not None and part.loss.needs_reference and not all("ref_logprobs" in x for x in part_inputs):
+        if part.needs_reference:
             for x, ref_T in zip(part_inputs, reference(part.data), strict=True):
                 x.setdefault("ref_logprobs", ref_T.float())
         inputs.append(part_inputs)
-    sizes = [len(part.data) for part in parts]
-    batch = pack([datum for part in parts for datum in part.data], device, sizes, share_prefixes)
-    row_spans = _spans(sizes)
-    token_spans = _spans([sum(datum.length for datum in part.data) for part in parts])
     outputs = []
-    with torch.set_grad_enabled(backward), running(row_spans) as mixed:
-        logprobs = packed_logprobs(model, batch, token_spans, mixed)
+    with torch.set_grad_enabled(backward), running(spans_of([len(part.data) for part in parts])) as mixed:
+        logprobs = parts_logprobs(model, [part.data for part in parts], mixed, share_prefixes)
         values = []
-        offset = 0
-        for part, part_inputs in zip(parts, inputs, strict=True):
-            part_logprobs = logprobs[offset : offset + len(part.data)]
-            offset += len(part.data)
-            metrics = {"tokens:sum": float(sum(datum.length for datum in part.data))}
-            if part.loss is not None:
-                value, extra = part.loss.fn(part_logprobs, part_inputs, part.config)
+        for part, part_logprobs, part_inputs in zip(parts, logprobs, inputs, strict=True):
+            value, metrics = part.outputs(part_logprobs, part_inputs)
+            if value is not None:
                 values.append(value)
-                metrics |= {"loss:sum": float(value.detach()), **extra, **policy_metrics(part_logprobs, part_inputs)}
             outputs.append((part_logprobs, metrics))
         if backward and values:
             torch.stack(values).sum().backward()
@@ -204,3 +216,16 @@ def score_parts(
         ForwardOutput(logprobs=[lp.detach().float().cpu().tolist() for lp in part_logprobs], metrics=metrics)
         for part_logprobs, metrics in outputs
     ]
+
+
+def parts_logprobs(
+    model: nn.Module, parts: Sequence[Sequence[Datum]], mixed: Any, share_prefixes: bool
+) -> list[list[torch.Tensor]]:
+    """One forward over the parts' data, rows of one batch in order (inside the pass's `running`
+    context, whose `mixed` pass it is, or None); each part's per-datum logprobs."""
+    device = model.get_input_embeddings().weight.device
+    sizes = [len(part) for part in parts]
+    batch = pack([datum for part in parts for datum in part], device, sizes, share_prefixes)
+    token_spans = spans_of([sum(datum.length for datum in part) for part in parts])
+    logprobs = packed_logprobs(model, batch, token_spans, mixed)
+    return [logprobs[start:stop] for start, stop in spans_of(sizes)]

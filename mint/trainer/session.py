@@ -40,6 +40,7 @@ from mint.trainer import checkpoint, lora
 from mint.trainer.backward_passes import MAX_SESSIONS_PER_PASS, mixed_running, pass_groups
 from mint.trainer.batch_invariance import batch_invariant
 from mint.trainer.combining import Combiner, Loops
+from mint.trainer.data_parallel import score_split
 from mint.trainer.group import Group, mirrored
 from mint.trainer.host_memory import share_one_arena
 from mint.trainer.mixed_adapters import can_mix
@@ -59,6 +60,7 @@ from mint.trainer.sampling_passes import (
     stamped,
 )
 from mint.trainer.scoring import ModelLimits, RunningFn, ScoreRequest, score_parts
+from mint.trainer.sharded_loading import load_sharded_base
 from mint.trainer.training_session import BackwardCall, TrainingSession
 from mint.trainer.types import Datum, ForwardOutput, LoraOptions, SampledSequence, SampleRequest, SamplingParams
 
@@ -82,9 +84,13 @@ class ResidentBase:
         mix_backward: bool | None = None,
         batch_invariant: bool = False,
         prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+        group: Group | None = None,
     ) -> None:
         share_one_arena()  # before any session's thread allocates
-        model, tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
+        if group is None:
+            model, tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
+        else:  # sharded over the group as it loads: each rank reads only its shards (`sharded_loading`)
+            model, tokenizer = load_sharded_base(spec, cache_dir, group, dtype=dtype)
         model.requires_grad_(False)
         model.eval()
         self.spec = spec
@@ -117,8 +123,8 @@ class ResidentBase:
         self.loops = Loops()
         self.backward_passes = Combiner(self.forward_backward_many, MAX_SESSIONS_PER_PASS, self.loops)
         self.sampling_passes = Combiner(self.sample_many, MAX_SESSIONS_PER_PASS, self.loops)
-        # The worker group this base is sharded over (`join_group`); None: the whole base is here.
-        self.group: Group | None = None
+        # The worker group this base is sharded over (`group`, or `join_group`); None: the whole base is here.
+        self.group: Group | None = group
         # Prompt prefixes' KV kept across sample calls, per adapter and weights version. Off on a
         # batch-invariant base: a prompt run in two parts is not bit for bit the prompt run whole.
         self.prompt_cache = None if batch_invariant or not prompt_cache_bytes else PromptCache(prompt_cache_bytes)
@@ -143,8 +149,9 @@ class ResidentBase:
             return cls._shared[key]
 
     def join_group(self, group: Group) -> None:
-        """Shard this base over `group` (FSDP2) and mirror every call that runs it on the group's
-        ranks (`mint.trainer.group`). Before any session is opened."""
+        """Shard this base, loaded whole, over `group` (FSDP2) and mirror every call that runs it on
+        the group's ranks (`mint.trainer.group`). Before any session is opened. A worker group
+        loads its base sharded instead (`ResidentBase(..., group=group)`): no rank holds it whole."""
         if self._sessions:
             raise RuntimeError("a base joins its worker group before any session is opened")
         group.shard(self.model)
@@ -344,7 +351,10 @@ class ResidentBase:
         train_mode: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> ForwardOutput:
         with self._use(adapter_name) as model:
-            return self._score_parts(model, [request], backward=backward, running=lambda _: train_mode())[0]
+            trainable = self.get(adapter_name).named_parameters().values() if backward and adapter_name else ()
+            return self._score_parts(
+                model, [request], backward=backward, running=lambda _: train_mode(), trainable=list(trainable)
+            )[0]
 
     @mirrored
     def forward_backward_many(self, calls: Sequence[BackwardCall]) -> list[ForwardOutput]:
@@ -373,13 +383,34 @@ class ResidentBase:
             ]
         running = mixed_running(self._peft, calls, invariant=self.batch_invariant)
         self._settle_active(calls[0].session.session_id)
-        return self._score_parts(self.model, [call.request for call in calls], backward=True, running=running)
+        trainable = [parameter for call in calls for parameter in call.session.named_parameters().values()]
+        requests = [call.request for call in calls]
+        return self._score_parts(self.model, requests, backward=True, running=running, trainable=trainable)
 
     def _score_parts(
-        self, model: nn.Module, requests: list[ScoreRequest], *, backward: bool, running: RunningFn
+        self,
+        model: nn.Module,
+        requests: list[ScoreRequest],
+        *,
+        backward: bool,
+        running: RunningFn,
+        trainable: Sequence[nn.Parameter] = (),
     ) -> list[ForwardOutput]:
-        """`score_parts` as this base runs a pass: batch-invariant, without shared prefixes, where it is so."""
+        """`score_parts` as this base runs a pass: batch-invariant, without shared prefixes, where
+        it is so; on a worker group, its rows split over the ranks (`data_parallel`), the
+        gradients of `trainable` (the pass's adapters) summed over them."""
         with self._invariant():
+            if self.group is not None and self.group.world_size > 1:
+                return score_split(
+                    self.group,
+                    model,
+                    requests,
+                    backward=backward,
+                    reference=self._reference,
+                    running=running,
+                    share_prefixes=not self.batch_invariant,
+                    replicated=trainable,
+                )
             return score_parts(
                 model,
                 requests,

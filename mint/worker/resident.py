@@ -47,21 +47,16 @@ def resident_base(name: str) -> ResidentBase:
 
 
 def load_group_base(name: str, group: Group) -> ResidentBase:
-    """Load base `name` on this rank of `group` and shard it over the group, then make it this
-    process's base for its tasks (`resident_base`). The ranks load in turn, rank 0 first (it
-    builds or checks the cached weights): each reads the whole base into host memory and keeps
-    its share on its device, so host memory holds one whole copy at a time and no two ranks
-    write the cache at once."""
+    """Load base `name` on this rank of `group`, sharded over the group, then make it this
+    process's base for its tasks (`resident_base`). Each rank builds the model empty, shards it
+    and reads only its own shards of the weights (`mint.trainer.sharded_loading`), so no host
+    ever holds the whole base; the ranks pull it in turn first, so no two write the cache."""
     from mint.trainer.precision import compute_dtype
     from mint.trainer.session import ResidentBase
 
     settings = get_settings()
     spec = get_base_model_spec(name, settings.model_configs_dir)
-    base: ResidentBase | None = None
     dtype = compute_dtype(settings.compute_dtype, spec.dtype, group.device)
-    for _ in group.in_turn():
-        base = ResidentBase(spec, settings.models_cache_dir, dtype=dtype, **base_options(settings))
-        base.join_group(group)
-    assert base is not None  # every rank has its turn
+    base = ResidentBase(spec, settings.models_cache_dir, dtype=dtype, group=group, **base_options(settings))
     _group_bases[name] = base
     return base

@@ -27,8 +27,7 @@ def main(out: Path, cache: Path) -> None:
     torch.set_num_threads(1)
     spec = get_base_model_spec(BASE_NAME, PROJECT_ROOT / "configs" / "models")
     group = Group.join()
-    base = ResidentBase(spec, cache)
-    base.join_group(group)
+    base = ResidentBase(spec, cache, group=group)  # each rank reads only its shards
     if not group.leading:
         base.follow()
     else:

@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import save_file
 
+from mint.config import PROJECT_ROOT
 from mint.errors import NotFound
 from mint.trainer.full import FullParameterTrainer
 from mint.trainer.session import ResidentBase
@@ -66,3 +70,22 @@ def run_full(trainer: FullParameterTrainer, state_folder: Path) -> list[float]:
         trainer.optim_step(AdamParams(learning_rate=1e-3))
     trainer.save_state(state_folder)
     return losses
+
+
+def run_two_ranks(script: str, *args: object) -> None:
+    """Run `tests/distributed/<script>` on 2 gloo ranks under torchrun's standalone agent, with
+    `args` on its command line; raises if any rank fails."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(PROJECT_ROOT / "tests" / "distributed" / script),
+            *map(str, args),
+        ],
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        check=True,
+        timeout=600,
+    )

@@ -127,11 +127,12 @@ def test_commands_that_are_not_mirrored_calls_or_known_references_are_refused() 
 
 
 class LoopbackGroup(Group):
-    """Rank 0 of a two-rank group whose follower is this very process: each command is encoded
-    as `Group.send` would put it on the channel and decoded as `Group.receive` would read it."""
+    """Rank 0 of a group whose follower is this very process: each command is encoded as
+    `Group.send` would put it on the channel and decoded as `Group.receive` would read it. It
+    counts as one rank, so that its passes run whole (no process group exists to split them)."""
 
     def __init__(self, resolve: Any) -> None:
-        super().__init__(rank=0, world_size=2, device=torch.device("cpu"), commands=None, mesh=None)
+        super().__init__(rank=0, world_size=1, device=torch.device("cpu"), commands=None, mesh=None)
         self.resolve = resolve
         self.sent: list[tuple[Any, Any]] = []
 

@@ -5,19 +5,17 @@ LoRA through a ResidentBase whose rank 0 drives and rank 1 follows (losses, samp
 logprobs and the adapter), and full-parameter training on sharded weights (losses), whose
 DCP state loads into one process from two ranks and into two ranks from one process.
 
-Tolerances: the group's LoRA runs the very kernels of one process on all-gathered weights,
-so it matches to float32 round-off. Full-parameter gradients are averaged over the ranks by a
-reduce-scatter, which sums in another order: Adam turns such a last-bit difference on a
-near-zero gradient into a full-size update of that element, so weights are compared as a whole.
+Tolerances: each rank runs one of the two rows (`mint.trainer.data_parallel`) through the very
+kernels of one process on all-gathered weights, and the ranks' gradients are summed (LoRA's by
+an all_reduce, full parameters' by FSDP2's reduce-scatter), so the group matches one process to
+float32 round-off. Summing in another order can still flip a near-zero gradient's last bit, and
+Adam turns that into a full-size update of the element, so full weights are compared as a whole.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,7 @@ from mint.config import PROJECT_ROOT
 from mint.schemas.base_models import get_base_model_spec
 from mint.trainer.full import FullParameterTrainer
 from mint.trainer.session import ResidentBase
-from tests.distributed.runs import BASE_NAME, probe, run_full, run_lora
+from tests.distributed.runs import BASE_NAME, probe, run_full, run_lora, run_two_ranks
 
 pytestmark = pytest.mark.torch
 
@@ -54,21 +52,7 @@ def test_a_two_rank_group_trains_lora_and_full_parameters_as_one_process(tmp_pat
         torch.set_num_threads(previous)
 
     out = tmp_path / "group.json"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            str(PROJECT_ROOT / "tests" / "distributed" / "group_script.py"),
-            str(out),
-            str(cache),
-        ],
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-        check=True,
-        timeout=600,
-    )
+    run_two_ranks("group_script.py", out, cache)
     group = json.loads(out.read_text())
 
     # LoRA: rank 0 drove, rank 1 followed; every number is one process's.

@@ -77,6 +77,45 @@ def test_packed_logprobs_equal_one_forward_per_datum(
     assert max_gap(packed, one_by_one) < 1e-5
 
 
+def test_a_pass_runs_its_decoder_layers_on_real_tokens_only_with_the_numbers_of_padded_rows(
+    resident: ResidentBase,
+    open_session: Callable[..., TrainingSession],
+    toy_data: list[Datum],
+    request: pytest.FixtureRequest,
+) -> None:
+    """Data of unequal lengths run end to end through the decoder's layers (only attention sees
+    them as padded rows): a layer sees the data's real tokens, not B x L positions, and the
+    logprobs and LoRA gradients are those of one datum per padded row."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from mint.trainer.packing import pack, packed_logprobs
+
+    session = open_session(seed=4)
+    train(session, toy_data)  # a non-zero adapter, so the LoRA paths count too
+    layer = next(m for m in resident.model.modules() if isinstance(m, GradientCheckpointingLayer))
+    seen: list[int] = []
+    hook = layer.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[:-1].numel()))
+    request.addfinalizer(hook.remove)
+
+    def backward_pass(end_to_end: bool) -> tuple[list[list[float]], dict[str, torch.Tensor]]:
+        clear_grads(session)
+        with resident._use(session.session_id) as model:
+            logprobs = packed_logprobs(model, pack(toy_data, resident.device, share_prefixes=end_to_end))
+            torch.cat(logprobs).sum().backward()
+        grads = {name: p.grad.clone() for name, p in session.named_parameters().items() if p.grad is not None}
+        return [lp.detach().tolist() for lp in logprobs], grads
+
+    rows_logprobs, rows_grads = backward_pass(end_to_end=False)
+    assert seen == [len(toy_data) * max(d.length for d in toy_data)]
+    seen.clear()
+    logprobs, grads = backward_pass(end_to_end=True)
+    assert seen == [sum(d.length for d in toy_data)]
+    assert max_gap(logprobs, rows_logprobs) < 1e-5
+    assert grads.keys() == rows_grads.keys() and grads
+    for name, grad in grads.items():
+        assert torch.allclose(grad, rows_grads[name], rtol=1e-4, atol=1e-6), name
+
+
 def test_a_large_pass_recomputes_each_layer_in_the_backward_with_the_same_numbers(
     resident: ResidentBase,
     open_session: Callable[..., TrainingSession],
