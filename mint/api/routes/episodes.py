@@ -15,7 +15,7 @@ from fastapi import APIRouter, Path, Query
 
 from mint.api.deps import CurrentPrincipal, QuotasDep, SessionDep, SettingsDep
 from mint.api.pagination import Limit, page_from
-from mint.schemas.common import Page
+from mint.schemas.common import ID_PATTERN, Page
 from mint.schemas.episodes import EPISODE_KEY_PATTERN, EpisodePublic, EpisodeReward
 from mint.services.evals import episode_grades
 from mint.services.serving import episodes
@@ -36,9 +36,13 @@ EpisodeAfter = Annotated[
 def list_episodes(
     session: SessionDep,
     principal: CurrentPrincipal,
-    deployment: Annotated[str, Query(min_length=1, max_length=200, description="The deployment's name or id.")],
+    deployment: Annotated[
+        str, Query(min_length=1, max_length=200, pattern=ID_PATTERN, description="The deployment's name or id.")
+    ],
     rewarded: Annotated[bool | None, Query(description="Only rewarded episodes (true) or open ones (false).")] = None,
-    task: Annotated[str | None, Query(max_length=128, description="Only the episodes of this task.")] = None,
+    task: Annotated[
+        str | None, Query(max_length=128, pattern=EPISODE_KEY_PATTERN, description="Only the episodes of this task.")
+    ] = None,
     after: EpisodeAfter = None,
     limit: Limit = 20,
 ) -> Page[EpisodePublic]:

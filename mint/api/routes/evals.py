@@ -11,7 +11,7 @@ from mint.api.deps import CurrentPrincipal, DispatchDep, QuotasDep, SessionDep, 
 from mint.api.pagination import After, Limit, id_path, page_from, page_of
 from mint.evals.compare import DEFAULT_RESAMPLES, DEFAULT_SEED
 from mint.evals.mining import MiningResult
-from mint.schemas.common import ID_PATTERN, MAX_SEED, Page
+from mint.schemas.common import ID_PATTERN, MAX_SEED, TEXT_PATTERN, Page
 from mint.schemas.datasets import DatasetPublic
 from mint.schemas.evals import (
     ComparisonPublic,
@@ -107,7 +107,9 @@ def list_trajectories(
     session: SessionDep,
     principal: CurrentPrincipal,
     passed: Annotated[bool | None, Query(description="Only passed (true) or failed (false) tasks.")] = None,
-    task_id: Annotated[str | None, Query(max_length=200, description="Only the trajectories of this task.")] = None,
+    task_id: Annotated[
+        str | None, Query(max_length=200, pattern=TEXT_PATTERN, description="Only the trajectories of this task.")
+    ] = None,
     after: After = None,
     limit: Limit = 20,
 ) -> Page[TrajectoryPublic]:
