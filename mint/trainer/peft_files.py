@@ -10,6 +10,7 @@ targets listed by name (not one regex string).
 from __future__ import annotations
 
 import json
+import os
 import struct
 from typing import Any
 
@@ -72,6 +73,16 @@ def safetensors_header(data: bytes) -> dict[str, dict[str, Any]]:
         raise ValueError("its header is not a JSON object")
     header.pop("__metadata__", None)
     return header
+
+
+def safetensors_file_header(path: str | os.PathLike[str]) -> tuple[dict[str, dict[str, Any]], int]:
+    """`safetensors_header` of the file at `path`, read without its tensors, and the offset in the
+    file where the tensors' data begins (each entry's `data_offsets` count from there)."""
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        length = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        data = head + handle.read(min(length, MAX_HEADER_BYTES))
+    return safetensors_header(data), 8 + length
 
 
 def lora_weight_problems(tensors: dict[str, dict[str, Any]]) -> list[str]:

@@ -39,9 +39,7 @@ full-parameter trainer's resumable state (torch.distributed.checkpoint) needs no
 from __future__ import annotations
 
 import io
-import json
 import math
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +52,7 @@ from mint.errors import ConfigurationError
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer.host_memory import returning_large_blocks
 from mint.trainer.models import base_model_class, base_tokenizer, pull_base_model, torch_dtype
+from mint.trainer.peft_files import safetensors_file_header
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -203,17 +202,16 @@ class CheckpointFiles:
 def _stored_tensors(file: Path) -> dict[str, StoredTensor]:
     """The tensors a safetensors file holds, from its header (an 8-byte little-endian length,
     then JSON: name -> dtype, shape and byte range after the header)."""
-    with open(file, "rb") as handle:
-        (header_size,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(header_size))
+    try:
+        header, data_start = safetensors_file_header(file)
+    except ValueError as error:
+        raise ConfigurationError(f"{file} is not a safetensors file: {error}") from None
     tensors = {}
     for name, entry in header.items():
-        if name == "__metadata__":
-            continue
         if entry["dtype"] not in SAFETENSORS_DTYPES:
             raise ConfigurationError(f"{file} holds {name} as {entry['dtype']}, which Mint does not load")
         tensors[name] = StoredTensor(
-            file, SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"]), 8 + header_size + entry["data_offsets"][0]
+            file, SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"]), data_start + entry["data_offsets"][0]
         )
     return tensors
 
