@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import save_file
 
 from mint.config import PROJECT_ROOT
@@ -89,3 +92,15 @@ def run_two_ranks(script: str, *args: object) -> None:
         check=True,
         timeout=600,
     )
+
+
+@contextmanager
+def one_thread_as_the_ranks_run() -> Iterator[None]:
+    """Run the one-process side on one torch thread, as torchrun gives each rank, so that its
+    kernels sum in the ranks' order; the previous setting is put back after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

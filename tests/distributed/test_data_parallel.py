@@ -42,7 +42,7 @@ from mint.trainer.losses import get_loss
 from mint.trainer.scoring import ScoreRequest
 from mint.trainer.session import ResidentBase
 from mint.trainer.types import Datum
-from tests.distributed.runs import BASE_NAME, run_two_ranks
+from tests.distributed.runs import BASE_NAME, one_thread_as_the_ranks_run, run_two_ranks
 from tests.distributed.split_runs import CASES, run_full, run_lora
 
 pytestmark = pytest.mark.torch
@@ -91,13 +91,9 @@ def relative_distance(ours: list[torch.Tensor], theirs: list[torch.Tensor]) -> f
 def test_a_two_rank_group_splitting_rows_trains_as_one_process(tmp_path: Path) -> None:
     spec = get_base_model_spec(BASE_NAME, PROJECT_ROOT / "configs" / "models")
     cache = tmp_path / "cache"
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the ranks run
-    try:
+    with one_thread_as_the_ranks_run():
         single = run_lora(ResidentBase(spec, cache, mix_backward=True), tmp_path / "single-split.safetensors")
         single_full = run_full(FullParameterTrainer(spec, cache))
-    finally:
-        torch.set_num_threads(previous)
 
     out = tmp_path / "group.json"
     run_two_ranks("split_script.py", out, cache)

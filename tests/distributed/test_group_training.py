@@ -26,7 +26,7 @@ from mint.config import PROJECT_ROOT
 from mint.schemas.base_models import get_base_model_spec
 from mint.trainer.full import FullParameterTrainer
 from mint.trainer.session import ResidentBase
-from tests.distributed.runs import BASE_NAME, probe, run_full, run_lora, run_two_ranks
+from tests.distributed.runs import BASE_NAME, one_thread_as_the_ranks_run, probe, run_full, run_lora, run_two_ranks
 
 pytestmark = pytest.mark.torch
 
@@ -40,16 +40,12 @@ def relative_distance(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Ten
 def test_a_two_rank_group_trains_lora_and_full_parameters_as_one_process(tmp_path: Path) -> None:
     spec = get_base_model_spec(BASE_NAME, PROJECT_ROOT / "configs" / "models")
     cache = tmp_path / "cache"
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the ranks run (torchrun gives each one thread)
-    try:
+    with one_thread_as_the_ranks_run():
         single = run_lora(ResidentBase(spec, cache), tmp_path / "single-adapter.safetensors")
         full = FullParameterTrainer(spec, cache)
         full_losses = run_full(full, tmp_path / "single-full-state")
         full_weights = {name: tensor.detach().clone() for name, tensor in full.model.state_dict().items()}
         single_trained_loss = full.forward(probe(), "cross_entropy").metrics["loss:sum"]
-    finally:
-        torch.set_num_threads(previous)
 
     out = tmp_path / "group.json"
     run_two_ranks("group_script.py", out, cache)

@@ -27,7 +27,7 @@ from mint.schemas.base_models import get_base_model_spec
 from mint.trainer.models import load_base_model, pull_base_model
 from mint.trainer.sharded_loading import CheckpointFiles
 from tests.distributed.loads import probe_logits, variant
-from tests.distributed.runs import run_two_ranks
+from tests.distributed.runs import one_thread_as_the_ranks_run, run_two_ranks
 
 pytestmark = pytest.mark.torch
 
@@ -55,16 +55,12 @@ def test_a_two_rank_group_loads_only_its_shards_and_computes_the_whole_models_lo
     tied = variant(spec, "sharded-load-tied-moe", seed=8, tie_word_embeddings=True)
     cache = tmp_path / "cache"
     expected = {}
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the ranks run
-    try:
+    with one_thread_as_the_ranks_run():
         for key, base in (("wide", wide), ("tied", tied)):
             pull_base_model(base, cache)
             model, _ = load_base_model(base, cache)
             expected[key] = probe_logits(model)
             del model
-    finally:
-        torch.set_num_threads(previous)
     spec_files = []
     for base in (wide, tied):
         spec_files.append(tmp_path / f"{base.name}.json")
