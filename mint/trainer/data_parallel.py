@@ -39,7 +39,7 @@ from torch import nn
 
 from mint.trainer.group import Group
 from mint.trainer.packing import PassShape, lockstep
-from mint.trainer.scoring import ReferenceFn, RunningFn, ScoreRequest, input_tensors, parts_logprobs, spans_of
+from mint.trainer.scoring import ReferenceFn, RunningFn, ScoreRequest, loss_inputs, parts_logprobs, spans_of
 from mint.trainer.types import Datum, ForwardOutput
 
 # What a rank without rows runs, so that its pass makes the collectives the others make: one
@@ -127,7 +127,7 @@ def score_split(
             logprobs, refs = _gathered(group, share, parts, [] if stand_in else local_logprobs, local_refs, device)
             with torch.no_grad():  # the whole batch's numbers, on every rank alike
                 metrics = [
-                    part.outputs(part_logprobs, _inputs(part.data, part_refs, device))[1]
+                    part.outputs(part_logprobs, loss_inputs(part.data, part_refs, device))[1]
                     for part, part_logprobs, part_refs in zip(parts, logprobs, refs, strict=True)
                 ]
             if trains:
@@ -143,18 +143,6 @@ def score_split(
     ]
 
 
-def _inputs(
-    data: Sequence[Datum], refs: list[torch.Tensor] | None, device: torch.device
-) -> list[dict[str, torch.Tensor]]:
-    """The data's loss inputs as tensors, with the reference logprobs computed for them (`refs`,
-    None where the part needs none) where a datum sent none."""
-    inputs = [input_tensors(datum, device) for datum in data]
-    if refs is not None:
-        for x, ref_T in zip(inputs, refs, strict=True):
-            x.setdefault("ref_logprobs", ref_T.float())
-    return inputs
-
-
 def _local_loss(
     parts: Sequence[ScoreRequest],
     local: list[list[Datum]],
@@ -166,7 +154,7 @@ def _local_loss(
     rows gets 0 times its stand-in's logprob: a backward through every layer all the same, whose
     gradients are 0."""
     values = [
-        part.loss.fn(part_logprobs, _inputs(data, refs, device), part.config)[0]
+        part.loss.fn(part_logprobs, loss_inputs(data, refs, device), part.config)[0]
         for part, data, part_logprobs, refs in zip(parts, local, local_logprobs, local_refs, strict=True)
         if part.loss is not None and data
     ]

@@ -146,6 +146,18 @@ def input_tensors(datum: Datum, device: torch.device) -> dict[str, torch.Tensor]
 RunningFn = Callable[[list[tuple[int, int]]], AbstractContextManager[Any]]
 
 
+def loss_inputs(
+    data: Sequence[Datum], refs: Sequence[torch.Tensor] | None, device: torch.device
+) -> list[dict[str, torch.Tensor]]:
+    """The data's loss inputs as tensors, with the reference logprobs computed for them (`refs`,
+    None where the loss needs none) where a datum sent none."""
+    inputs = [input_tensors(datum, device) for datum in data]
+    if refs is not None:
+        for x, ref_T in zip(inputs, refs, strict=True):
+            x.setdefault("ref_logprobs", ref_T.float())
+    return inputs
+
+
 def score(
     model: nn.Module,
     data: list[Datum],
@@ -194,13 +206,7 @@ def score_parts(
     data that begin alike may run their prefixes once (`shared_prefixes`).
     """
     device = model.get_input_embeddings().weight.device
-    inputs = []
-    for part in parts:
-        part_inputs = [input_tensors(datum, device) for datum in part.data]
-        if part.needs_reference:
-            for x, ref_T in zip(part_inputs, reference(part.data), strict=True):
-                x.setdefault("ref_logprobs", ref_T.float())
-        inputs.append(part_inputs)
+    inputs = [loss_inputs(part.data, reference(part.data) if part.needs_reference else None, device) for part in parts]
     outputs = []
     with torch.set_grad_enabled(backward), running(spans_of([len(part.data) for part in parts])) as mixed:
         logprobs = parts_logprobs(model, [part.data for part in parts], mixed, share_prefixes)
