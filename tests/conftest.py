@@ -48,15 +48,18 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"mint backend: {config.getoption('--backend')}"
 
 
-EMBEDDED_PASS_ONLY = ("backend_free", "client_surface")
+EMBEDDED_PASS_ONLY = ("backend_free", "client_surface", "long_run")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On the services pass, leave out tests marked `backend_free` (models, trainer, the
     object-store contract that tests both stores itself: they touch no database or broker)
     and `client_surface` (the SDK, the CLI, the dashboard and the whole-loop test drive the
-    API as clients; the services they call are tested on both backends by their own tests).
-    Both already ran in the embedded pass, so running them twice would only cost time."""
+    API as clients; the services they call are tested on both backends by their own tests),
+    and `long_run` (minutes of training, search or a worker group, which exercise the database,
+    broker and store no differently from the shorter job, eval and crash-safety tests that run
+    on both backends). All already ran in the embedded pass, so running them twice would only
+    cost time."""
     if config.getoption("--backend") != "services":
         return
 

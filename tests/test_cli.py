@@ -26,6 +26,7 @@ def mint(*args: str, env: dict[str, str] | None = None, check: bool = True) -> s
     )
 
 
+@pytest.mark.client_surface
 def test_init_prints_a_working_key_and_other_orgs_are_isolated(prepared: Settings, client) -> None:  # type: ignore[no-untyped-def]
     home = Path(prepared.home)
     first = json.loads(mint("admin", "init", "--json").stdout)
@@ -53,6 +54,7 @@ def test_init_prints_a_working_key_and_other_orgs_are_isolated(prepared: Setting
     assert client.get("/v1/organization", headers={"Authorization": f"Bearer {other_key['key']}"}).status_code == 401
 
 
+@pytest.mark.client_surface
 def test_cli_errors_exit_with_documented_codes(prepared: Settings) -> None:
     missing = mint("admin", "keys", "list", "--org", "no-such-org", check=False)
     assert missing.returncode == 3 and "No organization" in missing.stderr
@@ -67,6 +69,7 @@ def test_models_list_names_the_registry(prepared: Settings) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.client_surface
 def test_up_starts_the_platform_on_embedded_defaults(tmp_path: Path) -> None:
     """`mint up` with nothing but MINT_HOME set: API, worker, beat and a serving node, ready, with a key."""
     port = free_port()
@@ -123,6 +126,7 @@ def test_up_starts_the_platform_on_embedded_defaults(tmp_path: Path) -> None:
             raise
 
 
+@pytest.mark.client_surface
 def test_models_pull_caches_a_base_as_safetensors(tmp_path: Path) -> None:
     env = {**os.environ, "MINT_HOME": str(tmp_path / "home")}
     result = mint("admin", "models", "pull", "tiny-glm-moe", env=env)

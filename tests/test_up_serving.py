@@ -85,10 +85,12 @@ def test_up_runs_two_nodes_of_a_base_and_a_killed_one_fails_no_request(tmp_path:
 
         complete(stream=False)
         # A clean start logs no traceback: the expected answers while the nodes load (503s) are
-        # one line each, and every line names its request.
+        # one line each, and every line names its request. The API writes a request's line once
+        # the answer is sent, so the client can read the answer before the line is in the log.
+        wait_for(lambda: logged("/v1/chat/completions 200"), "the API to log the completion's request line")
         started = log_path.read_text()
         assert "Traceback" not in started, started[-5000:]
-        assert "mint.api.requests [req_" in started and "/v1/chat/completions 200" in started, started[-3000:]
+        assert "mint.api.requests [req_" in started, started[-3000:]
         killed_url, killed_pid = sorted(pids.items())[0]
         os.kill(killed_pid, signal.SIGKILL)
         for number in range(10):  # every one answered, by the node still up

@@ -36,6 +36,7 @@ def _finished(client: TestClient, tenant: Tenant, run_id: str) -> dict[str, Any]
 
 
 @pytest.mark.torch
+@pytest.mark.long_run
 def test_an_auto_run_out_of_trials_stops_with_the_best_version_and_its_held_out_comparison(
     client: TestClient, tenant: Tenant, workers: Workers
 ) -> None:
@@ -103,6 +104,7 @@ def test_a_goal_without_a_budget_or_with_two_targets_is_refused_naming_the_field
 
 
 @pytest.mark.torch
+@pytest.mark.long_run
 def test_a_budget_that_cannot_pay_for_a_trial_and_the_held_out_evaluation_stops_the_search(
     client: TestClient, tenant: Tenant, workers: Workers, prepared: Settings
 ) -> None:
@@ -142,6 +144,7 @@ def test_a_budget_that_cannot_pay_for_a_trial_and_the_held_out_evaluation_stops_
 
 
 @pytest.mark.torch
+@pytest.mark.long_run
 def test_an_auto_run_considering_two_bases_tries_each_default_then_goes_on_from_the_better(
     own_install: OwnInstall, own_client: TestClient, workers: Workers
 ) -> None:
@@ -181,6 +184,7 @@ def test_an_auto_run_considering_two_bases_tries_each_default_then_goes_on_from_
 
 
 @pytest.mark.torch
+@pytest.mark.long_run
 def test_an_auto_run_allowed_full_parameters_trains_them_when_the_budget_affords_it_and_lora_when_not(
     client: TestClient, tenant: Tenant, workers: Workers, prepared: Settings
 ) -> None:

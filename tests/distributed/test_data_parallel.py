@@ -45,7 +45,7 @@ from mint.trainer.types import Datum
 from tests.distributed.runs import BASE_NAME, one_thread_as_the_ranks_run, run_two_ranks
 from tests.distributed.split_runs import CASES, run_full, run_lora
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.backend_free]
 
 
 def request(rows: int, loss: str) -> ScoreRequest:

@@ -22,6 +22,7 @@ from tests.jobs.conftest import BASE
 pytestmark = pytest.mark.torch
 
 
+@pytest.mark.long_run
 def test_tinker_models_and_eval_runs_run_on_a_worker_group(
     client: TestClient, live_server: LiveServer, tenant: Tenant, workers: Workers, prepared: Any
 ) -> None:

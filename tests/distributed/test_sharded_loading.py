@@ -29,7 +29,7 @@ from mint.trainer.sharded_loading import CheckpointFiles
 from tests.distributed.loads import probe_logits, variant
 from tests.distributed.runs import one_thread_as_the_ranks_run, run_two_ranks
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.backend_free]
 
 LOAD_BOUND = 0.75  # x the base's weight bytes, per rank of 2
 

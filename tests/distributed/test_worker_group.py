@@ -61,6 +61,7 @@ def losses_by_step(client: TestClient, tenant: Tenant, job_id: str) -> dict[int,
     return losses
 
 
+@pytest.mark.long_run
 def test_a_job_on_a_two_rank_group_survives_a_killed_rank_and_matches_one_process(
     client: TestClient, tenant: Tenant, workers: Workers
 ) -> None:

@@ -38,6 +38,7 @@ def _passed(client: TestClient, tenant: Tenant, run: dict[str, Any]) -> tuple[di
     return {row["task_id"]: row["passed"] for row in data}, {row["task_id"]: row.get("output") for row in data}
 
 
+@pytest.mark.long_run
 def test_a_job_trained_on_expert_corrections_fixes_those_tasks_on_the_ruler(
     client: TestClient, tenant: Tenant, workers: Workers
 ) -> None:

@@ -27,7 +27,9 @@ from mint.integrations.trl import DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig
 from tests.conftest import LiveServer, Tenant, make_tenant
 from tests.tinker_compat.conftest import BASE, TinkerWorker
 
-pytestmark = pytest.mark.torch
+# TRL's trainers are clients of the Tinker API (through the tinker SDK): the embedded pass only;
+# the routes and storage they use are tested on both backends by their own tests.
+pytestmark = [pytest.mark.torch, pytest.mark.client_surface]
 
 TINY = {"max_completion_length": 16, "per_device_train_batch_size": 4, "num_generations": 2, "max_steps": 2}
 

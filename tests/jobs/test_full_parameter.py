@@ -42,6 +42,7 @@ def _create(client: TestClient, tenant: Tenant, body: dict[str, Any]) -> dict[st
     return response.json()
 
 
+@pytest.mark.long_run
 def test_a_full_parameter_job_trains_the_whole_model_bills_device_time_and_resumes_after_a_kill(
     client: TestClient, tenant: Tenant, workers: Workers, prepared: Settings
 ) -> None:

@@ -97,6 +97,7 @@ def test_sft_job_trains_checkpoints_and_registers_a_version(
     assert line["records"] == len(usage) and line["cost_usd"] == pytest.approx(job["cost_usd"], abs=1e-6)
 
 
+@pytest.mark.long_run
 def test_dpo_and_rl_jobs_succeed(client: TestClient, tenant: Tenant, workers: Workers) -> None:
     workers.start("dpo-rl")
     prefs = upload(client, tenant, preference_rows(6))
@@ -133,6 +134,7 @@ def test_dpo_and_rl_jobs_succeed(client: TestClient, tenant: Tenant, workers: Wo
         assert {"reward_std", "groups_with_signal", "samples_with_signal", "entropy", "tokens"} <= set(data), data
 
 
+@pytest.mark.long_run
 def test_an_rl_job_without_reward_signal_stops_and_says_what_to_do(
     client: TestClient, tenant: Tenant, workers: Workers
 ) -> None:
@@ -171,6 +173,7 @@ def test_an_rl_job_without_reward_signal_stops_and_says_what_to_do(
     assert all(data["groups_with_signal"] == 0 and data["reward"] == 0 for data in steps)
 
 
+@pytest.mark.long_run
 def test_an_rl_job_runs_episodes_in_a_python_environment_named_by_the_job(
     client: TestClient, tenant: Tenant, workers: Workers
 ) -> None:

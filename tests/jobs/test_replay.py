@@ -45,6 +45,7 @@ def _evaluate(client: TestClient, tenant: Tenant, benchmark_id: str, model: str)
     return run
 
 
+@pytest.mark.long_run
 def test_a_version_replayed_on_a_new_base_is_measured_against_the_old_lineage(
     own_install: OwnInstall, own_client: TestClient, workers: Workers
 ) -> None:

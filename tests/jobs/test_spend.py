@@ -186,6 +186,7 @@ def test_spend_limits_refuse_a_job_over_them_at_create_and_record_nothing(
 
 
 @pytest.mark.torch
+@pytest.mark.long_run
 def test_a_job_records_its_cost_calibrates_the_next_estimate_and_stops_at_a_limit_lowered_while_it_runs(
     prepared: Settings, client: TestClient, workers: Workers
 ) -> None:

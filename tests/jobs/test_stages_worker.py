@@ -61,6 +61,7 @@ def _first_loss(client: TestClient, tenant: Tenant, job_id: str) -> float:
     return next(e["data"]["loss"] for e in _events(client, tenant, job_id) if e["type"] == "metrics")
 
 
+@pytest.mark.long_run
 def test_a_warm_start_begins_where_its_parent_ended_and_a_failed_stage_keeps_the_earlier_ones(
     client: TestClient, tenant: Tenant, workers: Workers
 ) -> None:
@@ -118,6 +119,7 @@ def test_a_warm_start_begins_where_its_parent_ended_and_a_failed_stage_keeps_the
     assert [v["model"] for v in _versions(client, tenant, "doomed")] == ["doomed@1"]
 
 
+@pytest.mark.long_run
 def test_an_sft_then_rl_chain_registers_a_version_per_stage_and_resumes_in_the_stage_it_was_killed_in(
     client: TestClient, tenant: Tenant, workers: Workers
 ) -> None:
@@ -199,6 +201,7 @@ def test_an_sft_then_rl_chain_registers_a_version_per_stage_and_resumes_in_the_s
     ]
 
 
+@pytest.mark.long_run
 def test_a_versions_lineage_is_replayed_on_another_base_as_one_job_of_its_recipes(
     client: TestClient, tenant: Tenant, workers: Workers
 ) -> None:

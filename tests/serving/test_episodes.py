@@ -173,6 +173,7 @@ def test_a_marked_episode_is_recorded_token_exact_and_rewarded_after_the_fact(
     assert several.status_code == 400 and several.json()["error"]["param"] == "n"
 
 
+@pytest.mark.long_run
 def test_an_online_rl_job_trains_from_live_episodes_and_the_deployment_serves_its_versions_while_traffic_runs(
     live_server: LiveServer, api: httpx.Client, owner: Tenant, version: str, workers: Workers
 ) -> None:

@@ -779,6 +779,7 @@ PRODUCTION_REQUESTS = ["Confirm the order.", "Is the service up?", "Acknowledge 
                        "Ready?", "Did it arrive?", "Reply please.", "All set?"]  # fmt: skip
 
 
+@pytest.mark.long_run
 def test_production_feedback_becomes_the_next_version_that_fixes_what_it_corrected_on_the_same_ruler(
     versions: list[str], owner: Tenant, live_server: LiveServer, node: Any, workers: Any
 ) -> None:

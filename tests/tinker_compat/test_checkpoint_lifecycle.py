@@ -72,6 +72,7 @@ def checkpoints_of(live_server: LiveServer, tenant: Tenant, model_id: str) -> di
     return {item["tinker_path"]: item for item in listed["checkpoints"]}
 
 
+@pytest.mark.client_surface
 def test_the_tinker_cli_lists_downloads_publishes_and_expires_checkpoints(
     connect: Callable[[Tenant], tinker.ServiceClient],
     rest: Callable[[Tenant], tinker.RestClient],

@@ -20,7 +20,9 @@ from tinker import types
 from tests.conftest import LiveServer, Tenant
 from tests.tinker_compat.conftest import BASE, TinkerWorker, api, download_tokenizer
 
-pytestmark = pytest.mark.torch
+# The cookbook's recipes are clients of the Tinker API: the embedded pass only;
+# the routes and storage they use are tested on both backends by their own tests.
+pytestmark = [pytest.mark.torch, pytest.mark.client_surface]
 
 
 @pytest.fixture

@@ -23,7 +23,9 @@ from tests.conftest import LiveServer, Tenant
 from tests.tinker_compat.conftest import BASE
 from tests.tinker_compat.test_cookbook import assert_registered, checkpoint_paths, metrics, workdir
 
-pytestmark = pytest.mark.torch
+# The cookbook's recipes are clients of the Tinker API: the embedded pass only;
+# the routes and storage they use are tested on both backends by their own tests.
+pytestmark = [pytest.mark.torch, pytest.mark.client_surface]
 
 __all__ = ["workdir"]  # the fixture, imported so that pytest finds it here
 

@@ -82,6 +82,7 @@ ON_SNAPSHOT = [
 ]
 
 
+@pytest.mark.long_run
 def test_concurrent_sample_requests_decode_in_one_batch_per_sampler_adapter(
     connect: Callable[[Tenant], tinker.ServiceClient],
     batch_tenant: Tenant,

@@ -19,6 +19,8 @@ from mint.trainer.session import ResidentBase
 from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import AdamParams, Datum, ForwardOutput, LoraOptions, SampledSequence, SampleRequest
 
+pytestmark = pytest.mark.backend_free
+
 PARAMS = {"max_tokens": 3, "temperature": 1.0, "seed": 5}
 
 

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 
 from mint.trainer.batch_invariance import RowSpan, batch_invariant, blocked_elementwise, tiled_linear
 
+pytestmark = pytest.mark.backend_free
+
 
 def test_a_tiled_linear_gives_a_row_the_same_bits_in_any_batch() -> None:
     generator = torch.Generator().manual_seed(0)

@@ -17,6 +17,8 @@ from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import AdamParams, SampledSequence, SampleRequest, SamplingParams
 from tests.trainer.conftest import sft_datum
 
+pytestmark = pytest.mark.backend_free
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, stop=[])
 
 

@@ -34,7 +34,7 @@ from mint.trainer.recipes.rl import (
 from mint.trainer.recipes.sft import SftConfig, run_sft, run_sft_plan
 from mint.trainer.session import ResidentBase
 from mint.trainer.training_session import TrainingSession
-from mint.trainer.types import LoraOptions, SampledSequence, SamplingParams
+from mint.trainer.types import LoraOptions, SampledSequence, SampleRequest, SamplingParams
 
 pytestmark = pytest.mark.backend_free
 
@@ -384,11 +384,14 @@ def test_sft_raises_heldout_exact_match_of_a_real_model(smollm2: ResidentBase) -
         heldout = load_builtin("format", "heldout", 16, seed=0)
 
         def exact_match() -> float:
-            passed = 0
-            for task in heldout:
-                prompt = render_prompt(base.tokenizer, task.messages)
-                (sample,) = session.sample(prompt, SamplingParams(max_tokens=12, temperature=0.0))
-                passed += task.grade(base.tokenizer.decode(sample.tokens, skip_special_tokens=True)).passed
+            # Every held-out prompt in one batched decode, as an eval run samples them.
+            greedy = SamplingParams(max_tokens=12, temperature=0.0)
+            requests = [SampleRequest(render_prompt(base.tokenizer, task.messages), greedy, 1) for task in heldout]
+            samples = [sample for (sample,) in session.sample_batch(requests)]
+            passed = sum(
+                task.grade(base.tokenizer.decode(sample.tokens, skip_special_tokens=True)).passed
+                for task, sample in zip(heldout, samples, strict=True)
+            )
             return passed / len(heldout)
 
         before = exact_match()

@@ -22,6 +22,8 @@ from mint.trainer.training_session import BackwardCall, TrainingSession
 from mint.trainer.types import Datum, SampleRequest, SamplingParams
 from tests.trainer.test_mixed_passes import _trained
 
+pytestmark = pytest.mark.backend_free
+
 ATTENTION_ONLY = {"train_mlp": False, "train_experts": False}
 PROMPT_LENGTH = MIN_SHARED_TOKENS + 4
 
