@@ -4,7 +4,9 @@ the same settings as the servers (MINT_DATABASE_URL or MINT_HOME), not an API ke
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -13,13 +15,13 @@ from mint.cli.output import console, emit, emit_one
 from mint.cli.usage import COLUMNS as USAGE_COLUMNS
 from mint.config import get_settings
 from mint.errors import InvalidRequest, ServiceUnavailable
-from mint.services import auth
-from mint.services.principal import operator
-from mint.services.serving.nodes import NodeAddress
-from mint.services.setup import initialize, prepare_database
-from mint.services.workers import list_workers
-from mint.storage import migrate
-from mint.storage.db import session_scope
+
+# The database layer (SQLAlchemy, alembic, the services) is imported inside the commands that use
+# it: every `mint` command loads this module, and most never touch the database (a second saved
+# on each start).
+if TYPE_CHECKING:
+    from mint.config import Settings
+    from mint.services.serving.nodes import NodeAddress
 
 admin = typer.Typer(
     help="Operator commands: set-up, organizations, keys, models, workers, queues, jobs, gc.", no_args_is_help=True
@@ -43,6 +45,17 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")
 OrgOpt = Annotated[str, typer.Option("--org", help="Organization name or id.")]
 
 
+@contextmanager
+def _database(settings: Settings | None = None) -> Iterator[Any]:
+    """A SQLAlchemy session on the operator's database (MINT_DATABASE_URL or MINT_HOME) that
+    commits on success: the commands' one way in, which loads the database layer when first used
+    (typed Any, as `_price_rows` takes it: SQLAlchemy belongs to the storage and service layers)."""
+    from mint.storage.db import session_scope
+
+    with session_scope((settings or get_settings()).database) as session:
+        yield session
+
+
 def _key_row(key: Any) -> dict[str, Any]:
     return {column: getattr(key, column) for column in KEY_COLUMNS}
 
@@ -54,6 +67,8 @@ NEEDS_NO_SCHEMA = {"init", "migrate", "models"}
 @admin.callback()
 def require_schema(ctx: typer.Context) -> None:
     """Operator commands act on the database named by MINT_DATABASE_URL (or MINT_HOME)."""
+    from mint.storage import migrate
+
     if ctx.invoked_subcommand not in NEEDS_NO_SCHEMA:
         migrate.require_schema(get_settings().database)
 
@@ -61,6 +76,9 @@ def require_schema(ctx: typer.Context) -> None:
 @admin.command("migrate")
 def migrate_command() -> None:
     """Upgrade the database schema to the latest migration and sync the base registry."""
+    from mint.services.setup import prepare_database
+    from mint.storage import migrate
+
     settings = get_settings()
     bases = prepare_database(settings)
     console.print(f"database at revision {migrate.current_revision(settings.database)}; bases: {', '.join(bases)}")
@@ -72,6 +90,8 @@ def init_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Migrate, then create the first organization and its first admin key (printed once)."""
+    from mint.services.setup import initialize
+
     result = initialize(get_settings(), organization_name=org)
     if as_json:
         emit_one(
@@ -97,14 +117,18 @@ def init_command(
 @orgs.command("create")
 def orgs_create(name: str, as_json: JsonOpt = False) -> None:
     """Create an organization (then give it a key with `mint admin keys create`)."""
-    with session_scope(get_settings().database) as session:
+    from mint.services import auth
+
+    with _database() as session:
         org = auth.create_organization(session, name=name)
         emit_one({"id": org.id, "name": org.name, "created_at": org.created_at}, as_json=as_json)
 
 
 @orgs.command("list")
 def orgs_list(as_json: JsonOpt = False) -> None:
-    with session_scope(get_settings().database) as session:
+    from mint.services import auth
+
+    with _database() as session:
         rows = [{"id": o.id, "name": o.name, "created_at": o.created_at} for o in auth.list_organizations(session)]
     emit(rows, ["id", "name", "created_at"], as_json=as_json, title="organizations")
 
@@ -161,7 +185,9 @@ def orgs_quota(
     and their feedback kept: beyond it new captures are dropped and feedback is answered 429.
     """
     from mint.schemas.auth import QuotaKind
+    from mint.services import auth
     from mint.services.billing.quotas import QuotaDefaults, quotas_of, set_quotas
+    from mint.services.principal import operator
 
     given: dict[QuotaKind, str | None] = {
         "tinker_sessions": tinker_sessions,
@@ -174,7 +200,7 @@ def orgs_quota(
         kind: _quota_value("--" + kind.replace("_", "-"), value) for kind, value in given.items() if value is not None
     }
     settings = get_settings()
-    with session_scope(settings.database) as session:
+    with _database(settings) as session:
         organization = auth.find_organization(session, org)
         if changes:
             set_quotas(session, operator(organization.id), organization, changes)
@@ -195,7 +221,10 @@ def keys_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Create a key; the secret is printed once (Mint stores only its hash)."""
-    with session_scope(get_settings().database) as session:
+    from mint.services import auth
+    from mint.services.principal import operator
+
+    with _database() as session:
         organization = auth.find_organization(session, org)
         key, secret = auth.create_api_key(
             session, operator(organization.id), name=name, role=role, expires_in_days=expires_in_days
@@ -210,7 +239,9 @@ def keys_create(
 
 @keys.command("list")
 def keys_list(org: OrgOpt, as_json: JsonOpt = False) -> None:
-    with session_scope(get_settings().database) as session:
+    from mint.services import auth
+
+    with _database() as session:
         organization = auth.find_organization(session, org)
         rows = [_key_row(key) for key in auth.all_api_keys(session, organization.id)]
     emit(rows, KEY_COLUMNS, as_json=as_json, title=f"keys of {org}")
@@ -219,7 +250,10 @@ def keys_list(org: OrgOpt, as_json: JsonOpt = False) -> None:
 @keys.command("revoke")
 def keys_revoke(key_id: str, org: OrgOpt, as_json: JsonOpt = False) -> None:
     """Revoke a key at once."""
-    with session_scope(get_settings().database) as session:
+    from mint.services import auth
+    from mint.services.principal import operator
+
+    with _database() as session:
         organization = auth.find_organization(session, org)
         key = auth.revoke_api_key(session, operator(organization.id), key_id)
         emit_one(_key_row(key), as_json=as_json)
@@ -254,7 +288,9 @@ def models_pull(name: str) -> None:
 @workers.command("list")
 def workers_list(as_json: JsonOpt = False) -> None:
     """Workers that registered and are still heartbeating."""
-    with session_scope(get_settings().database) as session:
+    from mint.services.workers import list_workers
+
+    with _database() as session:
         rows = [
             {
                 "id": w.id,
@@ -304,7 +340,7 @@ def jobs_list(
     """The newest jobs of all organizations, with their progress and worker."""
     from mint.services.jobs.fine_tuning import list_all_jobs
 
-    with session_scope(get_settings().database) as session:
+    with _database() as session:
         rows = [
             {**{column: getattr(job, column) for column in JOB_COLUMNS}, "worker_id": job.worker_id}
             for job in list_all_jobs(session, status=status, limit=limit)
@@ -319,7 +355,7 @@ def jobs_requeue(job_id: str, as_json: JsonOpt = False) -> None:
     from mint.worker.dispatch import CeleryDispatch
 
     settings = get_settings()
-    with session_scope(settings.database) as session:
+    with _database(settings) as session:
         job = requeue_job(session, job_id, send=CeleryDispatch(settings))
         emit_one({"id": job.id, "status": job.status, "task_id": job.task_id}, as_json=as_json)
 
@@ -344,7 +380,7 @@ def cache_stats(
     from mint.services.serving.nodes import live_addresses
 
     settings = get_settings()
-    with session_scope(settings.database) as session:
+    with _database(settings) as session:
         nodes = live_addresses(session, base, settings.shared_node_token)
     rows = []
     for node in nodes:
@@ -369,11 +405,12 @@ def cache_stats(
 
 def _pin_target(model: str, org: str) -> tuple[NodeAddress, dict[str, Any]]:
     """The node that serves `model` (an adapter version of organization `org`) and the adapter's wire form."""
+    from mint.services import auth
     from mint.services.serving.inference import plan_for
     from mint.services.serving.nodes import node_for
 
     settings = get_settings()
-    with session_scope(settings.database) as session:
+    with _database(settings) as session:
         organization = auth.find_organization(session, org)
         plan = plan_for(session, organization.id, model)
         if plan.adapter is None:
@@ -432,7 +469,7 @@ def _price_rows(session: Any) -> list[dict[str, Any]]:
 @prices.command("list")
 def prices_list(as_json: JsonOpt = False) -> None:
     """Every enabled base's prices: USD per million tokens trained, sampled, served; per GPU-hour."""
-    with session_scope(get_settings().database) as session:
+    with _database() as session:
         rows = _price_rows(session)
     emit(rows, PRICE_COLUMNS, as_json=as_json, title="prices (USD per million tokens; per GPU-hour)")
 
@@ -461,7 +498,7 @@ def prices_set(
     )
     if not changes:
         raise InvalidRequest("give at least one of --trained, --sampled, --served, --gpu-hour, or --default")
-    with session_scope(get_settings().database) as session:
+    with _database() as session:
         set_prices(session, base, changes)
         rows = [row for row in _price_rows(session) if row["base_model"] == base]
     emit(rows, PRICE_COLUMNS, as_json=as_json, title=f"prices of {base}")
@@ -480,7 +517,7 @@ def estimates_command(
     first, with the mean absolute error: the figures to judge the model by."""
     from mint.services.billing.prices import estimate_errors
 
-    with session_scope(get_settings().database) as session:
+    with _database() as session:
         errors = estimate_errors(session, limit=limit)
     rows = [
         {
@@ -506,9 +543,10 @@ def estimates_command(
 @admin.command("usage")
 def usage_command(org: OrgOpt, as_json: JsonOpt = False) -> None:
     """Tokens trained, sampled and served by an organization, per kind and base model, with their cost."""
+    from mint.services import auth
     from mint.services.billing.usage import usage_summary
 
-    with session_scope(get_settings().database) as session:
+    with _database() as session:
         organization = auth.find_organization(session, org)
         rows = [line.model_dump() for line in usage_summary(session, organization.id)]
     emit(rows, USAGE_COLUMNS, as_json=as_json, title=f"usage of {org}")
@@ -542,14 +580,16 @@ def gc_command(
     as_json: JsonOpt = False,
 ) -> None:
     """List the objects no row references (orphans left by crashes), older than --grace; --apply deletes them."""
+    from mint.services import auth
     from mint.services.models.object_gc import collect_garbage
+    from mint.services.principal import operator
     from mint.storage.objects import object_store_for
 
     grace_s = parse_duration_s(grace)
     settings = get_settings()
     actor = None
     if apply:
-        with session_scope(settings.database) as session:
+        with _database(settings) as session:
             organizations = [auth.find_organization(session, org)] if org else auth.list_organizations(session)
             if not organizations:
                 raise InvalidRequest("no organization to audit the deletion in; run `mint admin init` first")
