@@ -20,7 +20,7 @@ cached in its usage.
 Each step's logits give every sampled token its logprob (logit - logsumexp in float32: the
 model's own distribution, at temperature 1, whatever the request samples with), and, for
 the rows whose request asked for `top_logprobs` k > 0, the k most likely tokens with the
-same numbers (`mint.trainer.packing.top_logprobs`); rows that did not ask compute no top-k.
+same numbers (`mint.trainer.head_logprobs.top_logprobs`); rows that did not ask compute no top-k.
 
 Adapters come in the PEFT format written by `peft` and by Mint's trainer
 (`save_weights_for_sampler`): module LoRA (`target_modules`), parameter LoRA on a linear's
@@ -76,9 +76,9 @@ from mint.serving.lora_slots import (
     replace_module,
 )
 from mint.serving.peft_format import adapter_files, holdback, read_config
+from mint.trainer.head_logprobs import token_logprobs, top_logprobs
 from mint.trainer.lora import TargetCatalogue
 from mint.trainer.models import load_base_model
-from mint.trainer.packing import token_logprobs, top_logprobs
 from mint.trainer.prompt_cache import DEFAULT_MAX_BYTES as DEFAULT_PROMPT_CACHE_BYTES
 from mint.trainer.prompt_cache import CachedPrompts, PromptCache, Spliced
 from mint.trainer.sampling import choose_tokens, end_of_sequence_ids

@@ -158,8 +158,12 @@ def batch_invariant(spans: Sequence[RowSpan] | None = None) -> Iterator[None]:
         _open.spans = previous
 
 
+def invariance_open() -> bool:
+    """Whether a `batch_invariant()` block is open on this thread."""
+    return getattr(_open, "spans", False) is not False
+
+
 def checkpoint_contexts() -> tuple[AbstractContextManager[Any], AbstractContextManager[Any]]:
     """`torch.utils.checkpoint`'s `context_fn`: a checkpointed block recomputed in the backward
     pass runs as batch-invariant as its forward did (the backward does not see the forward's mode)."""
-    spans = getattr(_open, "spans", False)
-    return nullcontext(), (_BatchInvariant(spans) if spans is not False else nullcontext())
+    return nullcontext(), (_BatchInvariant(_open.spans) if invariance_open() else nullcontext())

@@ -22,8 +22,9 @@ attention a little, not the whole decoder: SmolLM2's SFT batches of 8 chat rows 
 many positions padded as real, and the activations a pass keeps for its backward grow with the
 positions. Mixed passes of several adapters keep the rows (their LoRA spans are rows).
 
-`token_logprobs` is THE logprob computation: `forward`, `forward_backward` and `sample` all use
-it, so that sampled logprobs and trained logprobs agree (no train/inference mismatch in RL).
+`head_logprobs.token_logprobs` is THE logprob computation: `forward`, `forward_backward` and
+`sample` all use it, so that sampled logprobs and trained logprobs agree (no train/inference
+mismatch in RL).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mint.trainer.batch_invariance import checkpoint_contexts
+from mint.trainer.batch_invariance import checkpoint_contexts, invariance_open
+from mint.trainer.head_logprobs import selective_head_fits, selective_head_logprobs, token_logprobs
 from mint.trainer.host_memory import returning_large_blocks
 from mint.trainer.shared_prefixes import SharedPrefixes, decoder_positions, share, shared_hidden
 from mint.trainer.types import Datum
@@ -152,29 +154,6 @@ def pack(
         if share_prefixes
         else None,
     )
-
-
-def token_logprobs(logits_N_V: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits)[target] in float32, for each of N positions: (N,) for targets (N,),
-    (N, K) for K targets per position (N, K).
-
-    Computed as logit[target] - logsumexp(logits), which is the same number as gathering from
-    `log_softmax` without keeping an (N, V) table of logprobs alive for the backward pass.
-    """
-    logits_N_V = logits_N_V.float()
-    if targets_N.dim() == 2:
-        return logits_N_V.gather(-1, targets_N) - torch.logsumexp(logits_N_V, dim=-1, keepdim=True)
-    picked_N = logits_N_V.gather(-1, targets_N.unsqueeze(-1)).squeeze(-1)
-    return picked_N - torch.logsumexp(logits_N_V, dim=-1)
-
-
-def top_logprobs(logits_N_V: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `k` most likely tokens at each of N positions and their logprobs, most likely first:
-    `(ids_N_K, logprobs_N_K)`, each logprob the number `token_logprobs` gives for that token
-    (logit - logsumexp, in float32), so a top-k list and a sampled token's logprob agree."""
-    logits_N_V = logits_N_V.float()
-    values_N_K, ids_N_K = logits_N_V.topk(min(k, logits_N_V.shape[-1]), dim=-1)
-    return ids_N_K, values_N_K - torch.logsumexp(logits_N_V, dim=-1, keepdim=True)
 
 
 # A pass with gradients whose activations would take more than this (by `activation_bytes`) is a
@@ -361,6 +340,19 @@ Reduce = Callable[[torch.Tensor, int, int], tuple[torch.Tensor, ...]]
 
 
 @dataclass(frozen=True)
+class TargetLogprobs:
+    """The `Reduce` of a pass that scores its targets: each real position's logprobs of its
+    targets. A pass with gradients computes them with `head_logprobs.selective_head_logprobs`
+    (the head again in the backward pass only where the loss has a gradient) where the head
+    allows it and the pass is not batch-invariant; otherwise each chunk is recomputed whole."""
+
+    targets_N_K: torch.Tensor
+
+    def __call__(self, logits_C_V: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, ...]:
+        return (token_logprobs(logits_C_V, self.targets_N_K[start:stop]),)
+
+
+@dataclass(frozen=True)
 class PassShape:
     """What of a pass's layout decides the collectives it runs where the weights are sharded over
     a worker group's ranks (FSDP2: each call of a sharded module all-gathers its weights, and again
@@ -471,13 +463,19 @@ def position_outputs(
         with layers_scope:
             hidden_N_H = causal.get_decoder()(**inputs).last_hidden_state[batch.real_B_L]
     head = causal.get_output_embeddings()
+    # Target logprobs with gradients, in a pass whose bits may depend on the batch, through a head
+    # that can run again on some of its positions.
+    selective = isinstance(reduce, TargetLogprobs) and torch.is_grad_enabled() and not invariance_open()
+    selective_targets = reduce.targets_N_K if selective and selective_head_fits(head) else None
     chunks = []
     # One split (whose backward is one concatenation), not a slice per chunk (whose backward
     # fills a zero tensor of all N positions, once per chunk).
     pieces = hidden_N_H.split([stop - start for _, start, stop in bounds])
     for (index, start, stop), hidden_C_H in zip(bounds, pieces, strict=True):
         scope = functools.partial(mixed.scope, index) if mixed is not None else nullcontext
-        if torch.is_grad_enabled():  # recomputed in the backward pass, in its scope again
+        if selective_targets is not None:  # the backward pass runs the head where the loss reads it
+            chunks.append((selective_head_logprobs(head, hidden_C_H, selective_targets[start:stop], scope),))
+        elif torch.is_grad_enabled():  # recomputed in the backward pass, in its scope again
             chunks.append(
                 checkpoint(
                     _chunk_outputs,
@@ -497,7 +495,4 @@ def packed_logprobs(
     """One forward over the batch; returns each datum's logprobs of its targets, (L,) or (L, K)
     (with grad if enabled). See `position_outputs` for the chunks and spans."""
 
-    def targets_logprobs(logits_C_V: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor]:
-        return (token_logprobs(logits_C_V, batch.targets_N_K[start:stop]),)
-
-    return batch.split(position_outputs(model, batch, targets_logprobs, spans, mixed)[0])
+    return batch.split(position_outputs(model, batch, TargetLogprobs(batch.targets_N_K), spans, mixed)[0])

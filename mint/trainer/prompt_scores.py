@@ -2,7 +2,7 @@
 the k most likely tokens at each position, and the logprobs of token ids the client names.
 
 Position i of the prompt (i >= 1) is scored from the context before it, prompt[:i]; position 0
-has no context and no score. Every number is `packing.token_logprobs`' (logit - logsumexp at
+has no context and no score. Every number is `head_logprobs.token_logprobs`' (logit - logsumexp at
 temperature 1, float32), the one `forward` and the sampler use, so a prompt logprob, a top-k
 entry and a target logprob of the same token at the same position are the same float.
 
@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from mint.errors import InvalidRequest
-from mint.trainer.packing import pack, position_outputs, token_logprobs, top_logprobs
+from mint.trainer.head_logprobs import token_logprobs, top_logprobs
+from mint.trainer.packing import pack, position_outputs
 from mint.trainer.types import Datum
 
 # A target cell that asks for nothing (Tinker's convention); its logprob is reported as 0.0.

@@ -11,12 +11,12 @@ so a request draws from its own generator exactly as it would alone: a request's
 not depend on what else is in the batch, up to float rounding.
 
 Each chosen token's logprob is taken from the model's own distribution at temperature 1 with
-`packing.token_logprobs`, the function `forward` uses, so sampled logprobs equal the logprobs
+`head_logprobs.token_logprobs`, the function `forward` uses, so sampled logprobs equal the logprobs
 a later `forward` computes for the same tokens (up to float32 rounding). Each token's logprob
 under the distribution it was actually drawn from (temperature, top-k, top-p applied) is kept
 too, as `sampler_logprobs`: the stability info `stable_reinforce` weighs against. A request that
 asks for `top_logprobs` k also gets, at each position, the k most likely tokens under the same
-temperature-1 distribution (`packing.top_logprobs`), computed for its rows only.
+temperature-1 distribution (`head_logprobs.top_logprobs`), computed for its rows only.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from mint.errors import InvalidRequest
+from mint.trainer.head_logprobs import token_logprobs, top_logprobs
 from mint.trainer.kv_cache import reserve
-from mint.trainer.packing import token_logprobs, top_logprobs
 from mint.trainer.prompt_cache import CachedPrompts, Spliced
 from mint.trainer.types import SampledSequence, SampleRequest, SamplingParams
 

@@ -20,8 +20,8 @@ from mint.schemas.base_models import get_base_model_spec
 from mint.serving.engine import AdapterTensors, GenerateRequest
 from mint.serving.torch_engine import TorchEngine, read_adapter_folder
 from mint.trainer.checkpoint import write_sampler_weights
+from mint.trainer.head_logprobs import token_logprobs
 from mint.trainer.models import load_base_model
-from mint.trainer.packing import token_logprobs
 
 if TYPE_CHECKING:
     from tests.serving.conftest import AdapterKit

@@ -18,9 +18,9 @@ from mint.config import Settings
 from mint.errors import Conflict, InvalidRequest, NotFound
 from mint.schemas.base_models import BaseModelSpec
 from mint.trainer import checkpoint
+from mint.trainer.head_logprobs import token_logprobs
 from mint.trainer.lora import wrapped_targets
 from mint.trainer.models import load_base_model
-from mint.trainer.packing import token_logprobs
 from mint.trainer.session import ResidentBase
 from mint.trainer.training_session import TrainingSession
 from mint.trainer.types import AdamParams, Datum, ForwardOutput
