@@ -11,9 +11,10 @@
   prefix of it read before the connection is closed.
 
 The resolver is faked (`socket.getaddrinfo`, the function Mint and httpcore resolve with) for
-names under `mint-test.example`; every socket Mint opens goes through `Network`, which
-records the addresses dialed and the bytes received, and refuses public addresses: the
-internet is out of reach of a test.
+names under `mint-test.example`; every socket the test's thread opens (a delivery runs on the
+thread that calls it) goes through `Network`, which records the addresses dialed and the bytes
+received, and refuses public addresses: the internet is out of reach of a test. Sockets of
+other threads (a pool or server another test left running in the process) pass unrecorded.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class Resolver:
 
 @dataclass
 class Network:
-    """Every socket opened during a test: the addresses dialed, bytes received per address,
+    """Every socket the test's thread opened: the addresses dialed, bytes received per address,
     and public addresses refused (as an unreachable network refuses them)."""
 
     dialed: list[tuple[str, int]] = field(default_factory=list)
@@ -89,18 +90,21 @@ class Network:
 @pytest.fixture
 def network(monkeypatch: pytest.MonkeyPatch) -> Network:
     record = Network()
+    test_thread = threading.get_ident()
 
     class RecordedSocket(socket.socket):
         def connect(self, address: Any) -> None:
-            peer = (str(address[0]), int(address[1]))
-            record.dialed.append(peer)
-            if ipaddress.ip_address(peer[0].split("%")[0]).is_global:
-                raise OSError(errno.ENETUNREACH, f"{peer[0]} is on the internet, out of a test's reach")
+            if threading.get_ident() == test_thread:
+                peer = (str(address[0]), int(address[1]))
+                record.dialed.append(peer)
+                if ipaddress.ip_address(peer[0].split("%")[0]).is_global:
+                    raise OSError(errno.ENETUNREACH, f"{peer[0]} is on the internet, out of a test's reach")
             super().connect(address)
 
         def recv(self, size: int, *args: Any) -> bytes:
             data = super().recv(size, *args)
-            record.received[self.getpeername()[:2]] += len(data)
+            if threading.get_ident() == test_thread:
+                record.received[self.getpeername()[:2]] += len(data)
             return data
 
     monkeypatch.setattr(socket, "socket", RecordedSocket)
