@@ -22,7 +22,6 @@ Prints each path's median times, and the ratios (goal: >= 18x, the MinT paper's 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import statistics
 import sys
 import tempfile
@@ -79,15 +78,13 @@ def mint_first_token(node: object, adapter: Path, prompt_messages: list[dict[str
     from mint.schemas.inference import AdapterOnNode
     from mint.schemas.node import NodeCompletion
     from mint.services.models.adapters import archive_adapter
+    from mint.storage.keys import adapter_key
 
     started = time.perf_counter()
-    archive = archive_adapter(adapter)
-    sha256 = hashlib.sha256(archive).hexdigest()
-    key = f"adapters/sha256/{sha256}.tar"
-    node.store.put_bytes(key, archive)  # type: ignore[attr-defined]
-    version = AdapterOnNode(ref="bench@1", sha256=sha256, object_key=key)
+    stored = node.store.put_content(archive_adapter(adapter), adapter_key)  # type: ignore[attr-defined]
+    version = AdapterOnNode(ref="bench@1", sha256=stored.sha256, object_key=stored.key)
     node.know(version)  # type: ignore[attr-defined]
-    with node.cache.acquire(sha256):  # type: ignore[attr-defined]
+    with node.cache.acquire(stored.sha256):  # type: ignore[attr-defined]
         servable = time.perf_counter() - started
         request = NodeCompletion(
             messages=prompt_messages,

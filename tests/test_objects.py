@@ -11,11 +11,13 @@ import hashlib
 import io
 import random
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, BinaryIO
 
 import boto3
@@ -147,6 +149,36 @@ def test_round_trip_reports_sha256_and_size(backend: Backend) -> None:
     with store.open("a/file") as stream:
         assert stream.read(10) == large[:10]
         assert stream.read() == large[10:]
+
+
+def test_content_is_stored_once_under_its_hash_and_hashed_once(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`put_content` names the object by its sha256 and records that same digest, hashing the
+    bytes once (on the helper thread, while they are written); the same content again keeps the
+    object there and leaves no temp object behind."""
+    store, data = backend.store, payload(MiB + 7)
+    hashed: list[tuple[int, bool]] = []  # (bytes, on the helper thread)
+
+    class CountedSha256:
+        def __init__(self) -> None:
+            self._digest = hashlib.sha256()
+
+        def update(self, chunk: bytes) -> None:
+            hashed.append((len(chunk), threading.current_thread().name.startswith("object-hash")))
+            self._digest.update(chunk)
+
+        def hexdigest(self) -> str:
+            return self._digest.hexdigest()
+
+    monkeypatch.setattr(objects, "hashlib", SimpleNamespace(sha256=CountedSha256))
+    info = store.put_content(data, lambda digest: f"content/{digest}.bin")
+    assert (info.key, info.size_bytes, info.sha256) == (f"content/{sha256(data)}.bin", len(data), sha256(data))
+    assert store.stat(info.key) == info and store.get_bytes(info.key) == data
+    assert hashed == [(len(data), True)]
+    written = store.stat(info.key).modified_at
+    assert store.put_content(data, lambda digest: f"content/{digest}.bin") == info
+    assert store.stat(info.key).modified_at == written and backend.leftovers() == []
 
 
 def test_stream_reads_in_bounded_chunks(backend: Backend) -> None:

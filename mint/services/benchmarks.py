@@ -110,12 +110,8 @@ def _sha256(data: bytes) -> str:
 
 def _store(store: ObjectStore, parsed: ParsedBenchmark) -> tuple[str, str]:
     """Write the canonical tasks under their hash (once: the same content is one object)."""
-    data = canonical_jsonl(parsed.tasks)
-    sha256 = _sha256(data)
-    key = benchmark_key(sha256)
-    if not store.exists(key):
-        store.put_bytes(key, data)
-    return key, sha256
+    stored = store.put_content(canonical_jsonl(parsed.tasks), benchmark_key)
+    return stored.key, stored.sha256
 
 
 def _version_row(benchmark: Benchmark, number: int, key: str, sha256: str, parsed: ParsedBenchmark) -> BenchmarkVersion:

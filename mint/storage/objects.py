@@ -5,7 +5,8 @@ Two backends behind one small protocol, chosen by URL (`open_object_store`):
     file:///var/lib/mint/objects   LocalObjectStore, the default, also what tests run on
     s3://bucket/optional/prefix    S3ObjectStore, any S3-compatible service (AWS, MinIO)
 
-Both stream writes in bounded chunks, hashing as they go, enforce an optional size limit,
+Both stream writes in bounded chunks, hashing as they go (on a helper thread, while the
+chunk is written), enforce an optional size limit,
 and stream reads (`stream`: the object's size and sha256, then its bytes a chunk at a time),
 so a process that serves an 8 GiB adapter never holds more than a chunk of it. Writes publish
 atomically: an object is either absent or complete under its key, never half written. Every
@@ -24,6 +25,7 @@ import re
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, closing, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -44,6 +46,8 @@ from mint.errors import ConfigurationError, Conflict, InvalidRequest, NotFound, 
 MiB = 1024 * 1024
 CHUNK_BYTES = 1 * MiB  # read size for file-like sources
 MAX_KEY_CHARS = 1024
+Source = BinaryIO | Iterable[bytes]  # what `put` streams: a file, or chunks
+KeyOf = Callable[[str], str]  # a content-addressed key from a sha256 hex digest
 INCOMING = ".incoming"  # temp objects being written; never listed
 META = ".meta"  # local sidecars holding each object's size and sha256; never listed
 SHA256_METADATA = "sha256"  # S3 user-metadata field (sent as x-amz-meta-sha256)
@@ -115,12 +119,18 @@ class ObjectStore(Protocol):
     a cheap readiness probe that raises ServiceUnavailable saying what to fix;
     `presigned_url` is a URL that reads one object without credentials for `expires_s`
     seconds, where the store can make one (None: the API serves the download itself).
+
+    `put_content` stores bytes under the key their sha256 names (`key_of(hex digest)`: adapter
+    versions, benchmarks, samplers' snapshots), once per content: an object already under that
+    key holds the same bytes and is kept. The digest is the one taken while the bytes are
+    written, so they are hashed once, for the key and the recorded sha256 alike.
     """
 
     url: str
 
     def put(self, key: str, source: BinaryIO | Iterable[bytes], *, max_bytes: int | None = None) -> ObjectInfo: ...
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo: ...
+    def put_content(self, data: bytes, key_of: KeyOf) -> ObjectInfo: ...
     def open(self, key: str) -> AbstractContextManager[BinaryIO]: ...
     def stream(self, key: str, *, chunk_bytes: int = CHUNK_BYTES) -> ObjectStream: ...
     def get_bytes(self, key: str) -> bytes: ...
@@ -183,26 +193,61 @@ def _exists(store: ObjectStore, key: str) -> bool:
 
 
 class _Meter:
-    """Counts and hashes the bytes flowing through `chunks`, stopping at `max_bytes`."""
+    """Counts and hashes the bytes flowing through `chunks`, stopping at `max_bytes`.
+
+    Each chunk is hashed on a helper thread while its consumer writes it (hashlib lets go of
+    the GIL): sha256 runs at about 1 GB/s on one core, as slow as the write it would otherwise
+    follow, and a trained version's handoff to serving waits on both. One chunk is hashed at a
+    time, in order, so at most two chunks are held.
+    """
 
     def __init__(self, max_bytes: int | None) -> None:
         self.max_bytes = max_bytes
         self.size_bytes = 0
         self._sha256 = hashlib.sha256()
+        self._done = False
 
     def chunks(self, source: BinaryIO | Iterable[bytes]) -> Iterator[bytes]:
         read = getattr(source, "read", None)
         # Files are iterable too, but by lines; read them in fixed chunks instead.
         chunks = iter(lambda: cast(bytes, read(CHUNK_BYTES)), b"") if read else iter(source)
-        for chunk in chunks:
-            self.size_bytes += len(chunk)
-            if self.max_bytes is not None and self.size_bytes > self.max_bytes:
-                raise PayloadTooLarge(f"the object exceeds the limit of {self.max_bytes} bytes; send a smaller one")
-            self._sha256.update(chunk)
-            yield chunk
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="object-hash") as hasher:
+            hashing: Future[None] | None = None
+            for chunk in chunks:
+                self.size_bytes += len(chunk)
+                if self.max_bytes is not None and self.size_bytes > self.max_bytes:
+                    raise PayloadTooLarge(f"the object exceeds the limit of {self.max_bytes} bytes; send a smaller one")
+                if hashing is not None:
+                    hashing.result()
+                hashing = hasher.submit(self._sha256.update, chunk)
+                yield chunk
+        self._done = True  # the executor's exit waited for the last chunk's hash
+
+    @property
+    def sha256(self) -> str:
+        """The hex digest of every chunk, once `chunks` is exhausted."""
+        assert self._done, "the digest is known once every chunk went through"
+        return self._sha256.hexdigest()
 
     def info(self, key: str) -> ObjectInfo:
-        return ObjectInfo(key=key, size_bytes=self.size_bytes, sha256=self._sha256.hexdigest())
+        return ObjectInfo(key=key, size_bytes=self.size_bytes, sha256=self.sha256)
+
+
+class _Writes:
+    """The writes both stores make of their own `put` and `_put` (a temp copy, published
+    under `key_of(its sha256)`, unless `keep_existing` and an object is already there)."""
+
+    def put(self, key: str, source: BinaryIO | Iterable[bytes], *, max_bytes: int | None = None) -> ObjectInfo:
+        raise NotImplementedError
+
+    def _put(self, source: Source, meter: _Meter, key_of: KeyOf, *, keep_existing: bool = False) -> ObjectInfo:
+        raise NotImplementedError
+
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+        return self.put(key, [data])
+
+    def put_content(self, data: bytes, key_of: KeyOf) -> ObjectInfo:
+        return self._put([data], _Meter(None), key_of, keep_existing=True)
 
 
 def _fsync_replace(temp: Path, path: Path) -> None:
@@ -212,7 +257,7 @@ def _fsync_replace(temp: Path, path: Path) -> None:
     os.replace(temp, path)
 
 
-class LocalObjectStore:
+class LocalObjectStore(_Writes):
     """Objects as files under one folder.
 
     `<root>/<key>` holds the bytes and `<root>/.meta/<key>.json` their size and sha256. A
@@ -240,22 +285,28 @@ class LocalObjectStore:
     def put(self, key: str, source: BinaryIO | Iterable[bytes], *, max_bytes: int | None = None) -> ObjectInfo:
         """Stream `source` to `key` through a temp file; raises PayloadTooLarge past `max_bytes`."""
         self._make_room(validate_key(key))
-        meter = _Meter(max_bytes)
+        return self._put(source, _Meter(max_bytes), lambda _sha256: key)
+
+    def _put(self, source: Source, meter: _Meter, key_of: KeyOf, *, keep_existing: bool = False) -> ObjectInfo:
+        """Write `source` to a temp file, then publish it (sidecar first) under `key_of(its sha256)`,
+        unless `keep_existing` and an object is already there."""
         fd, temp_name = tempfile.mkstemp(dir=self._incoming, prefix="object-")
         temp = Path(temp_name)
         try:
             with os.fdopen(fd, "wb") as file:
                 for chunk in meter.chunks(source):
                     file.write(chunk)
+            key = validate_key(key_of(meter.sha256))
+            existing = self._info(key) if keep_existing else None
+            if existing is not None:
+                return existing
+            self._make_room(key)
             info = meter.info(key)
             self._write_sidecar(info)
             _fsync_replace(temp, self.root / key)
         finally:
             temp.unlink(missing_ok=True)  # already gone after a successful publish
         return info
-
-    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
-        return self.put(key, [data])
 
     @contextmanager
     def open(self, key: str) -> Iterator[BinaryIO]:
@@ -387,7 +438,7 @@ class LocalObjectStore:
         )
 
 
-class S3ObjectStore:
+class S3ObjectStore(_Writes):
     """Objects in an S3 bucket under an optional prefix, through boto3.
 
     A write streams to `<prefix>/.incoming/<uuid>` with boto3's managed (multipart) upload,
@@ -423,24 +474,28 @@ class S3ObjectStore:
         boto3 reads `source` on one of its worker threads, a part at a time, and holds about
         fifteen parts in memory at most (120 MiB at the default part size).
         """
-        target = self._key(validate_key(key))
+        validate_key(key)
+        return self._put(source, _Meter(max_bytes), lambda _sha256: key)
+
+    def _put(self, source: Source, meter: _Meter, key_of: KeyOf, *, keep_existing: bool = False) -> ObjectInfo:
+        """Upload `source` to a temp key, then copy it to `key_of(its sha256)`, unless
+        `keep_existing` and an object is already there."""
         temp = self._key(f"{INCOMING}/{uuid.uuid4().hex}")
-        meter = _Meter(max_bytes)
         try:
             with self._translated():
                 self._client.upload_fileobj(
-                    _ChunkReader(meter.chunks(source)), self.bucket, temp, Config=self._transfer_config(max_bytes)
+                    _ChunkReader(meter.chunks(source)), self.bucket, temp, Config=self._transfer_config(meter.max_bytes)
                 )
+                key = validate_key(key_of(meter.sha256))
+                if keep_existing and self.exists(key):
+                    return self.stat(key)
                 info = meter.info(key)
-                self._publish(temp, target, info)
+                self._publish(temp, self._key(key), info)
         finally:
             # A temp key that survives a failed delete is harmless: it is never listed.
             with suppress(ClientError, BotoCoreError):
                 self._client.delete_object(Bucket=self.bucket, Key=temp)
         return info
-
-    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
-        return self.put(key, [data])
 
     @contextmanager
     def open(self, key: str) -> Iterator[BinaryIO]:

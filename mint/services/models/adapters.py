@@ -17,7 +17,6 @@ through the catalog (`mint.services.catalog.resolve_model_ref`).
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +114,8 @@ def register_version(
     """Store an adapter archive (once per content) and record it as the adapter's next version,
     with the version it was trained from (`parent_version_id`), if any; an upload starts
     `validating` (`mint.services.models.uploads`)."""
-    sha256 = hashlib.sha256(archive).hexdigest()
-    key = adapter_key(sha256)
-    if not store.exists(key):
-        store.put_bytes(key, archive)
+    stored = store.put_content(archive, adapter_key)
+    key, sha256 = stored.key, stored.sha256
     adapter = ensure_adapter(session, organization_id=organization_id, name=name, base_model=base_model)
     _hold_numbering(session, adapter)
     newest = session.execute(

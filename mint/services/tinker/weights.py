@@ -13,7 +13,6 @@ inside functions, so importing this module imports no torch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 from datetime import datetime, timedelta
@@ -207,9 +206,7 @@ def _snapshot(ctx: ModelContext, training: LoraSession, folder: Path, archive: b
     """Save-and-sample: the weights as they are now, for a new sampler of the same session."""
     if ctx.tinker_session_id is None:
         raise InvalidRequest("this model belongs to no Tinker session, so it cannot make samplers", param="model_id")
-    key = tinker_snapshot_key(hashlib.sha256(archive).hexdigest())
-    if not ctx.store.exists(key):
-        ctx.store.put_bytes(key, archive)
+    key = ctx.store.put_content(archive, tinker_snapshot_key).key
     # This worker will likely serve the sampler: load it now, from the folder at hand.
     sampler_adapter(ctx.store, training.base, key, folder)
     sampler_id = sampler_id_of(ctx.tinker_session_id, seq)
