@@ -9,7 +9,12 @@ implemented in `mint.serving.tiers` and, for the policy's tests and benchmark, i
 This module does no I/O of its own: it decides, and calls the tiers.
 
 Keys are adapter-version content hashes (sha256, 64 lowercase hex digits). A new version is a
-new key, so it can never be served from an entry cached for an older one.
+new key, so it can never be served from an entry cached for an older one. With
+`check_origin`, the cache checks what the origin hands it against the key itself, on a helper
+thread while the first tier takes the copy in (the engine decoding and loading it): a version's
+handoff to serving waits for the longer of the two, not their sum. Bytes whose hash differs are
+never leased and reach no lower tier: the first tier's copy is removed and the promotion fails
+with Conflict.
 
 Placement. A promotion writes the adapter into every tier between its source and the engine
 (downloaded once, it also lands on the SSD and in RAM), so the lower tiers usually already
@@ -109,6 +114,14 @@ def content_hash(payload: bytes) -> str:
     return hashlib.sha256(payload).hexdigest()
 
 
+def checked_content(key: str, payload: bytes, where: str) -> bytes:
+    """`payload` if its sha256 is `key`, else Conflict naming what `where` holds instead."""
+    digest = content_hash(payload)
+    if digest != key:
+        raise Conflict(f"{where} holds content with sha256 {digest}, not the adapter version {key}")
+    return payload
+
+
 class CacheFull(ServiceUnavailable):
     """A tier cannot make room: every entry in it is in use or pinned. Retry later, or unpin."""
 
@@ -162,6 +175,26 @@ class _Fill:
     error: BaseException | None = None
 
 
+class _OriginCheck:
+    """`checked_content` of an origin payload on a helper thread (hashlib lets go of the GIL);
+    `result()` waits for it: None when the payload is its version, else the Conflict to fail with."""
+
+    def __init__(self, key: str, payload: bytes, origin: str) -> None:
+        self._error: Conflict | None = None
+        self._thread = threading.Thread(target=self._check, args=(key, payload, origin), name="origin-check")
+        self._thread.start()
+
+    def _check(self, key: str, payload: bytes, origin: str) -> None:
+        try:
+            checked_content(key, payload, f"the {origin}")
+        except Conflict as error:
+            self._error = error
+
+    def result(self) -> Conflict | None:
+        self._thread.join()
+        return self._error
+
+
 # ---- the cache -------------------------------------------------------------------------------
 
 
@@ -202,7 +235,8 @@ class TieredCache:
     `expected_entries` is about how many adapters the tiers hold together; it sizes the
     frequency sketch (16 bytes per entry, rounded up to a power of two) and how many requests
     its history spans. `window_fraction` is W-TinyLFU's window share of each tier; 1.0 makes
-    the policy plain LRU. `clock` times promotions, in seconds.
+    the policy plain LRU. `check_origin` checks the origin's payloads against their keys
+    (sha256) while the first tier takes them in. `clock` times promotions, in seconds.
     """
 
     def __init__(
@@ -212,6 +246,7 @@ class TieredCache:
         *,
         expected_entries: int = 10_000,
         window_fraction: float = WINDOW_FRACTION,
+        check_origin: bool = False,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         _check_tiers(tiers, origin)
@@ -222,6 +257,7 @@ class TieredCache:
         self._states = [TierState(tier, index, window_fraction) for index, tier in enumerate(tiers)]
         self._origin_index = len(tiers)
         self._origin_counters = TierCounters()
+        self._check_origin = check_origin
         self._sketch = FrequencySketch(expected_entries)
         self._clock = clock
         self._lock = threading.Lock()
@@ -432,9 +468,9 @@ class TieredCache:
 
     def _lead_promotion(self, entry: Entry, flight: _Flight, *, request: bool, started: float) -> Lease:
         """Move `entry` into the engine for this thread and the flight's waiters."""
-        source, fills = self._move_up(entry, flight, target=0)
+        source, fills, refused = self._move_up(entry, flight, target=0)
         with self._lock:
-            failed = fills[0].error  # the first fill is the engine's (`_move_up` raised if it could not be)
+            failed = refused or fills[0].error  # the first fill is the engine's (`_move_up` raised if it could not be)
             self._commit_fills(entry, fills)
             counters = self._counters(source)
             if request:
@@ -458,12 +494,14 @@ class TieredCache:
             if key in self._flights or (entry is not None and any(s.holds(entry) for s in self._states[: target + 1])):
                 return False
             entry, flight = self._take_off(key, grants_leases=False)
-        _, fills = self._move_up(entry, flight, target=target)
+        _, fills, refused = self._move_up(entry, flight, target=target)
         with self._lock:
             warmed = any(fill.tier == target and fill.error is None for fill in fills)
             self._commit_fills(entry, fills)
             self._prefetched += sum(fill.error is None for fill in fills)
-            self._land(entry, flight, None)
+            self._land(entry, flight, refused)
+        if refused is not None:
+            raise refused
         return warmed
 
     def _take_off(self, key: str, *, grants_leases: bool = True) -> tuple[Entry, _Flight]:
@@ -488,25 +526,35 @@ class TieredCache:
         self._landed.notify_all()
         self._forget_if_idle(entry)
 
-    def _move_up(self, entry: Entry, flight: _Flight, *, target: int) -> tuple[int, list[_Fill]]:
+    def _move_up(self, entry: Entry, flight: _Flight, *, target: int) -> tuple[int, list[_Fill], Conflict | None]:
         """Read the nearest copy below `target` and write it into `target` and every tier down to it.
 
         The first fill is `target` itself when it can make room; for the engine it must, or
-        CacheFull ends the flight. Returns the source's index and the fills, to commit.
+        CacheFull ends the flight. Returns the source's index, the fills, to commit, and the
+        Conflict that refused an origin payload whose hash is not its key (every fill failed).
         """
+        check: _OriginCheck | None = None
         try:
             payload, source = self._read_nearest(entry, below=target)
+            if source == self._origin_index and self._check_origin:
+                check = _OriginCheck(entry.key, payload, self._origin.name)
             with self._lock:
                 fills = self._plan_fills(entry, range(target, source), required=target == 0)
                 while fills is None:  # the engine's room is only taken by moves in flight: wait for them
                     self._landed.wait()
                     fills = self._plan_fills(entry, range(target, source), required=target == 0)
         except BaseException as error:
+            if check is not None:
+                check.result()  # joined: the helper thread ends with the flight
             with self._lock:
                 self._land(entry, flight, error)
             raise
+        refused: Conflict | None = None
         for fill in fills:
-            self._run_evictions(fill.room)
+            self._run_evictions(fill.room)  # planned and reserved: run even for a refused payload
+            if refused is not None:
+                fill.error = refused
+                continue
             try:
                 self._tiers[fill.tier].put(entry.key, payload)
             except Exception as error:  # the tier failed; the cache stays consistent without the copy
@@ -514,7 +562,23 @@ class TieredCache:
                     "adapter cache: writing %s into %s failed: %s", entry.key, self.tier_names[fill.tier], error
                 )
                 fill.error = error
-        return source, fills
+            if check is not None:  # after the first fill: lower tiers take checked bytes only
+                refused, check = check.result(), None
+                if refused is not None:
+                    self._remove_refused(entry.key, fill, refused)
+        if check is not None:  # no fill at all
+            refused = check.result()
+        return source, fills, refused
+
+    def _remove_refused(self, key: str, fill: _Fill, refused: Conflict) -> None:
+        """Take out the copy a fill wrote of a payload the origin check refused; the fill fails."""
+        log.warning("adapter cache: %s", refused)
+        if fill.error is None:
+            try:
+                self._tiers[fill.tier].delete(key)
+            except Exception as error:  # noqa: BLE001 - the copy is not committed; an orphan holds no lease
+                log.warning("adapter cache: removing %s from %s failed: %s", key, self.tier_names[fill.tier], error)
+        fill.error = refused
 
     def _read_nearest(self, entry: Entry, *, below: int) -> tuple[bytes, int]:
         """The payload from the nearest readable copy below tier `below`, else from the origin.

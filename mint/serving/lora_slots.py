@@ -244,11 +244,15 @@ class SlotStack:
     def _reserve(self, slot: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.a is None or self.bt is None or slot >= self.a.shape[0]:
             capacity = min(self.slots, 1 << slot.bit_length())  # the next power of two above `slot`
-            a = torch.zeros((capacity, *self.shape_a), dtype=like.dtype, device=like.device)
-            bt = torch.zeros((capacity, *self.shape_bt), dtype=like.dtype, device=like.device)
+            kept = 0 if self.a is None else self.a.shape[0]
+            # Uninitialized, then each byte written once: the old slots copied, the new ones zeroed.
+            a = torch.empty((capacity, *self.shape_a), dtype=like.dtype, device=like.device)
+            bt = torch.empty((capacity, *self.shape_bt), dtype=like.dtype, device=like.device)
             if self.a is not None and self.bt is not None:
-                a[: self.a.shape[0]] = self.a
-                bt[: self.bt.shape[0]] = self.bt
+                a[:kept] = self.a
+                bt[:kept] = self.bt
+            a[kept:].zero_()
+            bt[kept:].zero_()
             self.a, self.bt = a, bt
         return self.a, self.bt
 
@@ -257,8 +261,9 @@ class SlotStack:
         device, with A scaled by `scale` (the adapter's alpha / r) so that no forward multiplies by it."""
         stack_a, stack_bt = self._reserve(slot, like)
         rank = a.shape[-2]
-        stack_a[slot].zero_()
-        stack_bt[slot].zero_()
+        # Only the ranks past the adapter's are zeroed: the rest is overwritten.
+        stack_a[slot, ..., rank:, :].zero_()
+        stack_bt[slot, ..., rank:, :].zero_()
         stack_a[slot, ..., :rank, :] = a.to(torch.float32) * scale
         stack_bt[slot, ..., :rank, :] = b.transpose(-1, -2)
         self.occupied.add(slot)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import queue
 import threading
 from collections import OrderedDict
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mint.chat.render import render_prompt
-from mint.errors import RateLimited
+from mint.errors import InvalidRequest, RateLimited
 from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.inference import AdapterOnNode
 from mint.schemas.node import NodeCompletion, NodeMixture
@@ -43,8 +44,9 @@ from mint.serving.engine import ADAPTER_FILES, AdapterTensors, Engine, GenerateR
 from mint.serving.router import RouteDecision, Router
 from mint.serving.tiers import CpuTier, EngineTier, LocalDiskTier, ObjectStoreTier
 from mint.serving.token_text import TokenText
-from mint.storage.archives import read_archive
+from mint.storage.archives import archive_views
 from mint.storage.objects import ObjectStore
+from mint.trainer.peft_files import MAX_HEADER_BYTES, safetensors_header
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +56,68 @@ MAX_ROUTERS = 256
 RETRY_AFTER_S = 1
 
 
-def decode_archive(payload: bytes) -> AdapterTensors:
-    """An adapter version's archive (the PEFT files in a tar) as tensors in memory."""
-    from safetensors.torch import load as load_safetensors
+# The dtypes of a safetensors file that an adapter's factors may be saved in.
+SAFETENSORS_FLOATS = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
-    files = read_archive(payload, exactly=ADAPTER_FILES, param="model")
+
+def decode_archive(payload: bytes) -> AdapterTensors:
+    """An adapter version's archive (the PEFT files in a tar) as tensors in memory.
+
+    The tensors are views of `payload`, read-only and copied by nothing: an engine copies them
+    into its adapter slots, and the cache's RAM tier keeps `payload` itself. (safetensors'
+    own loader copies each tensor out of the file, and the tar's reader the file out of the
+    archive: two copies of the version on the path to its first token.)
+    """
+    files = archive_views(payload, exactly=ADAPTER_FILES, param="model")
     return AdapterTensors(
-        config=json.loads(files["adapter_config.json"]), tensors=load_safetensors(files["adapter_model.safetensors"])
+        config=json.loads(bytes(files["adapter_config.json"])),
+        tensors=safetensors_views(files["adapter_model.safetensors"]),
     )
+
+
+def safetensors_views(data: memoryview) -> dict[str, Any]:
+    """The tensors of a safetensors file in memory, as views of `data` (torch tensors, read-only).
+
+    The header is checked as the trainer checks an uploaded adapter's (`safetensors_header`),
+    and each tensor's bytes against its dtype and shape; a problem is InvalidRequest.
+    """
+    import warnings
+
+    import torch
+
+    def refused(problem: str) -> InvalidRequest:
+        return InvalidRequest(f"adapter_model.safetensors of this version {problem}", param="model")
+
+    start = 8 + int.from_bytes(data[:8], "little")
+    try:
+        header = safetensors_header(bytes(data[: min(start, 8 + MAX_HEADER_BYTES)]))  # the header only
+    except ValueError as exc:
+        raise refused(f"is not a safetensors file: {exc}") from None
+    tensors = {}
+    for name, entry in header.items():
+        try:
+            dtype = getattr(torch, SAFETENSORS_FLOATS[entry["dtype"]])
+            shape, (begin, end) = entry["shape"], entry["data_offsets"]
+            if not all(isinstance(number, int) for number in (*shape, begin, end)) or not isinstance(shape, list):
+                raise TypeError
+        except (KeyError, TypeError, ValueError):
+            raise refused(f"describes {name!r} as {entry!r}: a float tensor's dtype, shape and data_offsets") from None
+        count = math.prod(shape)
+        if (
+            min(shape, default=0) < 0
+            or not 0 <= begin <= end <= len(data) - start
+            or end - begin != count * dtype.itemsize
+        ):
+            raise refused(
+                f"holds {end - begin} bytes at {begin} for {name!r}, not its shape {shape} of {entry['dtype']}"
+            )
+        if count == 0:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+            continue
+        with warnings.catch_warnings():  # torch warns that `data` is read-only: so are the views
+            warnings.simplefilter("ignore", UserWarning)
+            tensors[name] = torch.frombuffer(data, dtype=dtype, count=count, offset=start + begin).view(shape)
+    return tensors
 
 
 class _Pending:
@@ -102,7 +158,9 @@ class ServingNode:
                 CpuTier(capacity_bytes=cpu_bytes),
                 self.ssd,
             ],
-            ObjectStoreTier(store, self._object_key),
+            # The cache checks what the object store hands it while the engine loads it.
+            ObjectStoreTier(store, self._object_key, verify=False),
+            check_origin=True,
         )
         self._adopt_ssd_copies()
         self._routers: OrderedDict[str, Router] = OrderedDict()

@@ -25,21 +25,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mint.errors import ConfigurationError, Conflict, InvalidRequest, NotFound
-from mint.serving.cache import content_hash, validate_content_hash
+from mint.serving.cache import checked_content, validate_content_hash
 from mint.storage.objects import ObjectStore
 
 log = logging.getLogger(__name__)
 
 INCOMING = ".incoming"  # the disk tier's temp files, on the same filesystem as its copies
 SUFFIX = ".bin"
-
-
-def _verify(key: str, payload: bytes, where: str) -> bytes:
-    """`payload` if its sha256 is `key`, else Conflict naming what `where` holds instead."""
-    digest = content_hash(payload)
-    if digest != key:
-        raise Conflict(f"{where} holds content with sha256 {digest}, not the adapter version {key}")
-    return payload
 
 
 class AdapterSlots(Protocol):
@@ -201,7 +193,7 @@ class LocalDiskTier:
             raise NotFound(f"no copy of {key} in the {self.name} tier") from exc
         if self._verify:
             try:
-                _verify(key, payload, str(path))
+                checked_content(key, payload, str(path))
             except Conflict as exc:
                 path.unlink(missing_ok=True)
                 raise NotFound(f"the {self.name} tier's copy of {key} was damaged and is removed") from exc
@@ -339,7 +331,7 @@ class ObjectStoreTier:
     def get(self, key: str) -> bytes:
         object_key = self._resolve(validate_content_hash(key))
         payload = self._store.get_bytes(object_key)
-        return _verify(key, payload, f"object {object_key!r} in {self._store.url}") if self._verify else payload
+        return checked_content(key, payload, f"object {object_key!r} in {self._store.url}") if self._verify else payload
 
     def contains(self, key: str) -> bool:
         try:

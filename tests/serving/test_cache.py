@@ -193,6 +193,60 @@ def test_keys_that_are_not_content_hashes_are_refused(key: str) -> None:
     assert not origin.reads and not engine.puts
 
 
+def test_checked_origin_bytes_are_hashed_while_the_engine_takes_them_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `check_origin`, the payload's sha256 is taken on a helper thread while the engine
+    loads it: the hash here waits for the engine's put to begin (a check made before the put
+    would wait out its 10 s and be recorded first), and the lease comes once both are done."""
+    engine = FakeTier("engine", max_entries=2, readable=False)
+    cpu = FakeTier("cpu", capacity_bytes=1000)
+    cache = TieredCache([engine, cpu], FakeOrigin(PAYLOADS), check_origin=True)
+    putting, order = threading.Event(), []
+    engine_put = engine.put
+
+    def put(key: str, payload: bytes) -> None:
+        putting.set()
+        engine_put(key, payload)
+        order.append("engine put")
+
+    def hashed(payload: bytes) -> str:
+        putting.wait(10)
+        order.append(f"hashed on {threading.current_thread().name}")
+        return content_hash(payload)
+
+    monkeypatch.setattr(engine, "put", put)
+    monkeypatch.setattr("mint.serving.cache.content_hash", hashed)
+    with cache.acquire(A) as lease:
+        assert lease.source == "object_store" and sorted(order) == ["engine put", "hashed on origin-check"]
+    assert order[0] == "engine put" and cpu.copies == {A: PAYLOADS[0]}
+
+
+def test_an_origin_payload_that_is_not_its_version_is_never_leased() -> None:
+    """An object overwritten in the store behind Mint's back: the engine's copy is taken out,
+    no lower tier gets one, every waiter hears Conflict, and the version is served once the
+    store holds its bytes again."""
+    engine = FakeTier("engine", max_entries=2, readable=False)
+    cpu = FakeTier("cpu", capacity_bytes=1000)
+    origin = FakeOrigin(PAYLOADS)
+    origin.payloads[A] = PAYLOADS[5]
+    cache = TieredCache([engine, cpu], origin, check_origin=True)
+
+    with pytest.raises(
+        Conflict, match=f"object_store holds content with sha256 {KEYS[5]}, not the adapter version {A}"
+    ):
+        cache.acquire(A)
+    assert engine.puts == [A] and engine.deletes == [A] and not engine.copies and not cpu.puts
+    with pytest.raises(Conflict):
+        cache.prefetch([A])
+    assert not cpu.copies
+    stats = cache.stats()
+    assert stats.leases == 0 and stats.tier("engine").resident_entries == 0 and stats.tier("cpu").resident_entries == 0
+
+    origin.payloads[A] = PAYLOADS[0]
+    with cache.acquire(A) as lease:
+        assert lease.source == "object_store" and engine.copies == {A: PAYLOADS[0]}
+    assert cpu.copies == {A: PAYLOADS[0]}
+
+
 def test_an_unknown_version_is_not_found_and_leaves_nothing_behind() -> None:
     cache, engine, cpu, ssd, origin = three_tiers()
     with pytest.raises(NotFound):
