@@ -40,6 +40,11 @@ row of Mint/TRL ratios of each column (above 1 in s/step means Mint is slower). 
 contestant's 1-minute load average before and after its run is printed too: other work on the
 same cores slows a contestant's steps, so compare runs made on an otherwise idle machine.
 
+Then (`--jobs K`, 4 by default; 0 skips it) K Mint RL jobs on one resident base, one after
+another and at once, with the throughput ratio of the two. It also prints the share of the
+one-after-another time spent sampling, the part that batches across jobs, the measured cost
+of one sampling pass K times wider than a step's, and the bound both imply on the ratio.
+
 What differs, by design of each trainer:
 - Mint samples each prompt's group in its own call (one prefill, `group_size` rows decoded
   together); TRL generates the whole step's batch at once, left-padded, with `generate`.
@@ -63,6 +68,7 @@ What differs, by design of each trainer:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -293,43 +299,59 @@ def run_mint(args: argparse.Namespace, resident: Any = None, seed: int = SEED) -
 
 def run_mint_jobs(args: argparse.Namespace, *, together: bool) -> list[dict[str, float]]:
     """`--jobs` RL runs (sessions with seeds SEED, SEED+1, ...) on one resident base: one after
-    another, or at once on as many threads, whose sampling and forward_backward calls then share
-    passes (`ResidentBase.sampling_passes`, `backward_passes`: the calls each combined; on a CPU
-    base the sessions of a combined forward_backward run one after another, `mix_backward`).
-    One entry: the whole wall time."""
-    import threading
-
+    another, or at once (`ResidentBase.run_at_once`: a thread each, their passes on this thread),
+    whose sampling and forward_backward calls then share passes (`ResidentBase.sampling_passes`,
+    `backward_passes`: the calls each combined; on a CPU base the sessions of a combined
+    forward_backward run one after another, `mix_backward`). One entry: the whole wall time."""
     resident = mint_base(args)
-    runs: list[list[dict[str, float]]] = [[] for _ in range(args.jobs)]
-
-    def job(index: int) -> None:
-        runs[index] = run_mint(args, resident, seed=SEED + index)
-
+    jobs = [functools.partial(run_mint, args, resident, seed=SEED + index) for index in range(args.jobs)]
     started = time.perf_counter()
-    if together:
-        threads = [threading.Thread(target=job, args=(index,)) for index in range(args.jobs)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    else:
-        for index in range(args.jobs):
-            job(index)
+    runs = resident.run_at_once(jobs) if together else [job() for job in jobs]
     seconds = time.perf_counter() - started
     samples = sum(step["samples"] for run in runs for step in run)
     if len(runs) != args.jobs or any(len(run) != args.steps for run in runs):
         raise RuntimeError("a job did not finish all its steps")
-    return [
+    result = [
         {
             "seconds": seconds,
             "samples": samples,
             "trained_tokens": sum(step["trained_tokens"] for run in runs for step in run),
+            # Summed over the jobs; when they run at once their sampling overlaps, so this is
+            # the sampling share's meaning only one after another.
+            "decode_seconds": sum(step["decode_seconds"] for run in runs for step in run),
             "reward": statistics.fmean(step["reward"] for run in runs for step in run),
             "groups_with_signal": statistics.fmean(step["groups_with_signal"] for run in runs for step in run),
             "sampling_passes": resident.sampling_passes.batches_run,
             "backward_passes": resident.backward_passes.batches_run,
         }
     ]
+    if not together:  # after the passes are counted
+        result[0].update(sampling_pass_seconds(args, resident))
+    return result
+
+
+def sampling_pass_seconds(args: argparse.Namespace, resident: Any) -> dict[str, float]:
+    """The fastest of three sampling passes of one job's step (`prompts_per_step` prompts x
+    `group_size` rows) and of `--jobs` steps' worth as one pass, on the base with no stop token
+    (every row decodes `max_tokens`): what a pass `jobs` times wider costs on this machine."""
+    from mint.chat.render import render_prompt
+    from mint.trainer.types import SampleRequest, SamplingParams
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, stop=[], seed=SEED)
+    requests = [
+        SampleRequest(render_prompt(resident.tokenizer, chat(question)), params, args.group_size)
+        for question, _ in PROMPTS
+    ]
+    timings = {}
+    for name, count in (("one_pass_s", args.prompts_per_step), ("jobs_pass_s", args.prompts_per_step * args.jobs)):
+        wide = [requests[index % len(requests)] for index in range(count)]
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            resident.sample_batch(None, wide)
+            times.append(time.perf_counter() - started)
+        timings[name] = min(times)
+    return timings
 
 
 # ---- TRL ---------------------------------------------------------------------------------------
@@ -615,6 +637,25 @@ def compare_jobs(args: argparse.Namespace, argv: list[str]) -> None:
         print(table_row([name, *cells], widths))
     one, both = (results[name]["steps"][0]["seconds"] for name in JOB_CONTESTANTS)
     print(f"at once / one after another: {one / both:.2f}x the throughput")
+    print(batching_bound(results["one-after-another"]["steps"][0], args.jobs))
+
+
+def batching_bound(sequential: dict[str, float], jobs: int) -> str:
+    """What batching across jobs can gain at most (Amdahl): the share of the one-after-another
+    wall time spent sampling, the part that batches across jobs, with the rest (loss passes,
+    optimizer, grading) as it is. Two bounds: if `jobs` sampling passes cost one, and at the cost
+    that one pass `jobs` times wider measured here (on a CPU, decoding is near compute-bound, so a
+    wider pass costs nearly as much as the narrow ones it replaces)."""
+    share = sequential["decode_seconds"] / sequential["seconds"]
+    widening = sequential["jobs_pass_s"] / sequential["one_pass_s"]
+    free = 1.0 / ((1.0 - share) + share / jobs)
+    measured = 1.0 / ((1.0 - share) + share * widening / jobs)
+    return (
+        f"batchable share (sampling) one after another: {share:.0%}; one sampling pass {jobs}x wider costs "
+        f"{widening:.2f}x one pass ({sequential['jobs_pass_s']:.2f} s against {sequential['one_pass_s']:.2f} s)\n"
+        f"bound on at once / one after another: {free:.2f}x if {jobs} passes cost one, "
+        f"{measured:.2f}x at the measured cost of a wider pass"
+    )
 
 
 def compare_with_trl(args: argparse.Namespace, argv: list[str]) -> None:

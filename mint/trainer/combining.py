@@ -10,7 +10,8 @@ first of them (in the order the combiners were made) that any loop waits in. Loo
 drifted apart, some waiting to sample while others wait to train, thus fall back in step: the
 first combiner's pass runs, its loops move on to the other combiner and join the loops waiting
 there, whose pass then holds them all. A leader waits at most `gather_s` while no pass of the
-group runs, so a loop that is slow to come back costs the others no more than that.
+group runs, so a loop that is slow to come back costs the others no more than that. With a
+`ComputeLane`, a leader's pass runs on the thread that serves the lane, if one does.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+
+from mint.trainer.compute_lane import ComputeLane
 
 RequestT = TypeVar("RequestT")
 ResultT = TypeVar("ResultT")
@@ -102,8 +105,10 @@ class Combiner(Generic[RequestT, ResultT]):
         max_batch: int = 8,
         loops: Loops | None = None,
         gather_s: float = 1.0,
+        lane: ComputeLane | None = None,
     ) -> None:
         self._run_many = run_many
+        self._lane = lane
         self._max_batch = max_batch
         self._loops = loops or Loops()
         self._gather_s = gather_s
@@ -166,7 +171,8 @@ class Combiner(Generic[RequestT, ResultT]):
         self.batches_run += 1
         self.largest_batch = max(self.largest_batch, len(batch))
         try:
-            results: list[Any] = self._run_many([call.request for call in batch])
+            requests = [call.request for call in batch]
+            results: list[Any] = self._lane.run(self._run_many, requests) if self._lane else self._run_many(requests)
         except BaseException as exc:
             if len(batch) > 1:
                 for call in batch:

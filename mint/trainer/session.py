@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -40,6 +40,7 @@ from mint.trainer import checkpoint, lora
 from mint.trainer.backward_passes import MAX_SESSIONS_PER_PASS, mixed_running, pass_groups
 from mint.trainer.batch_invariance import batch_invariant
 from mint.trainer.combining import Combiner, Loops
+from mint.trainer.compute_lane import ComputeLane
 from mint.trainer.data_parallel import score_split
 from mint.trainer.group import Group, mirrored
 from mint.trainer.host_memory import share_one_arena
@@ -63,6 +64,8 @@ from mint.trainer.scoring import ModelLimits, RunningFn, ScoreRequest, score_par
 from mint.trainer.sharded_loading import load_sharded_base
 from mint.trainer.training_session import BackwardCall, TrainingSession
 from mint.trainer.types import Datum, ForwardOutput, LoraOptions, SampledSequence, SampleRequest, SamplingParams
+
+LoopResult = TypeVar("LoopResult")
 
 DEFAULT_MAX_SESSIONS = 64
 
@@ -120,9 +123,11 @@ class ResidentBase:
         # forward_backward calls that overlap in time, from any sessions, run as one pass.
         # So do sessions' sample_batch calls: one decoding batch for all of them. Training loops
         # of several sessions (`TrainingSession.looping`) keep in step across the two.
+        # While loops run at once (`run_at_once`), the thread that started them runs those passes.
         self.loops = Loops()
-        self.backward_passes = Combiner(self.forward_backward_many, MAX_SESSIONS_PER_PASS, self.loops)
-        self.sampling_passes = Combiner(self.sample_many, MAX_SESSIONS_PER_PASS, self.loops)
+        self.lane = ComputeLane()
+        self.backward_passes = Combiner(self.forward_backward_many, MAX_SESSIONS_PER_PASS, self.loops, lane=self.lane)
+        self.sampling_passes = Combiner(self.sample_many, MAX_SESSIONS_PER_PASS, self.loops, lane=self.lane)
         # The worker group this base is sharded over (`group`, or `join_group`); None: the whole base is here.
         self.group: Group | None = group
         # Prompt prefixes' KV kept across sample calls, per adapter and weights version. Off on a
@@ -454,6 +459,15 @@ class ResidentBase:
         """Sample every request under one adapter (None: the base), decoded together; one list
         of samples per request, in order. Every request is checked before anything runs."""
         return self.sample_many([SampleCall(adapter_name, list(requests))])[0]
+
+    def run_at_once(self, loops: Sequence[Callable[[], LoopResult]]) -> list[LoopResult]:
+        """Run training loops of this base's sessions at once (RL runs, each declared with
+        `TrainingSession.looping`), each on a thread of its own, while the calling thread runs
+        every pass they share (`mint.trainer.compute_lane`: on a CPU, one thread keeps the cores'
+        OpenMP pool; each loop's own torch ops run on one core). Returns the loops' results in
+        order once all have ended; raises the first one's error, if any, once all have ended."""
+        # Each loop thread's own count: the lane's thread keeps its own.
+        return self.lane.run_loops(loops, on_loop_thread=lambda: torch.set_num_threads(1))
 
     def sample_many(self, calls: Sequence[SampleCall]) -> list[list[list[SampledSequence]]]:
         """The sample_batch calls of several adapters decoded together, each request's rows through

@@ -9,10 +9,16 @@ every pass holds both loops. No timing is involved: the gathering waits are boun
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 
+import pytest
+
 from mint.trainer.combining import Combiner, Loops
+from mint.trainer.compute_lane import ComputeLane
+
+pytestmark = pytest.mark.backend_free
 
 STEPS = 5
 
@@ -47,3 +53,38 @@ def test_loops_out_of_step_fall_back_in_step_and_share_every_pass() -> None:
         thread.join()
     assert passes[0] == ("train", ["b"])
     assert passes[1:] == [("sample", ["a", "b"]), ("train", ["a", "b"])] * STEPS
+
+
+def test_a_served_lane_runs_every_pass_on_its_thread_and_hands_errors_back() -> None:
+    """Loops at once hand their passes to the thread serving the lane, which runs them until every
+    loop has ended; a pass's error reaches the loop whose call caused it. Unserved, a lane runs
+    a pass on the leader's own thread."""
+    lane, loops = ComputeLane(), Loops()
+    ran_on: list[tuple[str, list[str]]] = []
+
+    def run_many(requests: Sequence[str]) -> list[str]:
+        ran_on.append((threading.current_thread().name, sorted(requests)))
+        if "bad" in requests:
+            raise ValueError("a bad request")
+        return [request.upper() for request in requests]
+
+    combiner = Combiner(run_many, max_batch=8, loops=loops, gather_s=60.0, lane=lane)
+    assert combiner.submit("alone") == "ALONE" and ran_on.pop() == ("MainThread", ["alone"])
+
+    results: dict[str, object] = {}
+    both_looping = threading.Barrier(2)
+
+    def loop(who: str) -> str:
+        try:
+            with loops.looping():
+                both_looping.wait()
+                results[who] = [combiner.submit(who) for _ in range(STEPS)]
+                results[who + " bad"] = combiner.submit("bad")
+        except ValueError as error:
+            results[who + " bad"] = str(error)
+        return threading.current_thread().name
+
+    assert lane.run_loops([functools.partial(loop, "a"), functools.partial(loop, "b")]) == ["loop-0", "loop-1"]
+    assert results == {"a": ["A"] * STEPS, "b": ["B"] * STEPS, "a bad": "a bad request", "b bad": "a bad request"}
+    assert {thread for thread, _ in ran_on} == {"MainThread"}
+    assert ran_on[:STEPS] == [("MainThread", ["a", "b"])] * STEPS

@@ -13,9 +13,11 @@ other widths and either order of the sessions.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,6 +29,8 @@ from mint.trainer.scoring import ScoreRequest
 from mint.trainer.session import ResidentBase
 from mint.trainer.training_session import BackwardCall, TrainingSession
 from mint.trainer.types import AdamParams, Datum, ForwardOutput, LoraOptions, SampleRequest, SamplingParams
+
+pytestmark = pytest.mark.backend_free
 
 ATTENTION_ONLY = {"train_mlp": False, "train_experts": False, "seed": 0}
 
@@ -236,19 +240,26 @@ def test_sessions_sampling_together_decode_as_they_would_alone(
     assert [s.tokens for s in together[0][1]] != [s.tokens for s in together[2][0]]
 
 
-def test_rl_runs_of_two_sessions_at_once_share_their_sampling_passes(
-    resident: ResidentBase, open_session: Callable[..., TrainingSession]
-) -> None:
+def format_prompts(resident: ResidentBase) -> list[Any]:
+    """Four prompts of the built-in `format` benchmark, graded by a capital first letter."""
     from mint.chat.render import render_prompt
     from mint.evals.builtin import load_builtin
     from mint.evals.graders import GraderSpec
-    from mint.trainer.recipes.rl import RlConfig, RlPrompt, run_rl
+    from mint.trainer.recipes.rl import RlPrompt
 
     grader = GraderSpec(type="regex", config={"pattern": "^[A-Z]", "mode": "search"})
-    prompts = [
+    return [
         RlPrompt(render_prompt(resident.tokenizer, task.messages), None, grader)
         for task in load_builtin("format", "train", 4, seed=0)
     ]
+
+
+def test_rl_runs_of_two_sessions_at_once_share_their_sampling_passes(
+    resident: ResidentBase, open_session: Callable[..., TrainingSession]
+) -> None:
+    from mint.trainer.recipes.rl import RlConfig, run_rl
+
+    prompts = format_prompts(resident)
     sessions = [open_session(**{**ATTENTION_ONLY, "seed": 20 + i}) for i in range(2)]
     config = RlConfig(steps=3, prompts_per_step=2, group_size=4, max_tokens=3, learning_rate=5e-3)
     reports: dict[int, list[object]] = {}
@@ -267,3 +278,50 @@ def test_rl_runs_of_two_sessions_at_once_share_their_sampling_passes(
     # them: a run that starts first samples its first step before the other has joined.)
     assert resident.sampling_passes.batches_run - passes < 6
     assert resident.sampling_passes.largest_batch >= 2
+
+
+def test_rl_runs_at_once_have_their_passes_run_on_the_thread_that_started_them(
+    resident: ResidentBase, open_session: Callable[..., TrainingSession], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run_at_once`: each run on a thread of its own, every sampling and forward_backward pass on
+    the calling thread (the one OpenMP pool of the process), the runs' own torch ops on one core."""
+    from mint.trainer.recipes.rl import RlConfig, run_rl
+
+    prompts = format_prompts(resident)
+    sessions = [open_session(**{**ATTENTION_ONLY, "seed": 30 + i}) for i in range(2)]
+    config = RlConfig(steps=2, prompts_per_step=2, group_size=4, max_tokens=3, learning_rate=5e-3)
+    ran_on: list[str] = []
+    loop_threads: dict[str, int] = {}
+    for combiner in (resident.sampling_passes, resident.backward_passes):
+        run_many = combiner._run_many
+
+        def recorded(requests: Any, run_many: Any = run_many) -> Any:
+            ran_on.append(threading.current_thread().name)
+            return run_many(requests)
+
+        monkeypatch.setattr(combiner, "_run_many", recorded)
+
+    def run(i: int) -> list[object]:
+        loop_threads[threading.current_thread().name] = torch.get_num_threads()
+        return run_rl(sessions[i], prompts, config, tokenizer=resident.tokenizer)
+
+    reports = resident.run_at_once([functools.partial(run, i) for i in range(2)])
+    assert [len(report) for report in reports] == [2, 2]
+    assert ran_on and set(ran_on) == {threading.current_thread().name}
+    assert loop_threads == {"loop-0": 1, "loop-1": 1}
+    assert len(ran_on) < 8  # 2 runs x 2 steps x (sampling + forward_backward), some shared
+
+
+def test_run_at_once_returns_each_loops_result_and_raises_a_failed_ones_error_after_all_end(
+    resident: ResidentBase,
+) -> None:
+    assert resident.run_at_once([lambda: "a", lambda: "b"]) == ["a", "b"]
+    ended: list[str] = []
+
+    def failing() -> None:
+        ended.append("failing")
+        raise ValueError("this loop failed")
+
+    with pytest.raises(ValueError, match="this loop failed"):
+        resident.run_at_once([failing, lambda: ended.append("other")])
+    assert sorted(ended) == ["failing", "other"]
