@@ -9,7 +9,11 @@ Tolerances: each rank runs one of the two rows (`mint.trainer.data_parallel`) th
 kernels of one process on all-gathered weights, and the ranks' gradients are summed (LoRA's by
 an all_reduce, full parameters' by FSDP2's reduce-scatter), so the group matches one process to
 float32 round-off. Summing in another order can still flip a near-zero gradient's last bit, and
-Adam turns that into a full-size update of the element, so full weights are compared as a whole.
+Adam turns that into a full-size update of the element, so full weights are compared as a whole,
+and an adapter's tensors may have a few such elements (at most 1 in 10,000): the LoRA factors of
+the output head have a row per token of the vocabulary, most with a near-zero gradient, and 16
+of their 786k elements moved by such an update on an Intel Xeon. Samples are greedy, so that
+round-off in the weights cannot move a random draw across a boundary of the sampling distribution.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from mint.trainer.full import FullParameterTrainer
 from mint.trainer.session import ResidentBase
 from tests.distributed.runs import BASE_NAME, one_thread_as_the_ranks_run, probe, run_full, run_lora, run_two_ranks
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.backend_free]
 
 
 def relative_distance(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> float:
@@ -63,7 +67,9 @@ def test_a_two_rank_group_trains_lora_and_full_parameters_as_one_process(tmp_pat
     expected = load_file(tmp_path / "single-adapter.safetensors")
     assert adapter.keys() == expected.keys() and len(adapter) > 0
     for name in adapter:
-        torch.testing.assert_close(adapter[name], expected[name])
+        # Round-off through three Adam steps (up to 2e-5 measured), apart from the few flipped elements.
+        outside_round_off = int((~torch.isclose(adapter[name], expected[name], rtol=1e-4, atol=1e-4)).sum())
+        assert outside_round_off <= adapter[name].numel() // 10_000, (name, outside_round_off)
 
     # Full parameters: the same losses from sharded weights.
     for ours, theirs in zip(group["full_losses"], full_losses, strict=True):
