@@ -34,8 +34,10 @@ def broker_transport_options(settings: Settings) -> dict[str, object]:
 
 
 def declare_broker_queues(settings: Settings) -> None:
-    """Make every shared queue on an SQL broker before consuming (`declare_sql_queues`): workers
-    started together on a fresh embedded broker would otherwise race to create them."""
+    """Make every shared queue on an SQL broker (`declare_sql_queues`) before this process sends
+    or consumes: a worker starting while the API sends its first task, or two workers starting
+    together, would otherwise race to create them on a fresh embedded broker, and the loser's
+    publish or consume fails on the queue name's unique constraint."""
     from mint.storage.broker import declare_sql_queues
 
     declare_sql_queues(settings.broker, all_queues(enabled_base_names(settings.model_configs_dir)))
@@ -106,10 +108,13 @@ _apps: dict[tuple[str, str], Celery] = {}
 
 
 def celery_for(settings: Settings) -> Celery:
-    """One Celery app (and broker connection pool) per broker and result store, made on first use."""
+    """One Celery app (and broker connection pool) per broker and result store, made on first
+    use, with the broker's shared queues declared before anything is sent or consumed."""
     key = (settings.broker, settings.result_backend)
     if key not in _apps:
-        _apps[key] = create_celery(settings)
+        app = create_celery(settings)
+        declare_broker_queues(settings)
+        _apps[key] = app
     return _apps[key]
 
 

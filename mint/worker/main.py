@@ -5,7 +5,7 @@ from __future__ import annotations
 from mint.config import get_settings
 from mint.storage.db import configure_pool_from
 from mint.trainer.host_memory import share_one_arena
-from mint.worker.app import celery_app, declare_broker_queues
+from mint.worker.app import celery_app
 
 
 def run_worker(queues: list[str], node: str, loglevel: str) -> None:
@@ -14,7 +14,6 @@ def run_worker(queues: list[str], node: str, loglevel: str) -> None:
     share_one_arena()  # before Celery's threads start (`host_memory.share_one_arena`)
     settings = get_settings()
     configure_pool_from(settings)
-    declare_broker_queues(settings)
     celery_app().worker_main(
         [
             "worker",
