@@ -14,6 +14,10 @@ engine slot) and to the *first token* (one more forward pass over the prompt, th
 on both sides). On a CPU the forward pass of even a 135M base is a large share of Mint's
 path, so the first-token ratio understates the handoff itself; both are printed.
 
+Both paths run their torch work on one thread (`mint.trainer.compute_lane`), the serving
+engine's, as each would in a process of its own: on a CPU a second thread running torch's
+OpenMP kernels in the process would slow every parallel op of both.
+
     .venv/bin/python bench/serve_handoff.py [--base smollm2-135m-instruct] [--repeats 3]
 
 Prints each path's median times, and the ratios (goal: >= 18x, the MinT paper's 18.3x).
@@ -115,17 +119,20 @@ def main() -> None:
     from mint.serving.engines import open_engine
     from mint.serving.node import ServingNode
     from mint.storage.objects import LocalObjectStore
+    from mint.trainer.compute_lane import ComputeLane
     from mint.trainer.session import ResidentBase
 
     torch.manual_seed(0)
     spec = get_base_model_spec(args.base, PROJECT_ROOT / "configs" / "models")
     cache_dir = get_settings().models_cache_dir
+    lane = ComputeLane()
+    lane.start("compute")
     with tempfile.TemporaryDirectory(prefix="mint-handoff-") as tmp:
         scratch = Path(tmp)
-        trainer = ResidentBase(spec, cache_dir)
+        trainer = lane.run(ResidentBase, spec, cache_dir)
         prompt = render_prompt(trainer.tokenizer, QUESTION)
         store = LocalObjectStore(scratch / "objects")
-        engine = open_engine(spec, cache_dir, kind="torch", max_adapters=8, max_batch_size=16)
+        engine = open_engine(spec, cache_dir, kind="torch", max_adapters=8, max_batch_size=16, lane=lane)
         node = ServingNode(spec, engine, store, ssd_dir=scratch / "ssd")
         times: dict[str, list[float]] = {
             "anchor servable": [],
@@ -134,9 +141,9 @@ def main() -> None:
             "mint token": [],
         }
         for repeat in range(args.repeats):
-            adapter = trained_adapter(trainer, scratch / f"adapter-{repeat}")
-            anchor = merged_first_token(spec, cache_dir, adapter, prompt, scratch / f"m{repeat}")
-            mint = mint_first_token(node, adapter, QUESTION)
+            adapter = lane.run(trained_adapter, trainer, scratch / f"adapter-{repeat}")
+            anchor = lane.run(merged_first_token, spec, cache_dir, adapter, prompt, scratch / f"m{repeat}")
+            mint = mint_first_token(node, adapter, QUESTION)  # the node's engine computes on the lane
             assert anchor[2] == mint[2], (anchor[2], mint[2])
             for side, (servable, token, _) in (("anchor", anchor), ("mint", mint)):
                 times[f"{side} servable"].append(servable)
@@ -146,6 +153,7 @@ def main() -> None:
                 f"Mint {mint[0] * 1000:.0f} ms (first token {mint[1] * 1000:.0f} ms)"
             )
         node.close()
+    lane.stop()
     median = {name: statistics.median(values) for name, values in times.items()}
     print(f"\nbase {args.base}: train -> serve handoff, median of {args.repeats}")
     rows = [

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from mint.config import EngineKind
 from mint.errors import ConfigurationError
 from mint.schemas.base_models import BaseModelSpec, ServingProfile
 from mint.serving.engine import Engine
+
+if TYPE_CHECKING:
+    from mint.trainer.compute_lane import ComputeLane
 
 
 def _has_cuda() -> bool:
@@ -69,18 +72,26 @@ def open_engine(
     max_adapters: int,
     max_batch_size: int,
     compute_dtype: str | None = None,
+    lane: ComputeLane | None = None,
 ) -> Engine:
     """Start the engine `choose_engine` picks, with the base pulled into `cache_dir` if needed;
     the torch engine computes in the dtype `compute_dtype` (`MINT_COMPUTE_DTYPE`) resolves to
-    (`mint.trainer.precision`; default: the base's), vLLM in the base's dtype."""
+    (`mint.trainer.precision`; default: the base's), vLLM in the base's dtype.
+
+    The torch engine loads its base and computes on `lane`'s thread; by default on a thread of
+    its own, the one in the process that runs torch's parallel kernels (`mint.trainer.compute_lane`)."""
     chosen = choose_engine(spec, kind, vllm_python=vllm_python)
     if chosen == "torch":
         from mint.serving.torch_engine import TorchEngine
+        from mint.trainer.compute_lane import ComputeLane
         from mint.trainer.precision import compute_dtype as resolve
 
         dtype = resolve(compute_dtype, spec.dtype, "cpu")  # type: ignore[arg-type]
+        if lane is None:
+            lane = ComputeLane()
+            lane.start("torch-engine")
         return TorchEngine.from_spec(
-            spec, cache_dir, dtype=dtype, max_adapters=max_adapters, max_batch_size=max_batch_size
+            spec, cache_dir, dtype=dtype, max_adapters=max_adapters, max_batch_size=max_batch_size, lane=lane
         )
     options = {"max_adapters": max_adapters, "max_batch_size": max_batch_size, **vllm_parallel_options(spec.serving)}
     if vllm_python is None:

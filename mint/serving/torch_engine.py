@@ -29,6 +29,14 @@ Adding an adapter copies its tensors into a free slot (a copy, no allocation, on
 stacks have grown to that slot); removing it zeroes the slot, makes it reusable at once, and
 keeps no reference to the adapter's tensors. As with vLLM's `max_loras`, the slot stacks are
 memory the engine reserves, bounded by max_adapters x max_rank.
+
+Where the engine computes matters on a CPU (`mint.trainer.compute_lane`): every thread that runs
+torch's OpenMP kernels keeps a pool of workers, and once a process holds more pool threads than
+cores each parallel op waits for its workers through the kernel. A serving node would run the
+engine from its batcher threads and fill slots from its cache's threads; given a `ComputeLane`
+served by a thread of its own (`mint.serving.engines.open_engine` makes one), the engine loads
+its base and runs every step, slot fill and removal on that one thread. Without one it computes
+on the caller's thread.
 """
 
 from __future__ import annotations
@@ -76,6 +84,7 @@ from mint.serving.lora_slots import (
     replace_module,
 )
 from mint.serving.peft_format import adapter_files, holdback, read_config
+from mint.trainer.compute_lane import ComputeLane
 from mint.trainer.head_logprobs import token_logprobs, top_logprobs
 from mint.trainer.lora import TargetCatalogue
 from mint.trainer.models import load_base_model
@@ -270,6 +279,7 @@ class TorchEngine(BatchEngine):
         max_rank: int = DEFAULT_MAX_RANK,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+        lane: ComputeLane | None = None,
     ) -> None:
         if max_adapters < 1 or max_rank < 1 or max_batch_size < 1:
             raise ConfigurationError("max_adapters, max_rank and max_batch_size must be at least 1")
@@ -298,6 +308,7 @@ class TorchEngine(BatchEngine):
         self._lock = threading.RLock()
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes else None
         self._loads = itertools.count(1)
+        self._lane = lane or ComputeLane()
 
     @classmethod
     def from_spec(
@@ -311,19 +322,27 @@ class TorchEngine(BatchEngine):
         max_rank: int = DEFAULT_MAX_RANK,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+        lane: ComputeLane | None = None,
     ) -> TorchEngine:
-        """Load the base named by `spec` (pulled into `cache_dir` if needed) and serve it."""
-        model, tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
-        return cls(
-            model,
-            tokenizer,
-            base_model=spec.name,
-            context_length=spec.context_length,
-            max_adapters=max_adapters,
-            max_rank=max_rank,
-            max_batch_size=max_batch_size,
-            prompt_cache_bytes=prompt_cache_bytes,
-        )
+        """Load the base named by `spec` (pulled into `cache_dir` if needed) and serve it, both on
+        `lane`'s thread where one serves it."""
+        lane = lane or ComputeLane()
+
+        def load() -> TorchEngine:
+            model, tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
+            return cls(
+                model,
+                tokenizer,
+                base_model=spec.name,
+                context_length=spec.context_length,
+                max_adapters=max_adapters,
+                max_rank=max_rank,
+                max_batch_size=max_batch_size,
+                prompt_cache_bytes=prompt_cache_bytes,
+                lane=lane,
+            )
+
+        return lane.run(load)
 
     def _wrap(
         self, model: nn.Module, catalogue: TargetCatalogue
@@ -349,6 +368,9 @@ class TorchEngine(BatchEngine):
     def add_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Copy a PEFT adapter into a free slot; a no-op if `adapter_id` is already loaded."""
         check_adapter_id(adapter_id)
+        self._lane.run(self._add, adapter_id, source)
+
+    def _add(self, adapter_id: str, source: AdapterSource) -> None:
         with self._lock:
             if adapter_id in self._loaded:
                 return
@@ -405,6 +427,9 @@ class TorchEngine(BatchEngine):
 
     def remove_adapter(self, adapter_id: str) -> None:
         """Zero the adapter's slot and make it reusable; refuses while a running stream uses the adapter."""
+        self._lane.run(self._remove, adapter_id)
+
+    def _remove(self, adapter_id: str) -> None:
         with self._lock, torch.no_grad():
             loaded = self._loaded.get(adapter_id)
             if loaded is None:
@@ -500,31 +525,40 @@ class TorchEngine(BatchEngine):
     # ---- continuous batching ---------------------------------------------------------------------
 
     def _run(self, rows: list[_Row]) -> Generator[list[StreamEvent], None, None]:
-        """Decode `rows` with continuous batching; yields each step's events."""
+        """Decode `rows` with continuous batching; yields each step's events. Each step runs on
+        the engine's compute lane."""
         waiting = deque(rows)
         running: _Batch | None = None
         unfinished = set(range(len(rows)))
         try:
             while waiting or running is not None:
-                with self._lock, torch.no_grad():
-                    logits: list[tuple[_Row, torch.Tensor]] = []
-                    if running is not None:
-                        logits += zip(running.rows, self._decode_step(running), strict=True)
-                    room = self.max_batch_size - (len(running.rows) if running is not None else 0)
-                    joining = [waiting.popleft() for _ in range(min(room, len(waiting)))]
-                    joined: _Batch | None = None
-                    if joining:
-                        joined, first_logits = self._prefill(joining)
-                        logits += zip(joining, first_logits, strict=True)
-                    events = self._sample([row for row, _ in logits], torch.stack([lg for _, lg in logits]))
-                    running = self._regroup(running, joined)
-                for row in (row for row, _ in logits if row.finish_reason is not None):
+                running, stepped, events = self._lane.run(self._step, running, waiting)
+                for row in (row for row in stepped if row.finish_reason is not None):
                     unfinished.discard(row.index)
                     self._release(row)
                 yield events
         finally:
             for index in unfinished:  # a stream closed early: its rows no longer hold their adapters
                 self._release(rows[index])
+
+    def _step(
+        self, running: _Batch | None, waiting: deque[_Row]
+    ) -> tuple[_Batch | None, list[_Row], list[StreamEvent]]:
+        """One step: the running rows' next tokens, and the prefill of as many waiting rows as there
+        is room for; (the batch that goes on, the rows that stepped, their events)."""
+        with self._lock, torch.no_grad():
+            logits: list[tuple[_Row, torch.Tensor]] = []
+            if running is not None:
+                logits += zip(running.rows, self._decode_step(running), strict=True)
+            room = self.max_batch_size - (len(running.rows) if running is not None else 0)
+            joining = [waiting.popleft() for _ in range(min(room, len(waiting)))]
+            joined: _Batch | None = None
+            if joining:
+                joined, first_logits = self._prefill(joining)
+                logits += zip(joining, first_logits, strict=True)
+            stepped = [row for row, _ in logits]
+            events = self._sample(stepped, torch.stack([lg for _, lg in logits]))
+            return self._regroup(running, joined), stepped, events
 
     def _regroup(self, running: _Batch | None, joined: _Batch | None) -> _Batch | None:
         """Drop finished rows from both batches and merge what is left into one."""

@@ -13,6 +13,10 @@ So while loops run at once (`ResidentBase.run_at_once`), every pass runs on the 
 serves the lane, the only one whose torch ops use every core, and each loop runs its own small
 torch ops (the optimizer step, advantages) on one core, without a pool. Without a thread
 serving it, the lane runs a pass on the caller's thread, as before.
+
+A lane can also be served by a daemon thread of its own (`start`): the serving engine's
+(`mint.serving.torch_engine`), where the model is loaded and every step, slot fill and removal
+runs, whichever HTTP, batcher or cache thread asks for it.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-ArgT = TypeVar("ArgT")
 ResultT = TypeVar("ResultT")
+
+# Put on the work queue by `stop`: the lane's own thread leaves.
+_STOP: Any = object()
 
 
 class _Job:
@@ -45,23 +51,25 @@ class _Job:
 
 
 class ComputeLane:
-    """Runs functions on the one thread that serves it (`run_loops`), or inline when none does."""
+    """Runs functions on the one thread that serves it (`run_loops`, or its own after `start`),
+    or inline when none does."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # orders a hand-over against the server's leaving
         self._work: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()  # None: a loop ended
         self._server: int | None = None
+        self._own_thread: threading.Thread | None = None
 
-    def run(self, function: Callable[[ArgT], ResultT], argument: ArgT) -> ResultT:
-        """`function(argument)` on the serving thread, waiting for it; on this thread when no thread
-        serves the lane, or when this is the serving thread."""
-        job = _Job(lambda: function(argument))
+    def run(self, function: Callable[..., ResultT], *arguments: Any) -> ResultT:
+        """`function(*arguments)` on the serving thread, waiting for it; on this thread when no
+        thread serves the lane, or when this is the serving thread."""
+        job = _Job(lambda: function(*arguments))
         with self._lock:
             handed = self._server is not None and self._server != threading.get_ident()
             if handed:
                 self._work.put(job)
         if not handed:
-            return function(argument)
+            return function(*arguments)
         job.done.wait()
         if job.error is not None:
             raise job.error
@@ -92,13 +100,55 @@ class ComputeLane:
             raise failed
         return [job.result for job in jobs]
 
-    def _serve(self, threads: Sequence[threading.Thread]) -> None:
-        """Claim the lane for this thread, start `threads`, and run what they hand over until each
-        has ended."""
+    def start(self, name: str) -> None:
+        """Serve the lane from a daemon thread named `name` until `stop`: everything `run` is given
+        from now on runs there (the thread holds the lane before this returns)."""
+        claimed = threading.Event()
+
+        def serve() -> None:
+            self._claim()
+            claimed.set()
+            try:
+                while (job := self._work.get()) is not _STOP:
+                    if job is not None:
+                        job()
+            finally:
+                self._leave()
+
+        thread = threading.Thread(target=serve, name=name, daemon=True)
+        thread.start()
+        claimed.wait()
+        self._own_thread = thread
+
+    def stop(self) -> None:
+        """Let the lane's own thread (`start`) leave once what it was handed has run; the lane then
+        runs work inline again. A lane without its own thread has nothing to stop."""
+        thread, self._own_thread = self._own_thread, None
+        if thread is not None:
+            self._work.put(_STOP)
+            thread.join()
+
+    def _claim(self) -> None:
         with self._lock:
             if self._server is not None:
                 raise RuntimeError("the compute lane is served by another thread already")
             self._server = threading.get_ident()
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._server = None
+        while True:  # handed over before the server left: run here, nobody else will
+            try:
+                job = self._work.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None and job is not _STOP:
+                job()
+
+    def _serve(self, threads: Sequence[threading.Thread]) -> None:
+        """Claim the lane for this thread, start `threads`, and run what they hand over until each
+        has ended."""
+        self._claim()
         try:
             for thread in threads:
                 thread.start()
@@ -110,12 +160,4 @@ class ComputeLane:
                 else:
                     job()
         finally:
-            with self._lock:
-                self._server = None
-            while True:  # handed over before the server left: run here, nobody else will
-                try:
-                    job = self._work.get_nowait()
-                except queue.Empty:
-                    break
-                if job is not None:
-                    job()
+            self._leave()

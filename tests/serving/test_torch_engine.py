@@ -5,6 +5,7 @@ adapters (SmolLM2) serve exactly what peft computes, in batches that mix several
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -152,6 +153,61 @@ def test_removing_an_adapter_empties_its_slot_and_keeps_nothing_of_it(serving_ca
     assert engine.memory_bytes() == reserved
     (result,) = engine.generate([greedy("gamma", PROMPTS[0])])
     assert result.tokens == glm_kit.reference("gamma", PROMPTS[0], 6).tokens
+
+
+def test_an_engine_on_a_lane_of_its_own_computes_only_on_that_thread(
+    serving_cache: Path, glm_kit: AdapterKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a lane served by its own thread (what `open_engine` gives a serving node), the engine
+    loads its base, fills and empties slots, and runs every step of streams that two threads
+    read at once on that thread alone, and serves what peft computes."""
+    from mint.serving import lora_slots, torch_engine
+    from mint.trainer.compute_lane import ComputeLane
+
+    threads: dict[str, set[str]] = {"load": set(), "fill": set(), "clear": set(), "forward": set()}
+
+    def on(kind: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            threads[kind].add(threading.current_thread().name)
+            return function(*args, **kwargs)
+
+        return recorded
+
+    monkeypatch.setattr(torch_engine, "load_base_model", on("load", torch_engine.load_base_model))
+    monkeypatch.setattr(lora_slots.SlotStack, "load", on("fill", lora_slots.SlotStack.load))
+    monkeypatch.setattr(lora_slots.SlotStack, "clear", on("clear", lora_slots.SlotStack.clear))
+    lane = ComputeLane()
+    lane.start("engine-lane")
+    try:
+        spec = get_base_model_spec("tiny-glm-moe", CONFIGS)
+        engine = TorchEngine.from_spec(spec, serving_cache, max_adapters=2, max_batch_size=2, lane=lane)
+        engine._model.register_forward_hook(lambda *_: threads["forward"].add(threading.current_thread().name))
+        for name in ("alpha", "beta"):
+            engine.add_adapter(glm_kit[name].adapter_id, glm_kit[name].folder)
+        plan = [("alpha", PROMPTS[0]), ("beta", PROMPTS[2]), (None, PROMPTS[1])]
+        tokens: dict[int, list[int]] = {}
+
+        def read(index: int) -> None:
+            name, prompt = plan[index]
+            request = greedy(glm_kit[name].adapter_id if name else None, prompt)
+            tokens[index] = [token for event in engine.stream([request]) for token in event.token_ids]
+
+        readers = [threading.Thread(target=read, args=(index,), name=f"reader-{index}") for index in range(len(plan))]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+        engine.remove_adapter(glm_kit["beta"].adapter_id)
+    finally:
+        lane.stop()
+    assert threads == {
+        "load": {"engine-lane"},
+        "fill": {"engine-lane"},
+        "clear": {"engine-lane"},
+        "forward": {"engine-lane"},
+    }
+    for index, (name, prompt) in enumerate(plan):
+        assert tokens[index] == glm_kit.reference(name, prompt, 6).tokens
 
 
 def test_a_peft_model_is_not_taken_over(serving_cache: Path) -> None:

@@ -88,3 +88,30 @@ def test_a_served_lane_runs_every_pass_on_its_thread_and_hands_errors_back() -> 
     assert results == {"a": ["A"] * STEPS, "b": ["B"] * STEPS, "a bad": "a bad request", "b bad": "a bad request"}
     assert {thread for thread, _ in ran_on} == {"MainThread"}
     assert ran_on[:STEPS] == [("MainThread", ["a", "b"])] * STEPS
+
+
+def test_a_lane_with_its_own_thread_runs_what_any_thread_hands_it_until_stopped() -> None:
+    """`start` gives the lane a daemon thread that runs every call from any other thread (errors
+    handed back to the caller); after `stop` the lane runs calls inline again."""
+    lane = ComputeLane()
+    lane.start("own-lane")
+    try:
+
+        def where(tag: str) -> tuple[str, str]:
+            if tag == "bad":
+                raise ValueError("a bad call")
+            return tag, threading.current_thread().name
+
+        seen: list[tuple[str, str]] = []
+        callers = [threading.Thread(target=lambda t=tag: seen.append(lane.run(where, t))) for tag in ("x", "y")]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join()
+        assert sorted(seen) == [("x", "own-lane"), ("y", "own-lane")]
+        assert lane.run(where, "main") == ("main", "own-lane")
+        with pytest.raises(ValueError, match="a bad call"):
+            lane.run(where, "bad")
+    finally:
+        lane.stop()
+    assert lane.run(where, "after") == ("after", "MainThread")
