@@ -79,19 +79,22 @@ def open_engine(
     (`mint.trainer.precision`; default: the base's), vLLM in the base's dtype.
 
     The torch engine loads its base and computes on `lane`'s thread; by default on a thread of
-    its own, the one in the process that runs torch's parallel kernels (`mint.trainer.compute_lane`)."""
+    its own, the one in the process that runs torch's parallel kernels (`mint.trainer.compute_lane`),
+    which the engine's `close` ends."""
     chosen = choose_engine(spec, kind, vllm_python=vllm_python)
     if chosen == "torch":
         from mint.serving.torch_engine import TorchEngine
-        from mint.trainer.compute_lane import ComputeLane
         from mint.trainer.precision import compute_dtype as resolve
 
         dtype = resolve(compute_dtype, spec.dtype, "cpu")  # type: ignore[arg-type]
-        if lane is None:
-            lane = ComputeLane()
-            lane.start("torch-engine")
         return TorchEngine.from_spec(
-            spec, cache_dir, dtype=dtype, max_adapters=max_adapters, max_batch_size=max_batch_size, lane=lane
+            spec,
+            cache_dir,
+            dtype=dtype,
+            max_adapters=max_adapters,
+            max_batch_size=max_batch_size,
+            lane=lane,
+            own_thread=lane is None,
         )
     options = {"max_adapters": max_adapters, "max_batch_size": max_batch_size, **vllm_parallel_options(spec.serving)}
     if vllm_python is None:

@@ -309,6 +309,7 @@ class TorchEngine(BatchEngine):
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes else None
         self._loads = itertools.count(1)
         self._lane = lane or ComputeLane()
+        self._owns_lane = False  # a lane of its own (`from_spec(own_thread=True)`), ended by `close`
 
     @classmethod
     def from_spec(
@@ -323,10 +324,15 @@ class TorchEngine(BatchEngine):
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
         lane: ComputeLane | None = None,
+        own_thread: bool = False,
     ) -> TorchEngine:
         """Load the base named by `spec` (pulled into `cache_dir` if needed) and serve it, both on
-        `lane`'s thread where one serves it."""
+        `lane`'s thread where one serves it. With `own_thread` (and no `lane`), the engine's
+        lane is served by a thread of its own, which `close` ends."""
+        owned = lane is None and own_thread
         lane = lane or ComputeLane()
+        if owned:
+            lane.start("torch-engine")
 
         def load() -> TorchEngine:
             model, tokenizer = load_base_model(spec, cache_dir, dtype=dtype, device=device)
@@ -342,7 +348,9 @@ class TorchEngine(BatchEngine):
                 lane=lane,
             )
 
-        return lane.run(load)
+        engine = lane.run(load)
+        engine._owns_lane = owned
+        return engine
 
     def _wrap(
         self, model: nn.Module, catalogue: TargetCatalogue
@@ -454,10 +462,13 @@ class TorchEngine(BatchEngine):
             return [loaded.info for loaded in self._loaded.values()]
 
     def close(self) -> None:
-        """Unload every adapter not in use; the base goes with this object (no process to stop)."""
+        """Unload every adapter not in use, and end the engine's own compute thread if it has one
+        (its OpenMP pool goes with it); the base goes with this object (no process to stop)."""
         for info in self.adapters():
             with suppress(NotFound, Conflict):
                 self.remove_adapter(info.adapter_id)
+        if self._owns_lane:
+            self._lane.stop()
 
     def slot_of(self, adapter_id: str) -> int:
         """The slot an adapter occupies (1..max_adapters)."""

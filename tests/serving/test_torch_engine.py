@@ -155,14 +155,13 @@ def test_removing_an_adapter_empties_its_slot_and_keeps_nothing_of_it(serving_ca
     assert result.tokens == glm_kit.reference("gamma", PROMPTS[0], 6).tokens
 
 
-def test_an_engine_on_a_lane_of_its_own_computes_only_on_that_thread(
+def test_an_engine_with_a_thread_of_its_own_computes_only_there_until_closed(
     serving_cache: Path, glm_kit: AdapterKit, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Given a lane served by its own thread (what `open_engine` gives a serving node), the engine
-    loads its base, fills and empties slots, and runs every step of streams that two threads
-    read at once on that thread alone, and serves what peft computes."""
+    """With a compute thread of its own (what `open_engine` gives a serving node), the engine
+    loads its base, fills and empties slots, and runs every step of streams that three threads
+    read at once on that thread alone, serves what peft computes, and ends the thread on close."""
     from mint.serving import lora_slots, torch_engine
-    from mint.trainer.compute_lane import ComputeLane
 
     threads: dict[str, set[str]] = {"load": set(), "fill": set(), "clear": set(), "forward": set()}
 
@@ -176,11 +175,9 @@ def test_an_engine_on_a_lane_of_its_own_computes_only_on_that_thread(
     monkeypatch.setattr(torch_engine, "load_base_model", on("load", torch_engine.load_base_model))
     monkeypatch.setattr(lora_slots.SlotStack, "load", on("fill", lora_slots.SlotStack.load))
     monkeypatch.setattr(lora_slots.SlotStack, "clear", on("clear", lora_slots.SlotStack.clear))
-    lane = ComputeLane()
-    lane.start("engine-lane")
+    spec = get_base_model_spec("tiny-glm-moe", CONFIGS)
+    engine = TorchEngine.from_spec(spec, serving_cache, max_adapters=2, max_batch_size=2, own_thread=True)
     try:
-        spec = get_base_model_spec("tiny-glm-moe", CONFIGS)
-        engine = TorchEngine.from_spec(spec, serving_cache, max_adapters=2, max_batch_size=2, lane=lane)
         engine._model.register_forward_hook(lambda *_: threads["forward"].add(threading.current_thread().name))
         for name in ("alpha", "beta"):
             engine.add_adapter(glm_kit[name].adapter_id, glm_kit[name].folder)
@@ -199,15 +196,12 @@ def test_an_engine_on_a_lane_of_its_own_computes_only_on_that_thread(
             reader.join()
         engine.remove_adapter(glm_kit["beta"].adapter_id)
     finally:
-        lane.stop()
-    assert threads == {
-        "load": {"engine-lane"},
-        "fill": {"engine-lane"},
-        "clear": {"engine-lane"},
-        "forward": {"engine-lane"},
-    }
+        engine.close()
+    one = {"torch-engine"}
+    assert threads == {"load": one, "fill": one, "clear": one, "forward": one}
     for index, (name, prompt) in enumerate(plan):
         assert tokens[index] == glm_kit.reference(name, prompt, 6).tokens
+    assert "torch-engine" not in {thread.name for thread in threading.enumerate()}
 
 
 def test_a_peft_model_is_not_taken_over(serving_cache: Path) -> None:
