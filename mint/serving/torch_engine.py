@@ -348,7 +348,12 @@ class TorchEngine(BatchEngine):
                 lane=lane,
             )
 
-        engine = lane.run(load)
+        try:
+            engine = lane.run(load)
+        except BaseException:
+            if owned:  # no engine to end its thread later
+                lane.stop()
+            raise
         engine._owns_lane = owned
         return engine
 

@@ -204,6 +204,21 @@ def test_an_engine_with_a_thread_of_its_own_computes_only_there_until_closed(
     assert "torch-engine" not in {thread.name for thread in threading.enumerate()}
 
 
+def test_an_engine_that_fails_to_load_leaves_no_thread_of_its_own(
+    serving_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mint.errors import ConfigurationError
+    from mint.serving import torch_engine
+
+    def unreadable(*_: Any, **__: Any) -> Any:
+        raise ConfigurationError("the checkpoint is unreadable")
+
+    monkeypatch.setattr(torch_engine, "load_base_model", unreadable)
+    with pytest.raises(ConfigurationError, match="unreadable"):
+        TorchEngine.from_spec(get_base_model_spec("tiny-glm-moe", CONFIGS), serving_cache, own_thread=True)
+    assert "torch-engine" not in {thread.name for thread in threading.enumerate()}
+
+
 def test_a_peft_model_is_not_taken_over(serving_cache: Path) -> None:
     from mint.errors import ConfigurationError
 
