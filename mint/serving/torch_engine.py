@@ -280,6 +280,7 @@ class TorchEngine(BatchEngine):
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
         lane: ComputeLane | None = None,
+        stop_lane_on_close: bool = False,
     ) -> None:
         if max_adapters < 1 or max_rank < 1 or max_batch_size < 1:
             raise ConfigurationError("max_adapters, max_rank and max_batch_size must be at least 1")
@@ -309,7 +310,7 @@ class TorchEngine(BatchEngine):
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes else None
         self._loads = itertools.count(1)
         self._lane = lane or ComputeLane()
-        self._owns_lane = False  # a lane of its own (`from_spec(own_thread=True)`), ended by `close`
+        self._stop_lane_on_close = stop_lane_on_close  # a lane of its own (`from_spec(own_thread=True)`)
 
     @classmethod
     def from_spec(
@@ -346,6 +347,7 @@ class TorchEngine(BatchEngine):
                 max_batch_size=max_batch_size,
                 prompt_cache_bytes=prompt_cache_bytes,
                 lane=lane,
+                stop_lane_on_close=owned,
             )
 
         try:
@@ -354,7 +356,6 @@ class TorchEngine(BatchEngine):
             if owned:  # no engine to end its thread later
                 lane.stop()
             raise
-        engine._owns_lane = owned
         return engine
 
     def _wrap(
@@ -472,7 +473,7 @@ class TorchEngine(BatchEngine):
         for info in self.adapters():
             with suppress(NotFound, Conflict):
                 self.remove_adapter(info.adapter_id)
-        if self._owns_lane:
+        if self._stop_lane_on_close:
             self._lane.stop()
 
     def slot_of(self, adapter_id: str) -> int:
