@@ -108,9 +108,9 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _store(store: ObjectStore, parsed: ParsedBenchmark) -> tuple[str, str]:
-    """Write the canonical tasks under their hash (once: the same content is one object)."""
-    stored = store.put_content(canonical_jsonl(parsed.tasks), benchmark_key)
+def _store(store: ObjectStore, canonical: bytes) -> tuple[str, str]:
+    """Write the canonical tasks (`canonical_jsonl`) under their hash (once: the same content is one object)."""
+    stored = store.put_content(canonical, benchmark_key)
     return stored.key, stored.sha256
 
 
@@ -144,7 +144,7 @@ def create_benchmark(
             param="name",
         )
     parsed = read_source(body, session, store, principal.organization_id)
-    key, sha256 = _store(store, parsed)
+    key, sha256 = _store(store, canonical_jsonl(parsed.tasks))
     benchmark = Benchmark(
         id=new_id("bench"),
         organization_id=principal.organization_id,
@@ -235,7 +235,7 @@ def add_version(
     if newest is not None and body.replace_latest:
         if newest.locked_at is not None:
             raise _locked(benchmark, newest)
-        key, sha256 = _store(store, parsed)
+        key, sha256 = _store(store, canonical_jsonl(parsed.tasks))
         replacement = _version_row(benchmark, newest.version, key, sha256, parsed)
         # Conditional on the lock: an eval run that locked the version meanwhile wins.
         changed = session.execute(
@@ -255,13 +255,14 @@ def add_version(
         if not rowcount(changed):
             raise _locked(benchmark, newest)
         return newest
-    if newest is not None and newest.sha256 == _sha256(canonical_jsonl(parsed.tasks)):
+    canonical = canonical_jsonl(parsed.tasks)
+    if newest is not None and newest.sha256 == _sha256(canonical):
         raise Conflict(
             f"version {newest.version} of benchmark {benchmark.name!r} already has exactly these tasks "
             f"(sha256 {newest.sha256[:12]}...); nothing to add",
             param="content",
         )
-    key, sha256 = _store(store, parsed)
+    key, sha256 = _store(store, canonical)
     version = _version_row(benchmark, (newest.version if newest else 0) + 1, key, sha256, parsed)
     session.add(version)
     try:
@@ -285,9 +286,10 @@ def add_version_of_tasks(
     reused."""
     parsed = ParsedBenchmark(tasks=tasks, grader=GraderSpec.model_validate(grader) if grader else None)
     newest = latest_version(session, benchmark.id)
-    if newest is not None and newest.sha256 == _sha256(canonical_jsonl(parsed.tasks)):
+    canonical = canonical_jsonl(parsed.tasks)
+    if newest is not None and newest.sha256 == _sha256(canonical):
         return newest
-    key, sha256 = _store(store, parsed)
+    key, sha256 = _store(store, canonical)
     version = _version_row(benchmark, (newest.version if newest else 0) + 1, key, sha256, parsed)
     session.add(version)
     session.flush()
