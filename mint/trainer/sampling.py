@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from mint.errors import InvalidRequest
-from mint.trainer.head_logprobs import token_logprobs, top_logprobs
+from mint.trainer.fused_decoder import FusedDecoder
+from mint.trainer.head_logprobs import last_position_only, token_logprobs, top_logprobs
 from mint.trainer.kv_cache import reserve
 from mint.trainer.prompt_cache import CachedPrompts, Spliced
 from mint.trainer.types import SampledSequence, SampleRequest, SamplingParams
@@ -288,7 +289,7 @@ def _prefill(
     spliced = Spliced.of([request.prompt for request in requests], hits, _PAD_TOKEN_ID, device)
     for request, cached in zip(requests, spliced.cached, strict=True):
         request.cached_tokens = cached
-    # logits_to_keep=1: only the last position's logits are needed (every prompt ends there).
+    # Only the last position's logits are needed (every prompt ends there).
     with rows_context([(index, 1) for index in range(len(requests))]):
         output = model(
             input_ids=spliced.input_ids,
@@ -296,7 +297,7 @@ def _prefill(
             position_ids=spliced.position_ids,
             cache=spliced.past_cache(),
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=last_position_only(spliced.input_ids),
         )
     cache = output.cache
     if prompts is not None:
@@ -316,12 +317,15 @@ def generate_batch(
     decode: Callable[[list[int]], str],
     rows_context: RowsContext = _no_context,
     prompts: CachedPrompts | None = None,
+    fused: FusedDecoder | None = None,
 ) -> list[list[SampledSequence]]:
     """Sample every request's `num_samples` continuations in one batch; one list per request, in
     order. Each forward runs in `rows_context(live requests and their rows)`: how requests of
     several adapters decode together (`ResidentBase.sample_many`). With `prompts`, each prompt
     starts from its longest cached prefix under its request's weights, and its samples report
-    how many tokens that was (`prompt_cache_hit_tokens`)."""
+    how many tokens that was (`prompt_cache_hit_tokens`). With `fused` (built for the same
+    requests' owners), the decode steps after the prefill run through it instead of the model's
+    forward."""
     if not decodings:
         return []
     device = model.get_input_embeddings().weight.device
@@ -332,6 +336,8 @@ def generate_batch(
     # Room for every step's keys and values, and the whole decode's mask, made once: a step
     # writes into the cache and reads the first columns of the mask.
     reserve(cache, steps)
+    if fused is not None and not fused.fits(cache):
+        fused = None
     prompt_width = prompt_mask_B_T.shape[1]
     mask_B_W = torch.cat([prompt_mask_B_T, prompt_mask_B_T.new_ones((prompt_mask_B_T.shape[0], steps))], dim=1)
     prompt_lengths_B = torch.tensor(
@@ -367,10 +373,15 @@ def generate_batch(
             cache.batch_select_indices(index_B)
             mask_B_W, prompt_lengths_B, next_B = mask_B_W[index_B], prompt_lengths_B[index_B], next_B[index_B]
             live = kept
-        with rows_context([(order[id(request)], request.num_rows) for request in live]):
+        rows = [(order[id(request)], request.num_rows) for request in live]
+        step_mask_B_W = mask_B_W[:, : prompt_width + step + 1]
+        if fused is not None:
+            logits_B_V = fused.step(rows, next_B, step_mask_B_W, prompt_lengths_B + step, cache)
+            continue
+        with rows_context(rows):
             output = model(
                 input_ids=next_B.unsqueeze(-1),
-                attention_mask=mask_B_W[:, : prompt_width + step + 1],
+                attention_mask=step_mask_B_W,
                 position_ids=(prompt_lengths_B + step).unsqueeze(-1),
                 cache=cache,
                 use_cache=True,

@@ -18,6 +18,7 @@ from typing import Any
 
 from torch import nn
 
+from mint.trainer.fused_decoder import FusedDecoder
 from mint.trainer.mixed_adapters import by_adapter, mixed_adapters
 from mint.trainer.prompt_cache import CachedPrompts
 from mint.trainer.sampling import MAX_SAMPLES_PER_REQUEST, Decoding, decoding_chunks, generate_batch
@@ -47,14 +48,19 @@ def decode_alone(
     decodings: Sequence[Decoding],
     decode: Callable[[list[int]], str],
     prompts: CachedPrompts | None = None,
+    *,
+    adapter: str | None = None,
+    fuse: bool = False,
 ) -> list[list[SampledSequence]]:
-    """Decode under whatever adapter is active in `model` (or none), in batches of at most
-    MAX_ROWS_PER_BATCH rows, each prompt from its cached prefix in `prompts` if any; one list of
-    samples per decoding."""
+    """Decode under `adapter`, the one active in `model` (None: adapters disabled), in batches of
+    at most MAX_ROWS_PER_BATCH rows, each prompt from its cached prefix in `prompts` if any; one
+    list of samples per decoding. With `fuse`, the decode steps run through a `FusedDecoder`
+    where the model allows one."""
     samples: list[list[SampledSequence]] = []
     for chunk in decoding_chunks(decodings, MAX_ROWS_PER_BATCH):
         part = None if prompts is None else prompts.part(len(samples), len(samples) + len(chunk))
-        samples += generate_batch(model, chunk, decode=decode, prompts=part)
+        fused = FusedDecoder.of(model, [adapter] * len(chunk)) if fuse else None
+        samples += generate_batch(model, chunk, decode=decode, prompts=part, fused=fused)
     return samples
 
 
@@ -65,10 +71,13 @@ def decode_mixed(
     owners: Sequence[str | None],
     decode: Callable[[list[int]], str],
     prompts: CachedPrompts | None = None,
+    *,
+    fuse: bool = False,
 ) -> list[list[SampledSequence]]:
     """Decode each decoding through its owner's adapter, in batches of at most MAX_ROWS_PER_BATCH
     rows (the caller holds the base's lock, has checked that the owners can mix and has settled
-    peft's active adapter); one list of samples per decoding."""
+    peft's active adapter); one list of samples per decoding. With `fuse`, the decode steps run
+    through a `FusedDecoder` where the model allows one."""
     samples: list[list[SampledSequence]] = []
     for chunk in decoding_chunks(decodings, MAX_ROWS_PER_BATCH):
         chunk_owners = owners[len(samples) : len(samples) + len(chunk)]
@@ -77,7 +86,8 @@ def decode_mixed(
         with mixed_adapters(peft_model, by_adapter(chunk_owners)) as mixed:
             rows_context = mixed.rows_of(chunk_owners)
             part = None if prompts is None else prompts.part(len(samples), len(samples) + len(chunk))
-            samples += generate_batch(model, chunk, decode=decode, rows_context=rows_context, prompts=part)
+            fused = FusedDecoder.of(model, chunk_owners) if fuse else None
+            samples += generate_batch(model, chunk, decode=decode, rows_context=rows_context, prompts=part, fused=fused)
     return samples
 
 

@@ -509,14 +509,18 @@ class ResidentBase:
         owners can mix). Prompts start from their cached prefixes under the owner's weights
         `versions`."""
         decode = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
+        # Batch-invariant decoding keeps the model's own (tiled) forward, and a worker group's
+        # FSDP2 shards are gathered by the hooks of the model's own modules.
+        fuse = not self.batch_invariant and self.group is None
         prompts = None
         if self.prompt_cache is not None:
             prompts = CachedPrompts(self.prompt_cache, tuple((owner, versions[owner]) for owner in owners))
         if len(set(owners)) <= 1:
             with self._use(next(iter(owners), None)) as model:
-                return decode_alone(model, decodings, decode, prompts)
+                adapter = next(iter(owners), None)
+                return decode_alone(model, decodings, decode, prompts, adapter=adapter, fuse=fuse)
         self._settle_active(next(owner for owner in owners if owner is not None))
-        return decode_mixed(self._peft, self.model, decodings, owners, decode, prompts)
+        return decode_mixed(self._peft, self.model, decodings, owners, decode, prompts, fuse=fuse)
 
     def sample_with(
         self, adapter_name: str | None, prompt_tokens: Sequence[int], params: SamplingParams, num_samples: int
