@@ -85,7 +85,7 @@ from mint.serving.lora_slots import (
 )
 from mint.serving.peft_format import adapter_files, holdback, read_config
 from mint.trainer.compute_lane import ComputeLane
-from mint.trainer.head_logprobs import token_logprobs, top_logprobs
+from mint.trainer.head_logprobs import last_position_only, token_logprobs, top_logprobs
 from mint.trainer.lora import TargetCatalogue
 from mint.trainer.models import load_base_model
 from mint.trainer.prompt_cache import DEFAULT_MAX_BYTES as DEFAULT_PROMPT_CACHE_BYTES
@@ -591,7 +591,7 @@ class TorchEngine(BatchEngine):
 
     def _forward(self, rows: list[_Row], **inputs: Any) -> Any:
         with self._context.serving([row.slot for row in rows]):
-            return self._model(**inputs, use_cache=True, logits_to_keep=1)
+            return self._model(**inputs, use_cache=True, logits_to_keep=last_position_only(inputs["input_ids"]))
 
     def _prefill(self, rows: list[_Row]) -> tuple[_Batch, torch.Tensor]:
         """Run the prompts of joining rows, left-padded to one length, each from its cached prefix

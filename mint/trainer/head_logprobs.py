@@ -50,6 +50,16 @@ def top_logprobs(logits_N_V: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     return ids_N_K, values_N_K - torch.logsumexp(logits_N_V, dim=-1, keepdim=True)
 
 
+def last_position_only(input_ids_B_T: torch.Tensor) -> torch.Tensor:
+    """The `logits_to_keep` of a forward that needs only the last position's logits (a prefill):
+    that position's index, as a tensor. For `logits_to_keep=1` transformers runs the head on
+    `hidden[:, -1:]`, a strided view whose batched product with a bfloat16 head copies the head
+    once per row (286 ms against 3.6 ms for 4 rows of SmolLM2 here, and 2x in float32); an index
+    gathers the rows into a contiguous tensor first, and the head runs as one product.
+    """
+    return torch.tensor([input_ids_B_T.shape[-1] - 1], device=input_ids_B_T.device)
+
+
 def selective_head_fits(head: nn.Module) -> bool:
     """Whether the head can be computed again on some of its positions and give them the numbers
     it gave in the pass: no dropout at work in it (a mask drawn for fewer rows would differ), and
