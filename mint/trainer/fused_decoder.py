@@ -33,10 +33,14 @@ import torch
 from torch import nn
 
 from mint.trainer.kv_cache import PreallocatedLayer
+from mint.trainer.packing import ROW_ATTENTION
 
 # transformers model types whose decoder layers are Llama's: RMSNorm, rotary attention (with
 # per-head q/k norms on Qwen3), a gated SiLU MLP; attention and MLP biases are read from the layers.
 FUSABLE_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3"})
+# Attention implementations a step calls as the model would: transformers' own, and Mint's row
+# attention (`packing`), which is sdpa in any pass but a training pass of data end to end.
+_ATTENTION_IMPLEMENTATIONS = frozenset({"sdpa", "eager", ROW_ATTENTION})
 _ATTENTION_INPUTS = ("q_proj", "k_proj", "v_proj")
 _MLP_INPUTS = ("gate_proj", "up_proj")
 
@@ -180,7 +184,7 @@ class FusedDecoder:
         config = getattr(inner, "config", None)
         if getattr(config, "model_type", None) not in FUSABLE_MODEL_TYPES or inner.training:
             return None
-        if getattr(config, "_attn_implementation", None) not in {"sdpa", "eager"}:
+        if getattr(config, "_attn_implementation", None) not in _ATTENTION_IMPLEMENTATIONS:
             return None
         adapted = _adapted_modules(inner)
         if not all(_plain_linear(module) for module in adapted):

@@ -131,10 +131,14 @@ def test_sampling_through_the_fused_step_gives_the_models_samples(smollm2: Resid
     session = smollm2.create_session(LoraOptions(rank=8, seed=3))
     try:
         tokens = smollm2.tokenizer.encode("The capital of France is Paris, and of Italy, Rome.")
-        weights = [1.0] * (len(tokens) - 1)
-        datum = Datum(model_input=tokens[:-1], loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
-        session.forward_backward([datum], "cross_entropy")
+        data = [
+            Datum(model_input=ids[:-1], loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})
+            for ids in (tokens, tokens[:8])
+        ]
+        session.forward_backward(data, "cross_entropy")
         session.optim_step(AdamParams(learning_rate=1e-3))
+        # After a training pass of data end to end (which sets Mint's row attention) it still applies.
+        assert FusedDecoder.of(smollm2.model, [session.session_id, None]) is not None
         params = SamplingParams(max_tokens=6, temperature=0.0, stop=[])
         requests = [SampleRequest(tokens[:5], params, 2), SampleRequest(tokens[:9], params, 1)]
         decode = functools.partial(smollm2.tokenizer.decode, skip_special_tokens=False)
