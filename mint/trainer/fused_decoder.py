@@ -38,9 +38,10 @@ from mint.trainer.packing import ROW_ATTENTION
 # transformers model types whose decoder layers are Llama's: RMSNorm, rotary attention (with
 # per-head q/k norms on Qwen3), a gated SiLU MLP; attention and MLP biases are read from the layers.
 FUSABLE_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3"})
-# Attention implementations a step calls as the model would: transformers' own, and Mint's row
-# attention (`packing`), which is sdpa in any pass but a training pass of data end to end.
-_ATTENTION_IMPLEMENTATIONS = frozenset({"sdpa", "eager", ROW_ATTENTION})
+# Attention implementations a step calls as the model would, with a boolean mask: transformers'
+# sdpa, and Mint's row attention (`packing`), which is sdpa in any pass but a training pass of
+# data end to end.
+_ATTENTION_IMPLEMENTATIONS = frozenset({"sdpa", ROW_ATTENTION})
 _ATTENTION_INPUTS = ("q_proj", "k_proj", "v_proj")
 _MLP_INPUTS = ("gate_proj", "up_proj")
 
@@ -267,8 +268,4 @@ def _groups(layer: _Layer) -> tuple[_Projections, ...]:
 def _attention_function(config: Any) -> Callable[..., tuple[torch.Tensor, Any]]:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    implementation = config._attn_implementation
-    if implementation == "eager":
-        module = sys.modules[type(config).__module__.replace("configuration_", "modeling_")]
-        return module.eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS[implementation]
+    return ALL_ATTENTION_FUNCTIONS[config._attn_implementation]

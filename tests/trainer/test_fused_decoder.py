@@ -117,6 +117,8 @@ def test_no_fused_decoder_where_the_models_own_forward_must_run(resident: Reside
         ARCHITECTURES["llama"]().eval(), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True), adapter_name="d"
     ).eval()
     assert FusedDecoder.of(dora, ["d"]) is None
+    eager = LlamaForCausalLM(LlamaConfig(**_SIZES, attn_implementation="eager")).eval()
+    assert FusedDecoder.of(eager, [None]) is None  # its attention takes an additive mask
     dropout = adapted("llama")
     assert FusedDecoder.of(dropout, OWNERS) is not None
     for module in dropout.modules():
