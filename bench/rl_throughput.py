@@ -22,9 +22,9 @@ Intel Xeon with AMX, bfloat16 leaves TRL's RL step as slow as in float32 (decodi
 135M model is small matmuls, where the bf16 kernels' set-up per call costs about what the
 arithmetic saves), while Mint's step runs 1.36x faster: its decode steps are fused
 (`mint.trainer.fused_decoder`) and its prefill runs the head on the last positions as one
-product (`head_logprobs.last_position_only`). That is 3.04x TRL's samples per second in bfloat16
-against 2.26x in float32, on 2026-12-07. The default is float32, the comparison the goal is set
-in. Both contestants sample
+product (`head_logprobs.last_position_only`). That is 2.42-3.04x TRL's samples per second in
+bfloat16 against 2.12-2.39x in float32 (three runs each, 2026-12-07). The default is float32,
+the comparison the goal is set in. Both contestants sample
 for at most `--max-tokens` new tokens, on the same chat prompts (rendered to identical ids by
 the same template) in the same order, and reward each completion with the same Python
 function: the share of the prompt's target words that the completion names. AdamW has the same
