@@ -110,13 +110,13 @@ class _Projections:
 
     def mask(self, adapter_of_row: Sequence[int | None], device: torch.device) -> torch.Tensor | bool:
         """What `__call__` takes to give each row its own adapter's LoRA term (None: the base)."""
-        if self.a_I_K is None or all(adapter is None or adapter not in self.columns for adapter in adapter_of_row):
+        if self.a_I_K is None or all(adapter not in self.columns for adapter in adapter_of_row):
             return False
         if len(self.columns) == 1 and all(adapter in self.columns for adapter in adapter_of_row):
             return True
         mask_B_K = torch.zeros((len(adapter_of_row), self.a_I_K.shape[1]), dtype=self.a_I_K.dtype, device=device)
         for row, adapter in enumerate(adapter_of_row):
-            if adapter is not None and adapter in self.columns:
+            if adapter in self.columns:
                 start, stop = self.columns[adapter]
                 mask_B_K[row, start:stop] = 1
         return mask_B_K
@@ -153,7 +153,6 @@ class FusedDecoder:
     (None: the base), as `sampling.generate_batch` runs them."""
 
     def __init__(self, model: nn.Module, owners: Sequence[str | None]) -> None:
-        self.model = model
         self.owners = list(owners)
         self.adapters = sorted({owner for owner in owners if owner is not None})
         decoder = model.model

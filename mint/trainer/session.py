@@ -516,8 +516,8 @@ class ResidentBase:
         if self.prompt_cache is not None:
             prompts = CachedPrompts(self.prompt_cache, tuple((owner, versions[owner]) for owner in owners))
         if len(set(owners)) <= 1:
-            with self._use(next(iter(owners), None)) as model:
-                adapter = next(iter(owners), None)
+            adapter = next(iter(owners), None)
+            with self._use(adapter) as model:
                 return decode_alone(model, decodings, decode, prompts, adapter=adapter, fuse=fuse)
         self._settle_active(next(owner for owner in owners if owner is not None))
         return decode_mixed(self._peft, self.model, decodings, owners, decode, prompts, fuse=fuse)
