@@ -72,9 +72,7 @@ demotions, evictions, promotion latency) and its Prometheus metrics in `mint.ser
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -84,6 +82,7 @@ from typing import Protocol
 
 from mint.errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
 from mint.serving.cache_stats import CacheStats, TierCounters, TierStats
+from mint.serving.content_keys import checked_content, validate_content_hash
 from mint.serving.wtinylfu import (
     WINDOW,
     WINDOW_FRACTION,
@@ -94,32 +93,6 @@ from mint.serving.wtinylfu import (
 )
 
 log = logging.getLogger(__name__)
-
-_CONTENT_HASH = re.compile(r"[0-9a-f]{64}")
-
-
-def validate_content_hash(key: str) -> str:
-    """Return `key` if it is a sha256 hex digest (64 lowercase hex digits), else raise InvalidRequest."""
-    if not isinstance(key, str) or not _CONTENT_HASH.fullmatch(key):
-        raise InvalidRequest(
-            f"adapter cache key {str(key)[:80]!r} is not a content hash: use the adapter version's sha256 "
-            "as 64 lowercase hex digits",
-            param="key",
-        )
-    return key
-
-
-def content_hash(payload: bytes) -> str:
-    """The key of a payload: its sha256 hex digest."""
-    return hashlib.sha256(payload).hexdigest()
-
-
-def checked_content(key: str, payload: bytes, where: str) -> bytes:
-    """`payload` if its sha256 is `key`, else Conflict naming what `where` holds instead."""
-    digest = content_hash(payload)
-    if digest != key:
-        raise Conflict(f"{where} holds content with sha256 {digest}, not the adapter version {key}")
-    return payload
 
 
 class CacheFull(ServiceUnavailable):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mint.errors import ConfigurationError, Conflict, InvalidRequest, NotFound
-from mint.serving.cache import checked_content, validate_content_hash
+from mint.serving.content_keys import checked_content, validate_content_hash
 from mint.storage.objects import ObjectStore
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from mint.errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
-from mint.serving.cache import CacheFull, Lease, TieredCache, content_hash
+from mint.serving.cache import CacheFull, Lease, TieredCache
 from mint.serving.cache_stats import register_metrics
+from mint.serving.content_keys import content_hash
 
 pytestmark = pytest.mark.backend_free
 
@@ -214,7 +215,7 @@ def test_checked_origin_bytes_are_hashed_while_the_engine_takes_them_in(monkeypa
         return content_hash(payload)
 
     monkeypatch.setattr(engine, "put", put)
-    monkeypatch.setattr("mint.serving.cache.content_hash", hashed)
+    monkeypatch.setattr("mint.serving.content_keys.content_hash", hashed)
     with cache.acquire(A) as lease:
         assert lease.source == "object_store" and sorted(order) == ["engine put", "hashed on origin-check"]
     assert order[0] == "engine put" and cpu.copies == {A: PAYLOADS[0]}

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from mint.errors import Conflict, InvalidRequest, NotFound
-from mint.serving.cache import Tier, TieredCache, content_hash
+from mint.serving.cache import Tier, TieredCache
+from mint.serving.content_keys import content_hash
 from mint.serving.tiers import CpuTier, EngineTier, LocalDiskTier, ObjectStoreTier
 from mint.storage.objects import LocalObjectStore
 
