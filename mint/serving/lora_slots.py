@@ -30,6 +30,7 @@ from torch import nn
 from mint.errors import InvalidRequest
 from mint.serving.engine import AdapterTensors
 from mint.serving.peft_format import factor_pairs, lora_settings
+from mint.trainer.packed_linear import PackedLinear
 
 EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
 
@@ -108,7 +109,7 @@ def _expert_delta(
 def parse_adapter(
     source: AdapterTensors,
     *,
-    linears: Mapping[str, nn.Linear],
+    linears: Mapping[str, nn.Linear | PackedLinear],
     experts: Mapping[str, nn.Module],
     max_rank: int,
     base_model: str,
@@ -284,7 +285,8 @@ class SlotStack:
 
 
 class LoraLinear(nn.Module):
-    """A base `nn.Linear` plus each row's LoRA delta from its adapter's slot.
+    """A base `nn.Linear` (or its weight prepacked, `PackedLinear`) plus each row's LoRA delta
+    from its adapter's slot.
 
     The deltas are exact whichever way they are computed:
     - one adapter for the whole batch: two plain matmuls with its factors;
@@ -294,7 +296,7 @@ class LoraLinear(nn.Module):
       and applied by `torch.bmm` (a copy per token: correct, slower).
     """
 
-    def __init__(self, base: nn.Linear, context: SlotContext, slots: int) -> None:
+    def __init__(self, base: nn.Linear | PackedLinear, context: SlotContext, slots: int) -> None:
         super().__init__()
         self.base = base
         self.context = context

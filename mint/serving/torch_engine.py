@@ -30,6 +30,11 @@ stacks have grown to that slot); removing it zeroes the slot, makes it reusable 
 keeps no reference to the adapter's tensors. As with vLLM's `max_loras`, the slot stacks are
 memory the engine reserves, bounded by max_adapters x max_rank.
 
+The base never trains here, so on a CPU each adaptable linear's weight is kept in oneDNN's
+prepacked layout instead of its plain one (`mint.trainer.packed_linear`; `prepack_weights`):
+the few-row products of decode steps and short prompts run faster from it, for no second copy.
+A weight the base shares (a head tied to the embeddings) stays plain.
+
 Where the engine computes matters on a CPU (`mint.trainer.compute_lane`): every thread that runs
 torch's OpenMP kernels keeps a pool of workers, and once a process holds more pool threads than
 cores each parallel op waits for its workers through the kernel. A serving node would run the
@@ -88,6 +93,7 @@ from mint.trainer.compute_lane import ComputeLane
 from mint.trainer.head_logprobs import last_position_only, token_logprobs, top_logprobs
 from mint.trainer.lora import TargetCatalogue
 from mint.trainer.models import load_base_model
+from mint.trainer.packed_linear import PackedLinear
 from mint.trainer.prompt_cache import DEFAULT_MAX_BYTES as DEFAULT_PROMPT_CACHE_BYTES
 from mint.trainer.prompt_cache import CachedPrompts, PromptCache, Spliced
 from mint.trainer.sampling import choose_tokens, end_of_sequence_ids
@@ -97,6 +103,12 @@ DEFAULT_MAX_ADAPTERS = 8
 DEFAULT_MAX_RANK = 16
 DEFAULT_MAX_BATCH_SIZE = 16
 EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")
+
+
+def _shared_weights(model: nn.Module) -> set[int]:
+    """The ids of the parameters that more than one module of `model` holds (tied weights)."""
+    seen: Counter[int] = Counter(id(parameter) for _, parameter in model.named_parameters(remove_duplicate=False))
+    return {key for key, count in seen.items() if count > 1}
 
 
 # ---- reading a PEFT adapter -------------------------------------------------------------------
@@ -281,6 +293,7 @@ class TorchEngine(BatchEngine):
         prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
         lane: ComputeLane | None = None,
         stop_lane_on_close: bool = False,
+        prepack_weights: bool = True,
     ) -> None:
         if max_adapters < 1 or max_rank < 1 or max_batch_size < 1:
             raise ConfigurationError("max_adapters, max_rank and max_batch_size must be at least 1")
@@ -302,7 +315,7 @@ class TorchEngine(BatchEngine):
         self._pad_token_id = int(pad or 0)
         weight = model.get_input_embeddings().weight
         self._context = SlotContext(max_adapters + 1, max_rank, weight.dtype, self.device)
-        self._linears, self._experts = self._wrap(model, TargetCatalogue.from_model(model))
+        self._linears, self._experts = self._wrap(model, TargetCatalogue.from_model(model), prepack=prepack_weights)
         self._loaded: dict[str, _Loaded] = {}
         self._free_slots = list(range(1, max_adapters + 1))
         self._in_use: Counter[str] = Counter()
@@ -326,6 +339,7 @@ class TorchEngine(BatchEngine):
         prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
         lane: ComputeLane | None = None,
         own_thread: bool = False,
+        prepack_weights: bool = True,
     ) -> TorchEngine:
         """Load the base named by `spec` (pulled into `cache_dir` if needed) and serve it, both on
         `lane`'s thread where one serves it. With `own_thread` (and no `lane`), the engine's
@@ -348,6 +362,7 @@ class TorchEngine(BatchEngine):
                 prompt_cache_bytes=prompt_cache_bytes,
                 lane=lane,
                 stop_lane_on_close=owned,
+                prepack_weights=prepack_weights,
             )
 
         try:
@@ -359,15 +374,21 @@ class TorchEngine(BatchEngine):
         return engine
 
     def _wrap(
-        self, model: nn.Module, catalogue: TargetCatalogue
+        self, model: nn.Module, catalogue: TargetCatalogue, *, prepack: bool
     ) -> tuple[dict[str, LoraLinear], dict[str, LoraExperts]]:
-        """Wrap every adaptable linear and every supported fused-experts module, by the base's own names."""
+        """Wrap every adaptable linear and every supported fused-experts module, by the base's own
+        names; with `prepack`, each linear's base weight in oneDNN's layout where that serves it
+        (`mint.trainer.packed_linear`)."""
         slots = self._max_adapters + 1
+        shared = _shared_weights(model)
         linears: dict[str, LoraLinear] = {}
         for name in (*catalogue.attention, *catalogue.mlp, *([catalogue.unembed] if catalogue.unembed else [])):
             base = model.get_submodule(name)
             if isinstance(base, nn.Linear):
-                linears[name] = LoraLinear(base, self._context, slots)
+                # The plain weight is dropped for its packed layout: a weight another module also
+                # uses (a head tied to the embeddings) stays plain, or it would be kept twice.
+                packed = base if not prepack or id(base.weight) in shared else PackedLinear.of(base)
+                linears[name] = LoraLinear(packed, self._context, slots)
                 replace_module(model, name, linears[name])
         experts: dict[str, LoraExperts] = {}
         for module_name in sorted({name.rpartition(".")[0] for name in catalogue.experts}):

@@ -23,6 +23,7 @@ from mint.serving.torch_engine import TorchEngine, read_adapter_folder
 from mint.trainer.checkpoint import write_sampler_weights
 from mint.trainer.head_logprobs import token_logprobs
 from mint.trainer.models import load_base_model
+from mint.trainer.packed_linear import PackedLinear
 
 if TYPE_CHECKING:
     from tests.serving.conftest import AdapterKit
@@ -219,6 +220,38 @@ def test_an_engine_that_fails_to_load_leaves_no_thread_of_its_own(
     assert "torch-engine" not in {thread.name for thread in threading.enumerate()}
 
 
+def test_a_cpu_engine_holds_each_base_weight_once_prepacked_and_serves_the_same(
+    serving_cache: Path, glm_kit: AdapterKit
+) -> None:
+    spec = get_base_model_spec("tiny-glm-moe", CONFIGS)
+    model, tokenizer = load_base_model(spec, serving_cache)
+    plain_weights = {
+        name: weakref.ref(module.weight)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+    }
+    packed = TorchEngine(model, tokenizer, base_model=spec.name, max_adapters=2)
+    unpacked = TorchEngine(
+        *load_base_model(spec, serving_cache), base_model=spec.name, max_adapters=2, prepack_weights=False
+    )
+    assert packed._linears.keys() == unpacked._linears.keys()
+    assert all(isinstance(wrapper.base, PackedLinear) for wrapper in packed._linears.values())
+    assert not any(isinstance(wrapper.base, PackedLinear) for wrapper in unpacked._linears.values())
+    del model
+    gc.collect()
+    # The packed layout replaced each plain weight: nothing holds the plain copies any more.
+    assert [name for name in packed._linears if plain_weights[name]() is not None] == []
+
+    requests = [greedy(None, PROMPTS[2])]
+    for name, prompt in zip(["alpha", "beta"], PROMPTS, strict=False):
+        for engine in (packed, unpacked):
+            engine.add_adapter(glm_kit[name].adapter_id, glm_kit[name].folder)
+        requests.append(greedy(glm_kit[name].adapter_id, prompt))
+    for result, reference in zip(packed.generate(requests), unpacked.generate(requests), strict=True):
+        assert result.tokens == reference.tokens
+        assert result.logprobs == pytest.approx(reference.logprobs, abs=1e-5)
+
+
 def test_a_peft_model_is_not_taken_over(serving_cache: Path) -> None:
     from mint.errors import ConfigurationError
 
@@ -341,3 +374,7 @@ def test_dense_smollm2_mixed_batch_serves_what_peft_computes(serving_cache: Path
     for result, (tokens, logprobs) in zip(results, expected, strict=True):
         assert result.tokens == tokens
         assert result.logprobs == pytest.approx(logprobs, abs=2e-4)
+    # The head shares its weight with the embeddings: it stays plain, one copy, where the rest is packed.
+    head = engine._linears["lm_head"].base
+    assert isinstance(head, torch.nn.Linear) and head.weight is engine._model.get_input_embeddings().weight
+    assert isinstance(engine._linears["model.layers.0.mlp.down_proj"].base, PackedLinear)
