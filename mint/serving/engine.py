@@ -29,12 +29,15 @@ import threading
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
 from mint.errors import InvalidRequest, NotFound
 from mint.schemas.inference import MAX_TOP_LOGPROBS, PromptTokensDetails
+
+if TYPE_CHECKING:
+    from mint.trainer.compute_lane import ComputeLane
 
 FinishReason = Literal["stop", "length"]
 # The k most likely tokens at one step, most likely first: (token id, logprob) pairs.
@@ -284,6 +287,12 @@ class Engine(Protocol):
         """The base's tokenizer (a transformers tokenizer), which renders chats into prompts."""
         ...
 
+    @property
+    def compute_lane(self) -> ComputeLane | None:
+        """The lane whose thread runs this engine's torch work in this process, where the
+        process's other torch work (a router's encoder) should run too; None if it has none."""
+        ...
+
     def add_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Load a PEFT adapter (folder or tensors) under `adapter_id`; a no-op if that id is loaded.
 
@@ -340,6 +349,10 @@ class BatchEngine(abc.ABC):
     @property
     def max_adapters(self) -> int:
         return self._max_adapters
+
+    @property
+    def compute_lane(self) -> ComputeLane | None:
+        return None
 
     def _checked(self, index: int, request: GenerateRequest) -> tuple[Any, list[int]]:
         """(the record of request `index`'s adapter, None for the base; its prompt tokens, its text

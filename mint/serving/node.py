@@ -40,6 +40,7 @@ from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.inference import AdapterOnNode
 from mint.schemas.node import NodeCompletion, NodeMixture
 from mint.serving.cache import TieredCache
+from mint.serving.embeddings import TextEncoder
 from mint.serving.engine import ADAPTER_FILES, AdapterTensors, Engine, GenerateRequest, StreamEvent
 from mint.serving.router import RouteDecision, Router
 from mint.serving.tiers import CpuTier, EngineTier, LocalDiskTier, ObjectStoreTier
@@ -225,15 +226,20 @@ class ServingNode:
             if router is not None:
                 self._routers.move_to_end(revision)
                 return router
-        from mint.serving.embeddings import get_encoder
-
-        router = Router(mixture.spec, encoder=get_encoder(), generate=self._generate_for_router(mixture))
+        router = Router(mixture.spec, encoder=self._encoder(), generate=self._generate_for_router(mixture))
         self.prefetch(list(mixture.versions.values()))
         with self._routers_lock:
             self._routers[revision] = router
             while len(self._routers) > MAX_ROUTERS:
                 self._routers.popitem(last=False)
         return router
+
+    def _encoder(self) -> TextEncoder:
+        """The process's sentence encoder, run where the engine computes if it computes in this process."""
+        from mint.serving.embeddings import EncoderOnLane, get_encoder
+
+        lane = self.engine.compute_lane
+        return get_encoder() if lane is None else EncoderOnLane(get_encoder(), lane)
 
     def _generate_for_router(self, mixture: NodeMixture) -> Any:
         def generate(adapters: Sequence[str], messages: Sequence[dict[str, Any]], *, max_tokens: int) -> list[str]:

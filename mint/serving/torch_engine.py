@@ -497,6 +497,12 @@ class TorchEngine(BatchEngine):
         if self._stop_lane_on_close:
             self._lane.stop()
 
+    @property
+    def compute_lane(self) -> ComputeLane:
+        """The lane this engine computes on: its own thread's (`from_spec(own_thread=True)`), a
+        lane it was given, or, served by no thread, the caller's thread."""
+        return self._lane
+
     def slot_of(self, adapter_id: str) -> int:
         """The slot an adapter occupies (1..max_adapters)."""
         with self._lock:

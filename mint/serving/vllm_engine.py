@@ -353,6 +353,11 @@ class VllmEngineProcess:
         return self._max_adapters
 
     @property
+    def compute_lane(self) -> None:
+        """None: vLLM computes in its own processes."""
+        return None
+
+    @property
     def tokenizer(self) -> Any:
         """The base's tokenizer, loaded here with transformers from the checkpoint folder."""
         if self._tokenizer is None:

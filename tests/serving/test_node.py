@@ -10,8 +10,10 @@ previous one left on its SSD and serves from them without the object store.
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -19,11 +21,13 @@ from mint.config import PROJECT_ROOT
 from mint.errors import ConfigurationError
 from mint.schemas.base_models import get_base_model_spec
 from mint.schemas.inference import AdapterOnNode
-from mint.schemas.node import NodeCompletion
+from mint.schemas.node import NodeCompletion, NodeMixture
 from mint.services.models.adapters import archive_adapter
 from mint.serving import engines
+from mint.serving.embeddings import SentenceEncoder
 from mint.serving.engine import Engine
 from mint.serving.node import ServingNode
+from mint.serving.torch_engine import TorchEngine
 from mint.storage.objects import LocalObjectStore
 
 if TYPE_CHECKING:
@@ -185,3 +189,49 @@ def test_auto_keeps_a_base_on_the_torch_engine_where_its_profile_says_so() -> No
     on_torch = moe.model_copy(update={"serving": torch_profile})
     assert engines.choose_engine(on_torch, "auto", vllm_python=Path("/opt/vllm/bin/python")) == "torch"
     assert engines.choose_engine(on_torch, "vllm", vllm_python=Path("/opt/vllm/bin/python")) == "vllm"
+
+
+def test_a_node_with_the_torch_engine_embeds_for_its_router_where_the_engine_computes(
+    serving_cache: Path, kit_of: Callable[[str], AdapterKit], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mixture's embedding router runs its encoder on the engine's own thread, not on the
+    request's: one thread in the process runs torch's parallel kernels (`mint.trainer.compute_lane`)."""
+    threads: set[str] = set()
+    encode_batch = SentenceEncoder._encode_batch
+
+    def recorded(encoder: SentenceEncoder, texts: list[str]) -> Any:
+        threads.add(threading.current_thread().name)
+        return encode_batch(encoder, texts)
+
+    monkeypatch.setattr(SentenceEncoder, "_encode_batch", recorded)
+    kit = kit_of("tiny-glm-moe")
+    store = LocalObjectStore(tmp_path / "objects")
+    versions = {
+        version.ref: version
+        for version in (
+            store_version(store, kit["alpha"].folder, "billing"),
+            store_version(store, kit["beta"].folder, "shipping"),
+        )
+    }
+    policy = {
+        "type": "embedding",
+        "candidates": [
+            {"adapter": "billing@1", "examples": ["I was charged twice this month", "Can I get a refund?"]},
+            {"adapter": "shipping@1", "examples": ["Where is my package?", "My parcel has not arrived yet"]},
+        ],
+    }
+    mixture = NodeMixture(revision_id="r1", spec={"adapters": list(versions), "policy": policy}, versions=versions)
+    spec = get_base_model_spec("tiny-glm-moe", CONFIGS)
+    engine = TorchEngine.from_spec(spec, serving_cache, max_adapters=2, max_batch_size=2, own_thread=True)
+    node = ServingNode(spec, engine, store, ssd_dir=tmp_path / "ssd")
+    try:
+        request = NodeCompletion(
+            messages=[{"role": "user", "content": "Why was my card charged two times?"}], mixture=mixture, max_tokens=1
+        )
+        routed, decision = node.route(request)
+    finally:
+        node.close()
+        engine.close()
+    assert decision is not None and decision.adapter == "billing@1"
+    assert routed.adapter == versions["billing@1"] and routed.mixture is None
+    assert threads == {"torch-engine"}
