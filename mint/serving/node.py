@@ -40,7 +40,7 @@ from mint.schemas.base_models import BaseModelSpec
 from mint.schemas.inference import AdapterOnNode
 from mint.schemas.node import NodeCompletion, NodeMixture
 from mint.serving.cache import TieredCache
-from mint.serving.embeddings import TextEncoder
+from mint.serving.embeddings import EncoderOnLane, TextEncoder, get_encoder
 from mint.serving.engine import ADAPTER_FILES, AdapterTensors, Engine, GenerateRequest, StreamEvent
 from mint.serving.router import RouteDecision, Router
 from mint.serving.tiers import CpuTier, EngineTier, LocalDiskTier, ObjectStoreTier
@@ -236,8 +236,6 @@ class ServingNode:
 
     def _encoder(self) -> TextEncoder:
         """The process's sentence encoder, run where the engine computes if it computes in this process."""
-        from mint.serving.embeddings import EncoderOnLane, get_encoder
-
         lane = self.engine.compute_lane
         return get_encoder() if lane is None else EncoderOnLane(get_encoder(), lane)
 

@@ -53,7 +53,7 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach()
 
     @classmethod
-    def of(cls, linear: nn.Linear) -> nn.Module:
+    def of(cls, linear: nn.Linear) -> nn.Linear | PackedLinear:
         """`linear` packed where oneDNN serves its weight's dtype and device, else `linear` itself."""
         return cls(linear) if _prepacks(linear.weight) else linear
 
