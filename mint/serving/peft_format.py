@@ -1,13 +1,12 @@
-"""The PEFT adapter format as Mint's engines read it, and the holdback of streamed text.
+"""The PEFT adapter format as Mint's engines read it.
 
 Both engines (`mint.serving.torch_engine`, `mint.serving.vllm_engine`) take the same adapters:
 a folder or in-memory copy of `adapter_config.json` + `adapter_model.safetensors`, whose
 config is plain LoRA and whose tensors are `lora_A` / `lora_B` pairs named after the base's
 modules. What is checked the same way lives here: the folder's two files, the config's
 rank and scale, and the grouping of saved tensors into factor pairs. Each engine then checks
-the pairs against what it can adapt on its base. Both stream text the same way, so the
-holdback of text that may still become a stop string is here too. Imports neither torch
-nor vLLM (the vLLM engine runs in a venv of its own).
+the pairs against what it can adapt on its base. Imports neither torch nor vLLM (the vLLM
+engine runs in a venv of its own).
 """
 
 from __future__ import annotations
@@ -150,12 +149,3 @@ def factor_pairs(
                 f"the adapter has lora_A without lora_B (or the reverse) for {module!r}", param="adapter"
             )
     return pairs
-
-
-def holdback(text: str, stops: Sequence[str]) -> int:
-    """How many trailing characters of streamed text to keep back: an unfinished UTF-8 character
-    (shown as U+FFFD), and the longest tail that could still grow into a stop string."""
-    unfinished = len(text) - len(text.rstrip("\ufffd"))
-    stable = text[: len(text) - unfinished]
-    partial = max((k for stop in stops for k in range(1, len(stop)) if stable.endswith(stop[:k])), default=0)
-    return unfinished + partial

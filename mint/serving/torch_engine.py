@@ -49,7 +49,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,7 +88,8 @@ from mint.serving.lora_slots import (
     parse_adapter,
     replace_module,
 )
-from mint.serving.peft_format import adapter_files, holdback, read_config
+from mint.serving.peft_format import adapter_files, read_config
+from mint.serving.streamed_text import StreamedText
 from mint.trainer.compute_lane import ComputeLane
 from mint.trainer.head_logprobs import last_position_only, token_logprobs, top_logprobs
 from mint.trainer.lora import TargetCatalogue
@@ -128,46 +129,6 @@ def read_adapter_folder(folder: Path) -> AdapterTensors:
 # ---- requests while they run ------------------------------------------------------------------
 
 
-class _CompletionText:
-    """A request's completion text while tokens arrive: stop strings found, stream deltas released safely."""
-
-    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str], streaming: bool) -> None:
-        self._decode = decode
-        self._stops = tuple(stops)
-        self._longest_stop = max((len(s) for s in self._stops), default=0)
-        self._streaming = streaming
-        self._searched = 0  # characters of the text already searched for stop strings
-        self._sent = 0  # characters already streamed
-
-    def advance(self, tokens: list[int]) -> tuple[str, str | None]:
-        """(text to stream now, the stop string that now appears, if one does)."""
-        if not self._stops and not self._streaming:
-            return "", None
-        text = self._decode(tokens)
-        found = self._find_stop(text)
-        if found is not None:
-            return "", found[1]
-        if not self._streaming:
-            return "", None
-        safe = len(text) - holdback(text, self._stops)
-        delta = text[self._sent : safe] if safe > self._sent else ""
-        self._sent = max(self._sent, safe)
-        return delta, None
-
-    def _find_stop(self, text: str) -> tuple[int, str] | None:
-        # A new match ends in the newest token's text, so only the tail needs searching again.
-        start = max(0, self._searched - self._longest_stop + 1)
-        self._searched = len(text)
-        found = [(index, stop) for stop in self._stops if (index := text.find(stop, start)) >= 0]
-        return min(found) if found else None
-
-    def rest(self, final_text: str) -> str:
-        """The part of the final text not streamed yet."""
-        rest = final_text[self._sent :] if self._streaming else ""
-        self._sent = len(final_text)
-        return rest
-
-
 @dataclass(eq=False)
 class _Row:
     """One request from admission to its last token."""
@@ -179,7 +140,7 @@ class _Row:
     max_new_tokens: int
     params: SamplingParams
     stop_token_ids: frozenset[int]
-    text: _CompletionText
+    text: StreamedText
     generator: torch.Generator | None
     alternatives: int = 0  # the request's top_logprobs k: 0 computes no top-k list
     tokens: list[int] = field(default_factory=list)
@@ -543,7 +504,7 @@ class TorchEngine(BatchEngine):
             max_new_tokens=min(request.max_tokens, self.context_length - len(prompt)),
             params=params,
             stop_token_ids=frozenset(stop_ids),
-            text=_CompletionText(self._detokenize, request.stop, streaming),
+            text=StreamedText(self._detokenize, request.stop, streaming),
             generator=None if request.temperature == 0.0 else _generator(request.seed, self.device),
             alternatives=request.top_logprobs,
             weights=(None, 0) if loaded is None else (request.adapter_id, loaded.load),

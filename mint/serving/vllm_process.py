@@ -82,7 +82,7 @@ from mint.serving.engine import (
     result_of,
     usage_of,
 )
-from mint.serving.peft_format import holdback
+from mint.serving.streamed_text import StreamedText
 from mint.serving.vllm_engine import (
     DEFAULT_MAX_ADAPTERS,
     DEFAULT_MAX_BATCH_SIZE,
@@ -118,14 +118,12 @@ class _Run:
     prompt: list[int]
     params: Any  # vllm.SamplingParams
     lora: Any  # vllm LoRARequest | None
-    stops: tuple[str, ...]
-    streaming: bool
     decode: Callable[[list[int]], str]
+    text: StreamedText  # what of the completion has streamed
     alternatives: int = 0  # the request's top_logprobs k
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)
-    sent: int = 0  # characters of text already streamed
     final_text: str = ""
     finish_reason: FinishReason | None = None
     stop_match: str | int | None = None
@@ -149,14 +147,9 @@ class _Run:
         delta = ""
         if output.finished:
             self._finish(completion.finish_reason, completion.stop_reason)
-            if self.streaming:
-                delta = self.final_text[self.sent :]
-                self.sent = len(self.final_text)
-        elif self.streaming and new_tokens:
-            text = self.decode(self.tokens)
-            safe = len(text) - holdback(text, self.stops)
-            delta = text[self.sent : safe] if safe > self.sent else ""
-            self.sent = max(self.sent, safe)
+            delta = self.text.rest(self.final_text)
+        elif self.text.streaming and new_tokens:
+            delta = self.text.release(self.decode(self.tokens))
         if not output.finished and not new_tokens:
             return None
         return StreamEvent(
@@ -425,9 +418,8 @@ class VllmEngine(BatchEngine):
             prompt=prompt,
             params=params,
             lora=lora,
-            stops=tuple(request.stop),
-            streaming=streaming,
             decode=self._detokenize,
+            text=StreamedText(self._detokenize, request.stop, streaming),
             alternatives=request.top_logprobs,
         )
 
