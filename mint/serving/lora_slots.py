@@ -261,12 +261,15 @@ class SlotStack:
         """Copy factors A (*lead, r, in) and B (*lead, out, r) into `slot`, in `like`'s dtype and
         device, with A scaled by `scale` (the adapter's alpha / r) so that no forward multiplies by it."""
         stack_a, stack_bt = self._reserve(slot, like)
+        slot_a, slot_bt = stack_a[slot], stack_bt[slot]
         rank = a.shape[-2]
-        # Only the ranks past the adapter's are zeroed: the rest is overwritten.
-        stack_a[slot, ..., rank:, :].zero_()
-        stack_bt[slot, ..., rank:, :].zero_()
-        stack_a[slot, ..., :rank, :] = a.to(torch.float32) * scale
-        stack_bt[slot, ..., :rank, :] = b.transpose(-1, -2)
+        if rank < slot_a.shape[-2]:
+            # Only the ranks past the adapter's are zeroed: the rest is overwritten.
+            slot_a[..., rank:, :].zero_()
+            slot_bt[..., rank:, :].zero_()
+        # Written in place, with no temporary: a new version's first request waits on every load.
+        torch.mul(a.to(torch.float32), scale, out=slot_a[..., :rank, :])
+        slot_bt[..., :rank, :].copy_(b.transpose(-1, -2))
         self.occupied.add(slot)
 
     def clear(self, slot: int) -> None:
