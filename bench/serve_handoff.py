@@ -14,11 +14,15 @@ engine slot) and to the *first token* (one more forward pass over the prompt, th
 on both sides). On a CPU the forward pass of even a 135M base is a large share of Mint's
 path, so the first-token ratio understates the handoff itself; both are printed.
 
-Both paths run their torch work on one thread (`mint.trainer.compute_lane`), the serving
-engine's, as each would in a process of its own: on a CPU a second thread running torch's
-OpenMP kernels in the process would slow every parallel op of both.
+The serving node runs in a process of its own, as in production: a training worker stores
+the version, a node with the base resident serves it. The anchor runs in the process that
+trained the adapter, on the base it holds. `--node-in-trainer` runs the node in that process
+too (the layout before 2026-12-08; on a 2-core AVX2 EPYC both layouts gave Mint the same first
+token, 0.34-0.35 s). In either layout, each
+process runs its torch work on one thread (`mint.trainer.compute_lane`): on a CPU a second
+thread running torch's OpenMP kernels in a process would slow every parallel op there.
 
-    .venv/bin/python bench/serve_handoff.py [--base smollm2-135m-instruct] [--repeats 3]
+    .venv/bin/python bench/serve_handoff.py [--base smollm2-135m-instruct] [--repeats 3] [--node-in-trainer]
 
 Prints each path's median times, and the ratios (goal: >= 18x, the MinT paper's 18.3x).
 """
@@ -26,10 +30,13 @@ Prints each path's median times, and the ratios (goal: >= 18x, the MinT paper's 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,10 +112,75 @@ def mint_first_token(node: object, adapter: Path, prompt_messages: list[dict[str
     return servable, time.perf_counter() - started, event.token_ids[0]
 
 
+FirstToken = Callable[[Path], tuple[float, float, int]]
+
+
+def open_node(base: str, scratch: Path, lane: object) -> object:
+    """A serving node of `base` on the torch engine, computing on `lane`, with its store under `scratch`."""
+    from mint.config import PROJECT_ROOT, get_settings
+    from mint.schemas.base_models import get_base_model_spec
+    from mint.serving.engines import open_engine
+    from mint.serving.node import ServingNode
+    from mint.storage.objects import LocalObjectStore
+
+    spec = get_base_model_spec(base, PROJECT_ROOT / "configs" / "models")
+    engine = open_engine(
+        spec, get_settings().models_cache_dir, kind="torch", max_adapters=8, max_batch_size=16, lane=lane
+    )  # type: ignore[arg-type]
+    return ServingNode(spec, engine, LocalObjectStore(scratch / "objects"), ssd_dir=scratch / "ssd")
+
+
+def node_process(connection: object, base: str, scratch: str) -> None:
+    """The node in a process of its own: answers each adapter folder it receives with
+    `mint_first_token`'s (servable s, first token s, token); None ends it."""
+    from mint.trainer.compute_lane import ComputeLane
+
+    lane = ComputeLane()
+    lane.start("compute")
+    node = open_node(base, Path(scratch), lane)
+    connection.send("ready")  # type: ignore[attr-defined]
+    while (adapter := connection.recv()) is not None:  # type: ignore[attr-defined]
+        connection.send(mint_first_token(node, Path(adapter), QUESTION))  # type: ignore[attr-defined]
+    node.close()  # type: ignore[attr-defined]
+    lane.stop()
+
+
+@contextmanager
+def serving_node(base: str, scratch: Path, lane: object, *, in_trainer: bool) -> Iterator[FirstToken]:
+    """Mint's path from a trained folder to its first token, on a node in this process (`in_trainer`)
+    or in a child process started here."""
+    if in_trainer:
+        node = open_node(base, scratch, lane)
+        try:
+            yield lambda adapter: mint_first_token(node, adapter, QUESTION)  # the node computes on the lane
+        finally:
+            node.close()  # type: ignore[attr-defined]
+        return
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    process = context.Process(target=node_process, args=(theirs, base, str(scratch / "node")), daemon=True)
+    process.start()
+    if ours.recv() != "ready":
+        raise RuntimeError("the node process did not start")
+
+    def first_token(adapter: Path) -> tuple[float, float, int]:
+        ours.send(str(adapter))
+        return ours.recv()  # type: ignore[no-any-return]
+
+    try:
+        yield first_token
+    finally:
+        ours.send(None)
+        process.join(timeout=60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="smollm2-135m-instruct")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--node-in-trainer", action="store_true", help="serve from the process that trains and merges (earlier layout)"
+    )
     args = parser.parse_args()
 
     import torch
@@ -116,9 +188,6 @@ def main() -> None:
     from mint.chat.render import render_prompt
     from mint.config import PROJECT_ROOT, get_settings
     from mint.schemas.base_models import get_base_model_spec
-    from mint.serving.engines import open_engine
-    from mint.serving.node import ServingNode
-    from mint.storage.objects import LocalObjectStore
     from mint.trainer.compute_lane import ComputeLane
     from mint.trainer.session import ResidentBase
 
@@ -131,31 +200,29 @@ def main() -> None:
         scratch = Path(tmp)
         trainer = lane.run(ResidentBase, spec, cache_dir)
         prompt = render_prompt(trainer.tokenizer, QUESTION)
-        store = LocalObjectStore(scratch / "objects")
-        engine = open_engine(spec, cache_dir, kind="torch", max_adapters=8, max_batch_size=16, lane=lane)
-        node = ServingNode(spec, engine, store, ssd_dir=scratch / "ssd")
         times: dict[str, list[float]] = {
             "anchor servable": [],
             "anchor token": [],
             "mint servable": [],
             "mint token": [],
         }
-        for repeat in range(args.repeats):
-            adapter = lane.run(trained_adapter, trainer, scratch / f"adapter-{repeat}")
-            anchor = lane.run(merged_first_token, spec, cache_dir, adapter, prompt, scratch / f"m{repeat}")
-            mint = mint_first_token(node, adapter, QUESTION)  # the node's engine computes on the lane
-            assert anchor[2] == mint[2], (anchor[2], mint[2])
-            for side, (servable, token, _) in (("anchor", anchor), ("mint", mint)):
-                times[f"{side} servable"].append(servable)
-                times[f"{side} token"].append(token)
-            print(
-                f"repeat {repeat + 1}: merged export + load {anchor[0]:.2f} s (first token {anchor[1]:.2f} s), "
-                f"Mint {mint[0] * 1000:.0f} ms (first token {mint[1] * 1000:.0f} ms)"
-            )
-        node.close()
+        with serving_node(args.base, scratch, lane, in_trainer=args.node_in_trainer) as first_token:
+            for repeat in range(args.repeats):
+                adapter = lane.run(trained_adapter, trainer, scratch / f"adapter-{repeat}")
+                anchor = lane.run(merged_first_token, spec, cache_dir, adapter, prompt, scratch / f"m{repeat}")
+                mint = first_token(adapter)
+                assert anchor[2] == mint[2], (anchor[2], mint[2])
+                for side, (servable, token, _) in (("anchor", anchor), ("mint", mint)):
+                    times[f"{side} servable"].append(servable)
+                    times[f"{side} token"].append(token)
+                print(
+                    f"repeat {repeat + 1}: merged export + load {anchor[0]:.2f} s (first token {anchor[1]:.2f} s), "
+                    f"Mint {mint[0] * 1000:.0f} ms (first token {mint[1] * 1000:.0f} ms)"
+                )
     lane.stop()
     median = {name: statistics.median(values) for name, values in times.items()}
-    print(f"\nbase {args.base}: train -> serve handoff, median of {args.repeats}")
+    layout = "the node in the trainer's process" if args.node_in_trainer else "the node in a process of its own"
+    print(f"\nbase {args.base}: train -> serve handoff, median of {args.repeats}; {layout}")
     rows = [
         ("anchor (merge, save, load merged checkpoint)", median["anchor servable"], median["anchor token"]),
         ("Mint (store version, cache fetch into a slot)", median["mint servable"], median["mint token"]),
