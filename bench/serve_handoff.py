@@ -18,9 +18,9 @@ The serving node runs in a process of its own, as in production: a training work
 the version, a node with the base resident serves it. The anchor runs in the process that
 trained the adapter, on the base it holds. `--node-in-trainer` runs the node in that process
 too (the layout before 2026-12-08; on a 2-core AVX2 EPYC both layouts gave Mint the same first
-token, 0.34-0.35 s). In either layout, each
-process runs its torch work on one thread (`mint.trainer.compute_lane`): on a CPU a second
-thread running torch's OpenMP kernels in a process would slow every parallel op there.
+token, 0.34-0.35 s). In either layout, each process runs its torch work on one thread
+(`mint.trainer.compute_lane`): on a CPU a second thread running torch's OpenMP kernels in a
+process would slow every parallel op there.
 
     .venv/bin/python bench/serve_handoff.py [--base smollm2-135m-instruct] [--repeats 3] [--node-in-trainer]
 
@@ -125,8 +125,13 @@ def open_node(base: str, scratch: Path, lane: object) -> object:
 
     spec = get_base_model_spec(base, PROJECT_ROOT / "configs" / "models")
     engine = open_engine(
-        spec, get_settings().models_cache_dir, kind="torch", max_adapters=8, max_batch_size=16, lane=lane
-    )  # type: ignore[arg-type]
+        spec,
+        get_settings().models_cache_dir,
+        kind="torch",
+        max_adapters=8,
+        max_batch_size=16,
+        lane=lane,  # type: ignore[arg-type]
+    )
     return ServingNode(spec, engine, LocalObjectStore(scratch / "objects"), ssd_dir=scratch / "ssd")
 
 
